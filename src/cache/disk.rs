@@ -1,0 +1,736 @@
+//! The persistent block cache on local disk.
+//!
+//! Layout, under one directory per data set (`<cache-dir>/<dataset-id>/`):
+//! `blocks/<2 hex>/<version key>.data` is a sparse file the size of the
+//! source file holding the cached blocks at their own offsets (so a complete
+//! file can be handed to the kernel for passthrough as it is), and
+//! `<version key>.meta` holds a header (magic, format, block size, the source
+//! version and path) and one fixed-size slot per block (blake3 checksum,
+//! length, presence marker). A block is written data first, slot second, so
+//! a crash at any point leaves either an absent block or a slot whose
+//! checksum will not match: both are misses, never wrong bytes. At start-up
+//! the slots are read back; every block is verified when it is served (and a
+//! whole file before its first passthrough open).
+//!
+//! Disk use is bounded by the configured size counting data (in 4 KiB
+//! allocation units), meta files and directory overhead. A cache disk that
+//! fails a write (full, read-only, I/O error) turns writes off for a while
+//! with a warning; reads go on from the source. Nothing here may panic or
+//! fail a read.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
+
+use super::policy::{Admission, Policy};
+use super::{BlockCache, CacheUsage, ChecksummedBytes, FileVersion, VersionKey};
+use crate::source::SourceVersion;
+use crate::stats::Stats;
+
+const MAGIC: &[u8; 8] = b"LOCAFSM1";
+const FORMAT: u32 = 1;
+const HEADER_FIXED: usize = 60;
+const SLOT: u64 = 40;
+const PRESENT: u32 = 0x5052_4553;
+const ALLOC: u64 = 4096;
+/// Directory blocks and the like, reserved once per cache directory.
+pub const FIXED_OVERHEAD: u64 = 2 << 20;
+/// Directory entries of the two files of a version, counted per version.
+const PER_FILE_OVERHEAD: u64 = 256;
+/// The share of (free space + this cache's own use) taken when no
+/// --cache-size is given.
+pub const DEFAULT_SHARE_OF_DISK: f64 = 0.8;
+/// How long writes stay off after the cache disk failed one.
+const WRITE_BACKOFF: Duration = Duration::from_secs(30);
+
+fn round_alloc(n: u64) -> u64 {
+    n.div_ceil(ALLOC) * ALLOC
+}
+
+fn path_hash(rel: &Path) -> u64 {
+    let h = blake3::hash(rel.as_os_str().as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Empty,
+    Writing,
+    Present([u8; 32]),
+}
+
+#[derive(Debug)]
+struct Entry {
+    path_hash: u64,
+    size: u64,
+    slots: Vec<Slot>,
+    verified: Vec<bool>,
+    present: u64,
+    /// Whether the .meta and .data files exist on disk.
+    created: bool,
+    meta_bytes: u64,
+}
+
+impl Entry {
+    fn complete(&self) -> bool {
+        !self.slots.is_empty() && self.present == self.slots.len() as u64
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    entries: HashMap<VersionKey, Entry>,
+    by_path: HashMap<u64, Vec<VersionKey>>,
+    policy: Policy<VersionKey>,
+    files_complete: u64,
+}
+
+impl State {
+    fn forget(&mut self, key: &VersionKey) {
+        if let Some(e) = self.entries.remove(key) {
+            if e.complete() {
+                self.files_complete -= 1;
+            }
+            if let Some(v) = self.by_path.get_mut(&e.path_hash) {
+                v.retain(|k| k != key);
+                if v.is_empty() {
+                    self.by_path.remove(&e.path_hash);
+                }
+            }
+        }
+        self.policy.remove(key);
+    }
+}
+
+/// The block cache of one data set on local disk.
+pub struct DiskCache {
+    dir: PathBuf,
+    block_size: u64,
+    capacity: u64,
+    state: Mutex<State>,
+    readers: moka::sync::Cache<VersionKey, Arc<File>>,
+    writes_off_until: Mutex<Option<Instant>>,
+    dataset_bytes: AtomicU64,
+    stats: Arc<Stats>,
+}
+
+/// What the cache found in its directory at start-up.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    pub discarded: u64,
+    pub evicted: u64,
+}
+
+impl DiskCache {
+    /// Opens (or creates) the cache in `dir` with a total size bound of
+    /// `capacity` bytes, recovering what a previous run left there.
+    pub fn open(
+        dir: &Path,
+        capacity: Option<u64>,
+        block_size: u64,
+        stats: Arc<Stats>,
+    ) -> io::Result<(Self, Recovery)> {
+        let explicit = capacity.is_some();
+        let capacity = capacity.unwrap_or(u64::MAX / 4);
+        if capacity < FIXED_OVERHEAD * 2 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cache size {} is too small (at least {})",
+                    crate::units::format_size(capacity),
+                    crate::units::format_size(FIXED_OVERHEAD * 2)
+                ),
+            ));
+        }
+        let blocks = dir.join("blocks");
+        fs::create_dir_all(&blocks)?;
+        for i in 0..256 {
+            let d = blocks.join(format!("{i:02x}"));
+            if !d.exists() {
+                fs::create_dir(&d)?;
+            }
+        }
+        let cache = DiskCache {
+            dir: dir.to_owned(),
+            block_size,
+            capacity,
+            state: Mutex::new(State {
+                entries: HashMap::new(),
+                by_path: HashMap::new(),
+                policy: Policy::new(capacity - FIXED_OVERHEAD),
+                files_complete: 0,
+            }),
+            readers: moka::sync::Cache::builder()
+                .max_capacity(1024)
+                .time_to_idle(Duration::from_secs(60))
+                .build(),
+            writes_off_until: Mutex::new(None),
+            dataset_bytes: AtomicU64::new(0),
+            stats,
+        };
+        let mut cache = cache;
+        let mut rec = cache.recover()?;
+        if !explicit {
+            // Default: 80 % of what this cache could grow to on its disk.
+            let avail = crate::sys::available_bytes(dir)?;
+            let cap = ((avail + rec.bytes) as f64 * DEFAULT_SHARE_OF_DISK) as u64;
+            let cap = cap.max(FIXED_OVERHEAD * 2);
+            cache.capacity = cap;
+            let victims = {
+                let mut st = cache.state.lock();
+                st.policy.set_capacity(cap - FIXED_OVERHEAD);
+                let v = st.policy.shrink_to_capacity();
+                for k in &v {
+                    st.forget(k);
+                }
+                v
+            };
+            rec.evicted += victims.len() as u64;
+            for k in &victims {
+                cache.unlink(k);
+            }
+        }
+        Ok((cache, rec))
+    }
+
+    /// The bound on disk use, in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    fn paths(&self, key: &VersionKey) -> (PathBuf, PathBuf) {
+        let hex = key.hex();
+        let d = self.dir.join("blocks").join(&hex[..2]);
+        (d.join(format!("{hex}.data")), d.join(format!("{hex}.meta")))
+    }
+
+    fn meta_layout(&self, rel: &Path, nblocks: u64) -> (u64, u64) {
+        let table = (HEADER_FIXED + rel.as_os_str().len()).div_ceil(64) as u64 * 64;
+        (table, table + nblocks * SLOT)
+    }
+
+    fn recover(&self) -> io::Result<Recovery> {
+        let mut rec = Recovery::default();
+        let mut st = self.state.lock();
+        for i in 0..256 {
+            let d = self.dir.join("blocks").join(format!("{i:02x}"));
+            let Ok(rd) = fs::read_dir(&d) else { continue };
+            for ent in rd.flatten() {
+                let p = ent.path();
+                match p.extension().and_then(|e| e.to_str()) {
+                    Some("meta") => {}
+                    Some("data") => {
+                        if !p.with_extension("meta").exists() {
+                            let _ = fs::remove_file(&p);
+                            rec.discarded += 1;
+                        }
+                        continue;
+                    }
+                    _ => {
+                        let _ = fs::remove_file(&p);
+                        rec.discarded += 1;
+                        continue;
+                    }
+                }
+                match self.load_meta(&p) {
+                    Ok(Some((key, entry))) => {
+                        let bytes = self.entry_bytes(&entry);
+                        rec.files += 1;
+                        rec.blocks += entry.present;
+                        rec.bytes += bytes;
+                        if entry.complete() {
+                            st.files_complete += 1;
+                        }
+                        st.by_path.entry(entry.path_hash).or_default().push(key);
+                        st.entries.insert(key, entry);
+                        st.policy.insert_existing(key, bytes);
+                    }
+                    Ok(None) | Err(_) => {
+                        debug!(meta = %p.display(), "discarding unreadable cache entry");
+                        let _ = fs::remove_file(&p);
+                        let _ = fs::remove_file(p.with_extension("data"));
+                        rec.discarded += 1;
+                    }
+                }
+            }
+        }
+        let victims = st.policy.shrink_to_capacity();
+        rec.evicted = victims.len() as u64;
+        for k in &victims {
+            st.forget(k);
+        }
+        drop(st);
+        for k in &victims {
+            self.unlink(k);
+        }
+        Ok(rec)
+    }
+
+    fn entry_bytes(&self, e: &Entry) -> u64 {
+        let mut b = e.meta_bytes + PER_FILE_OVERHEAD;
+        for (i, s) in e.slots.iter().enumerate() {
+            if matches!(s, Slot::Present(_)) {
+                let len = e
+                    .size
+                    .saturating_sub(i as u64 * self.block_size)
+                    .min(self.block_size);
+                b += round_alloc(len);
+            }
+        }
+        b
+    }
+
+    /// Reads one .meta file; Ok(None) if it is not a valid entry of this cache.
+    fn load_meta(&self, p: &Path) -> io::Result<Option<(VersionKey, Entry)>> {
+        let raw = fs::read(p)?;
+        if raw.len() < HEADER_FIXED || &raw[..8] != MAGIC {
+            return Ok(None);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap_or([0; 8]));
+        if u32_at(8) != FORMAT || u32_at(12) as u64 != self.block_size {
+            return Ok(None);
+        }
+        let version = SourceVersion {
+            size: u64_at(16),
+            mtime_ns: u64_at(24) as i64,
+            ino: u64_at(32),
+        };
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&raw[40..56]);
+        let plen = u32_at(56) as usize;
+        if HEADER_FIXED + plen > raw.len() {
+            return Ok(None);
+        }
+        let rel = Path::new(std::ffi::OsStr::from_bytes(
+            &raw[HEADER_FIXED..HEADER_FIXED + plen],
+        ));
+        let key = VersionKey(key);
+        if VersionKey::new(rel, &version) != key {
+            return Ok(None);
+        }
+        if !p.with_extension("data").exists() {
+            return Ok(None);
+        }
+        let nblocks = version.size.div_ceil(self.block_size);
+        let (table, meta_len) = self.meta_layout(rel, nblocks);
+        let mut slots = vec![Slot::Empty; nblocks as usize];
+        let mut present = 0;
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let o = (table + i as u64 * SLOT) as usize;
+            if o + SLOT as usize > raw.len() {
+                break;
+            }
+            let len = u32_at(o + 32) as u64;
+            let want = version
+                .size
+                .saturating_sub(i as u64 * self.block_size)
+                .min(self.block_size);
+            if u32_at(o + 36) == PRESENT && len == want {
+                let mut sum = [0u8; 32];
+                sum.copy_from_slice(&raw[o..o + 32]);
+                *slot = Slot::Present(sum);
+                present += 1;
+            }
+        }
+        Ok(Some((
+            key,
+            Entry {
+                path_hash: path_hash(rel),
+                size: version.size,
+                verified: vec![false; slots.len()],
+                slots,
+                present,
+                created: true,
+                meta_bytes: round_alloc(meta_len),
+            },
+        )))
+    }
+
+    fn unlink(&self, key: &VersionKey) {
+        self.readers.invalidate(key);
+        let (data, meta) = self.paths(key);
+        // Meta first: a data file without meta is discarded at recovery.
+        let _ = fs::remove_file(meta);
+        let _ = fs::remove_file(data);
+    }
+
+    fn writes_allowed(&self) -> bool {
+        let mut off = self.writes_off_until.lock();
+        match *off {
+            Some(t) if Instant::now() < t => false,
+            Some(_) => {
+                *off = None;
+                info!("cache: trying writes to the cache disk again");
+                true
+            }
+            None => true,
+        }
+    }
+
+    fn write_failed(&self, what: &str, e: &io::Error) {
+        let mut off = self.writes_off_until.lock();
+        if off.is_none() {
+            warn!(
+                "cache: {what} failed: {e}; serving from the source without caching for {}s",
+                WRITE_BACKOFF.as_secs()
+            );
+        }
+        *off = Some(Instant::now() + WRITE_BACKOFF);
+        self.stats
+            .cache_write_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn create_files(&self, file: &FileVersion, nblocks: u64) -> io::Result<()> {
+        let (data, meta) = self.paths(&file.key);
+        let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
+        let mut header = Vec::with_capacity(table as usize);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&FORMAT.to_le_bytes());
+        header.extend_from_slice(&(self.block_size as u32).to_le_bytes());
+        header.extend_from_slice(&file.version.size.to_le_bytes());
+        header.extend_from_slice(&file.version.mtime_ns.to_le_bytes());
+        header.extend_from_slice(&file.version.ino.to_le_bytes());
+        header.extend_from_slice(&file.key.0);
+        let p = file.rel.as_os_str().as_bytes();
+        header.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        header.extend_from_slice(p);
+        header.resize(table as usize, 0);
+        let d = File::create(&data)?;
+        d.set_len(file.version.size)?;
+        let mut m = File::create(&meta)?;
+        m.write_all(&header)?;
+        m.set_len(meta_len)?;
+        Ok(())
+    }
+
+    fn write_block(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+    ) -> io::Result<()> {
+        let (data, meta) = self.paths(&file.key);
+        let nblocks = file.block_count(self.block_size);
+        let d = OpenOptions::new().write(true).open(&data)?;
+        d.write_all_at(block.data(), index * self.block_size)?;
+        let (table, _) = self.meta_layout(&file.rel, nblocks);
+        let mut slot = [0u8; SLOT as usize];
+        slot[..32].copy_from_slice(block.checksum());
+        slot[32..36].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
+        slot[36..40].copy_from_slice(&PRESENT.to_le_bytes());
+        let m = OpenOptions::new().write(true).open(&meta)?;
+        m.write_all_at(&slot, table + index * SLOT)?;
+        Ok(())
+    }
+
+    /// Drops one block found bad (on the books and, best effort, on disk).
+    fn drop_block(&self, file: &FileVersion, index: u64, corrupt: bool) {
+        let len = file.block_len(index, self.block_size) as u64;
+        {
+            let mut st = self.state.lock();
+            let Some(e) = st.entries.get_mut(&file.key) else {
+                return;
+            };
+            let was_complete = e.complete();
+            let Some(slot) = e.slots.get_mut(index as usize) else {
+                return;
+            };
+            if !matches!(slot, Slot::Present(_)) {
+                return;
+            }
+            *slot = Slot::Empty;
+            e.verified[index as usize] = false;
+            e.present -= 1;
+            if was_complete {
+                st.files_complete -= 1;
+            }
+            st.policy.shrink(&file.key, round_alloc(len));
+        }
+        if corrupt {
+            self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
+            warn!(file = %file.rel.display(), block = index, "cache: corrupt block dropped; refetching from the source");
+        }
+        let (data, meta) = self.paths(&file.key);
+        let nblocks = file.block_count(self.block_size);
+        let (table, _) = self.meta_layout(&file.rel, nblocks);
+        if let Ok(m) = OpenOptions::new().write(true).open(meta) {
+            let _ = m.write_all_at(&[0u8; SLOT as usize], table + index * SLOT);
+        }
+        if let Ok(d) = OpenOptions::new().write(true).open(data) {
+            let _ = crate::sys::punch_hole(&d, index * self.block_size, len);
+        }
+    }
+
+    fn read_verified(
+        &self,
+        f: &File,
+        file: &FileVersion,
+        index: u64,
+        sum: &[u8; 32],
+    ) -> Option<ChecksummedBytes> {
+        let len = file.block_len(index, self.block_size);
+        let mut buf = vec![0u8; len];
+        if let Err(e) = f.read_exact_at(&mut buf, index * self.block_size) {
+            debug!(file = %file.rel.display(), "cache read failed: {e}");
+            self.drop_block(file, index, true);
+            return None;
+        }
+        match ChecksummedBytes::verified(Bytes::from(buf), *sum) {
+            Some(b) => Some(b),
+            None => {
+                self.drop_block(file, index, true);
+                None
+            }
+        }
+    }
+
+    fn reader(&self, key: &VersionKey) -> Option<Arc<File>> {
+        let (data, _) = self.paths(key);
+        self.readers
+            .try_get_with(*key, || File::open(&data).map(Arc::new))
+            .ok()
+    }
+}
+
+impl BlockCache for DiskCache {
+    fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
+        let sum = {
+            let st = self.state.lock();
+            match st.entries.get(&file.key)?.slots.get(index as usize)? {
+                Slot::Present(s) => *s,
+                _ => return None,
+            }
+        };
+        let Some(f) = self.reader(&file.key) else {
+            // The data file is gone (someone cleaned the cache dir).
+            let mut st = self.state.lock();
+            st.forget(&file.key);
+            return None;
+        };
+        let block = self.read_verified(&f, file, index, &sum)?;
+        let mut st = self.state.lock();
+        if let Some(e) = st.entries.get_mut(&file.key) {
+            if let Some(v) = e.verified.get_mut(index as usize) {
+                *v = true;
+            }
+        }
+        st.policy.touch(file.key);
+        Some(block)
+    }
+
+    fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
+        let nblocks = file.block_count(self.block_size);
+        if index >= nblocks || block.data().len() != file.block_len(index, self.block_size) {
+            return false;
+        }
+        if !self.writes_allowed() {
+            return false;
+        }
+        let len = round_alloc(block.data().len() as u64);
+        let (victims, new, bytes) = {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            st.policy
+                .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
+            let new = !st.entries.contains_key(&file.key);
+            if let Some(e) = st.entries.get(&file.key) {
+                if e.slots[index as usize] != Slot::Empty {
+                    return matches!(e.slots[index as usize], Slot::Present(_));
+                }
+            }
+            let meta_bytes = round_alloc(self.meta_layout(&file.rel, nblocks).1);
+            let bytes = len
+                + if new {
+                    meta_bytes + PER_FILE_OVERHEAD
+                } else {
+                    0
+                };
+            let victims = match st.policy.admit(file.key, bytes) {
+                Admission::Reject => return false,
+                Admission::Admit { evict } => evict,
+            };
+            for v in &victims {
+                st.forget(v);
+            }
+            let e = st.entries.entry(file.key).or_insert_with(|| Entry {
+                path_hash: path_hash(&file.rel),
+                size: file.version.size,
+                slots: vec![Slot::Empty; nblocks as usize],
+                verified: vec![false; nblocks as usize],
+                present: 0,
+                created: false,
+                meta_bytes,
+            });
+            e.slots[index as usize] = Slot::Writing;
+            if new {
+                st.by_path
+                    .entry(path_hash(&file.rel))
+                    .or_default()
+                    .push(file.key);
+            }
+            // Writing entries are pinned: an eviction must not unlink files
+            // that a write is about to recreate.
+            st.policy.pin(&file.key);
+            (victims, new, bytes)
+        };
+        for v in &victims {
+            self.unlink(v);
+        }
+        let mut result = Ok(());
+        let needs_create = {
+            let st = self.state.lock();
+            st.entries.get(&file.key).is_some_and(|e| !e.created)
+        };
+        if needs_create {
+            // Two writers of a new version race here only with single flight
+            // off; creating twice with truncation loses at most a block slot.
+            result = self.create_files(file, nblocks);
+            if result.is_ok() {
+                if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+                    e.created = true;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = self.write_block(file, index, block);
+        }
+        let mut st = self.state.lock();
+        st.policy.unpin(&file.key);
+        match result {
+            Ok(()) => {
+                let Some(e) = st.entries.get_mut(&file.key) else {
+                    return false;
+                };
+                e.slots[index as usize] = Slot::Present(*block.checksum());
+                e.verified[index as usize] = true;
+                e.present += 1;
+                if e.complete() {
+                    st.files_complete += 1;
+                }
+                true
+            }
+            Err(err) => {
+                if new {
+                    st.forget(&file.key);
+                    drop(st);
+                    self.unlink(&file.key);
+                } else {
+                    if let Some(e) = st.entries.get_mut(&file.key) {
+                        e.slots[index as usize] = Slot::Empty;
+                    }
+                    st.policy.shrink(&file.key, bytes);
+                    drop(st);
+                }
+                self.write_failed("writing a block", &err);
+                false
+            }
+        }
+    }
+
+    fn is_complete(&self, file: &FileVersion) -> bool {
+        self.state
+            .lock()
+            .entries
+            .get(&file.key)
+            .is_some_and(Entry::complete)
+    }
+
+    fn open_complete(&self, file: &FileVersion) -> Option<File> {
+        let todo: Vec<(u64, [u8; 32])> = {
+            let mut st = self.state.lock();
+            let e = st.entries.get(&file.key)?;
+            if !e.complete() {
+                return None;
+            }
+            let todo = e
+                .slots
+                .iter()
+                .zip(&e.verified)
+                .enumerate()
+                .filter_map(|(i, (s, v))| match s {
+                    Slot::Present(sum) if !v => Some((i as u64, *sum)),
+                    _ => None,
+                })
+                .collect();
+            st.policy.pin(&file.key);
+            todo
+        };
+        let (data, _) = self.paths(&file.key);
+        let fail = || {
+            self.state.lock().policy.unpin(&file.key);
+            None
+        };
+        let Ok(f) = File::open(&data) else {
+            return fail();
+        };
+        for (i, sum) in &todo {
+            if self.read_verified(&f, file, *i, sum).is_none() {
+                return fail();
+            }
+        }
+        let mut st = self.state.lock();
+        if let Some(e) = st.entries.get_mut(&file.key) {
+            for (i, _) in &todo {
+                e.verified[*i as usize] = true;
+            }
+        }
+        st.policy.touch(file.key);
+        Some(f)
+    }
+
+    fn unpin(&self, file: &FileVersion) {
+        self.state.lock().policy.unpin(&file.key);
+    }
+
+    fn note_current(&self, file: &FileVersion) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if let Some(keys) = st.by_path.get(&path_hash(&file.rel)) {
+            for k in keys {
+                if *k != file.key {
+                    st.policy.mark_stale(k);
+                }
+            }
+        }
+    }
+
+    fn record_access(&self, file: &FileVersion, bytes: u64) {
+        let mut st = self.state.lock();
+        st.policy.record_read(bytes);
+        st.policy.touch(file.key);
+    }
+
+    fn set_dataset_bytes(&self, bytes: u64) {
+        self.dataset_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    fn usage(&self) -> CacheUsage {
+        let st = self.state.lock();
+        CacheUsage {
+            used_bytes: st.policy.used() + FIXED_OVERHEAD,
+            capacity_bytes: self.capacity,
+            files_cached: st.files_complete,
+            evictions: st.policy.evictions(),
+            writable: self.writes_off_until.lock().is_none(),
+        }
+    }
+}

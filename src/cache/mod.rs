@@ -1,0 +1,144 @@
+//! The local block cache: what a block is, how it is named and checksummed,
+//! and the [`BlockCache`] seam the read path talks to. `disk` keeps blocks on
+//! local disk across restarts; `policy` decides what stays.
+//!
+//! Nothing here may serve a byte whose checksum was not verified, and nothing
+//! here may fail a read: a cache fault is logged, counted and reported as a
+//! miss, so the caller falls back to the source.
+
+pub mod disk;
+pub mod policy;
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::source::SourceVersion;
+
+/// The identity of one version of one file: a hash of its path and
+/// [`SourceVersion`]. Cached bytes belong to a key, never to a bare path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VersionKey(pub [u8; 16]);
+
+impl VersionKey {
+    pub fn new(rel: &Path, v: &SourceVersion) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let mut h = blake3::Hasher::new();
+        h.update(b"locafs version v1\0");
+        h.update(&(rel.as_os_str().len() as u64).to_le_bytes());
+        h.update(rel.as_os_str().as_bytes());
+        h.update(&v.size.to_le_bytes());
+        h.update(&v.mtime_ns.to_le_bytes());
+        h.update(&v.ino.to_le_bytes());
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        VersionKey(k)
+    }
+
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// One file version as the cache and the read path see it.
+#[derive(Clone, Debug)]
+pub struct FileVersion {
+    pub key: VersionKey,
+    pub rel: Arc<Path>,
+    pub version: SourceVersion,
+}
+
+impl FileVersion {
+    pub fn new(rel: Arc<Path>, version: SourceVersion) -> Self {
+        FileVersion {
+            key: VersionKey::new(&rel, &version),
+            rel,
+            version,
+        }
+    }
+
+    /// Number of blocks (a non-empty file smaller than a block is one block).
+    pub fn block_count(&self, block_size: u64) -> u64 {
+        self.version.size.div_ceil(block_size)
+    }
+
+    /// Length of block `index` (the last one may be short).
+    pub fn block_len(&self, index: u64, block_size: u64) -> usize {
+        let start = index * block_size;
+        self.version.size.saturating_sub(start).min(block_size) as usize
+    }
+}
+
+/// A block id: one aligned block of one file version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId {
+    pub key: VersionKey,
+    pub index: u64,
+}
+
+/// Bytes together with the checksum they must match. The only ways to make
+/// one are to hash bytes we read from the source ourselves, or to check bytes
+/// against a checksum ([`ChecksummedBytes::verified`]): integrity is a type.
+#[derive(Clone, Debug)]
+pub struct ChecksummedBytes {
+    data: Bytes,
+    sum: [u8; 32],
+}
+
+impl ChecksummedBytes {
+    /// Bytes straight from the source: their checksum is computed here.
+    pub fn from_source(data: Bytes) -> Self {
+        let sum = *blake3::hash(&data).as_bytes();
+        ChecksummedBytes { data, sum }
+    }
+
+    /// Bytes from an untrusted place (the disk, a peer), accepted only if they
+    /// match `sum`.
+    pub fn verified(data: Bytes, sum: [u8; 32]) -> Option<Self> {
+        (blake3::hash(&data).as_bytes() == &sum).then_some(ChecksummedBytes { data, sum })
+    }
+
+    pub fn data(&self) -> &Bytes {
+        &self.data
+    }
+
+    pub fn checksum(&self) -> &[u8; 32] {
+        &self.sum
+    }
+}
+
+/// What the cache holds, for `stats`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheUsage {
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+    pub files_cached: u64,
+    pub evictions: u64,
+    pub writable: bool,
+}
+
+/// The seam between the read path and whatever keeps blocks locally. Every
+/// method is infallible from the caller's view: faults become misses.
+pub trait BlockCache: Send + Sync + 'static {
+    /// A verified block, or None (absent, or found corrupt and dropped).
+    fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes>;
+    /// Stores a block if the policy admits it; returns whether it was stored.
+    fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool;
+    /// Whether every block of the file is cached (not verified).
+    fn is_complete(&self, file: &FileVersion) -> bool;
+    /// If every block of the file is cached and verified since this mount, an
+    /// open read-only handle on the cached file (for passthrough); the file is
+    /// pinned until [`BlockCache::unpin`].
+    fn open_complete(&self, file: &FileVersion) -> Option<File>;
+    fn unpin(&self, file: &FileVersion);
+    /// The version is the current one for its path: older versions of the
+    /// same path are stale.
+    fn note_current(&self, file: &FileVersion);
+    /// The loader read `bytes` of this file (advances the policy's clock).
+    fn record_access(&self, file: &FileVersion, bytes: u64);
+    /// The data set's total size as far as known (for the policy).
+    fn set_dataset_bytes(&self, bytes: u64);
+    fn usage(&self) -> CacheUsage;
+}

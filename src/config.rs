@@ -1,0 +1,499 @@
+//! Command line, configuration file and fstab options, merged into one
+//! [`MountConfig`]: flags override `-o` options, which override the TOML file
+//! (`--config`), which overrides the defaults. Also the checks that run
+//! before anything is mounted, each failing with a one-line message and exit
+//! status 2.
+//!
+//! Nothing here touches the cache contents or mounts anything.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::units::{parse_duration, parse_size};
+
+/// locafs: a read-only caching FUSE mount for training data sets.
+///
+/// locafs presents a data set (a directory on NFS, Lustre, GPFS or a local
+/// disk) as ordinary read-only files, keeps what the training job reads in a
+/// persistent, checksummed cache on local disk, and serves fully cached files
+/// at local-disk speed.
+#[derive(Parser, Debug)]
+#[command(name = "locafs", version, about, long_about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Mount SOURCE read-only on MOUNTPOINT with a local cache.
+    ///
+    /// Runs in the foreground until the mount is unmounted (umount MOUNTPOINT)
+    /// or the process gets SIGINT/SIGTERM, then unmounts and exits 0. With
+    /// --daemon, returns once the mount is live (exit 0) or has failed
+    /// (non-zero, with the reason on stderr).
+    ///
+    /// Every option can also be given in a TOML file (--config FILE, keys as
+    /// the long option names, e.g. cache-size = "500G") or as fstab-style
+    /// -o options (cache_size=500G,immutable); flags win over -o, and -o
+    /// wins over the file.
+    Mount(Box<MountArgs>),
+    /// Show what a mount has done: bytes from cache and source, cache use,
+    /// corruption found.
+    Stats(StatsArgs),
+}
+
+#[derive(Args, Debug, Default)]
+pub struct MountArgs {
+    /// The data set: a directory (read-only for locafs).
+    pub source: PathBuf,
+    /// An existing, empty directory to mount on.
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub opts: MountFlags,
+    /// Read options from this TOML file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// fstab-style options, comma separated (cache_dir=DIR,cache_size=SIZE,...).
+    /// Standard mount options (ro, _netdev, nofail, x-systemd.*, ...) are accepted.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub o: Vec<String>,
+    /// Return once the mount is live and keep serving it in the background.
+    #[arg(long)]
+    pub daemon: bool,
+}
+
+/// The options of a mount that can come from flags, -o or the TOML file.
+#[derive(Args, Debug, Default, Deserialize, Clone)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct MountFlags {
+    /// Cache directory; one subdirectory per data set, so mounts can share it.
+    /// [default: /var/cache/locafs as root, else $XDG_CACHE_HOME/locafs]
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Most disk space the cache may use, counting everything it writes
+    /// (e.g. 500G, 64MiB, 1.5T). [default: 80% of the free space of the cache disk]
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<String>,
+    /// Cache block size: the unit of caching, checksumming and fetching.
+    /// [default: 1MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub block_size: Option<String>,
+    /// Memory for recently read blocks. [default: 128MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub memory_cache: Option<String>,
+    /// How long metadata is trusted before it is checked against the source
+    /// again: new, changed and deleted files show up within this time.
+    /// [default: 60s]
+    #[arg(long, value_name = "DURATION")]
+    pub revalidate: Option<String>,
+    /// Trust the source never to change (no revalidation, longest kernel caching).
+    #[arg(long)]
+    #[serde(default)]
+    pub immutable: bool,
+    /// Never use FUSE passthrough (serve every read through the daemon).
+    #[arg(long)]
+    #[serde(default)]
+    pub no_passthrough: bool,
+    /// Longest wait for the source on one read before it fails (ETIMEDOUT).
+    /// [default: 120s]
+    #[arg(long, value_name = "DURATION")]
+    pub source_timeout: Option<String>,
+    /// Threads serving FUSE requests. [default: 8]
+    #[arg(long, value_name = "N")]
+    pub fuse_threads: Option<usize>,
+    /// Name of the data set's cache subdirectory. [default: derived from the
+    /// source path]
+    #[arg(long, value_name = "NAME")]
+    pub dataset_id: Option<String>,
+    /// Log format on stderr (or in --log-file).
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Write logs to this file (with --daemon, logs are otherwise dropped).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// The mountpoint of a locafs mount.
+    pub mountpoint: PathBuf,
+    /// Print JSON (the schema is stable; for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A usage problem: exit status 2 and a one-line message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+fn usage(msg: impl Into<String>) -> UsageError {
+    UsageError(msg.into())
+}
+
+/// Everything a mount needs, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub source: PathBuf,
+    pub mountpoint: PathBuf,
+    pub cache_dir: PathBuf,
+    pub dataset_dir: PathBuf,
+    pub cache_size: Option<u64>,
+    pub block_size: u64,
+    pub memory_cache: u64,
+    /// None: immutable.
+    pub revalidate: Option<Duration>,
+    pub passthrough: bool,
+    pub source_timeout: Duration,
+    pub fuse_threads: usize,
+    pub log_format: LogFormat,
+    pub log_file: Option<PathBuf>,
+}
+
+impl MountFlags {
+    /// Fills every option not set here from `other`.
+    fn or(self, other: MountFlags) -> MountFlags {
+        MountFlags {
+            cache_dir: self.cache_dir.or(other.cache_dir),
+            cache_size: self.cache_size.or(other.cache_size),
+            block_size: self.block_size.or(other.block_size),
+            memory_cache: self.memory_cache.or(other.memory_cache),
+            revalidate: self.revalidate.or(other.revalidate),
+            immutable: self.immutable || other.immutable,
+            no_passthrough: self.no_passthrough || other.no_passthrough,
+            source_timeout: self.source_timeout.or(other.source_timeout),
+            fuse_threads: self.fuse_threads.or(other.fuse_threads),
+            dataset_id: self.dataset_id.or(other.dataset_id),
+            log_format: self.log_format.or(other.log_format),
+            log_file: self.log_file.or(other.log_file),
+        }
+    }
+}
+
+/// Standard mount(8)/fstab options that mean nothing to locafs itself.
+fn ignored_mount_option(k: &str) -> bool {
+    matches!(
+        k,
+        "ro" | "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "users"
+            | "nouser"
+            | "_netdev"
+            | "nofail"
+            | "allow_other"
+            | "default_permissions"
+            | "nodev"
+            | "nosuid"
+            | "noexec"
+            | "exec"
+            | "dev"
+            | "suid"
+            | "noatime"
+            | "relatime"
+            | "atime"
+            | "nodiratime"
+    ) || k.starts_with("x-")
+        || k.starts_with("comment=")
+}
+
+/// Parses `-o a=b,c` options into flags.
+pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
+    let mut table = toml::Table::new();
+    for opt in options.iter().flat_map(|o| o.split(',')) {
+        let opt = opt.trim();
+        if opt.is_empty() || ignored_mount_option(opt) {
+            continue;
+        }
+        if opt == "rw" {
+            return Err(usage("-o rw: locafs mounts are read-only"));
+        }
+        let (k, v) = match opt.split_once('=') {
+            Some((k, v)) => (k.replace('_', "-"), toml::Value::String(v.to_owned())),
+            None => (opt.replace('_', "-"), toml::Value::Boolean(true)),
+        };
+        let v = match k.as_str() {
+            "fuse-threads" => toml::Value::Integer(
+                v.as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| usage(format!("-o {opt}: expected a number")))?,
+            ),
+            _ => v,
+        };
+        table.insert(k, v);
+    }
+    MountFlags::deserialize(toml::Value::Table(table))
+        .map_err(|e| usage(format!("-o: {}", e.message())))
+}
+
+/// Reads a TOML configuration file.
+pub fn read_config_file(path: &Path) -> Result<MountFlags, UsageError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("config file {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| {
+        usage(format!(
+            "config file {}: {}",
+            path.display(),
+            e.message().lines().next().unwrap_or("invalid")
+        ))
+    })
+}
+
+/// The default cache directory for this user.
+pub fn default_cache_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/cache/locafs");
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("locafs");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".cache/locafs"),
+        None => std::env::temp_dir().join("locafs-cache"),
+    }
+}
+
+/// The cache subdirectory name of a data set: its last path component (for
+/// humans) and a hash of its full path.
+pub fn dataset_id(source: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let base: String = source
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "root".into())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    let h = blake3::hash(source.as_os_str().as_bytes());
+    format!("{base}-{}", &h.to_hex()[..16])
+}
+
+/// Merges and checks everything; fails before anything is mounted.
+pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
+    let file = match &args.config {
+        Some(p) => read_config_file(p)?,
+        None => MountFlags::default(),
+    };
+    let f = args.opts.clone().or(parse_o(&args.o)?).or(file);
+
+    let source = std::fs::canonicalize(&args.source).map_err(|e| {
+        usage(format!(
+            "source {}: {}",
+            args.source.display(),
+            short_io(&e)
+        ))
+    })?;
+    if !source.is_dir() {
+        return Err(usage(format!(
+            "source {}: not a directory",
+            args.source.display()
+        )));
+    }
+    let mp = &args.mountpoint;
+    let mountpoint = std::fs::canonicalize(mp)
+        .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
+    if !mountpoint.is_dir() {
+        return Err(usage(format!(
+            "mountpoint {}: not a directory",
+            mp.display()
+        )));
+    }
+    if crate::sys::is_mountpoint(&mountpoint) {
+        return Err(usage(format!(
+            "mountpoint {}: something is already mounted there",
+            mp.display()
+        )));
+    }
+    match std::fs::read_dir(&mountpoint) {
+        Ok(mut rd) => {
+            if rd.next().is_some() {
+                return Err(usage(format!("mountpoint {}: not empty", mp.display())));
+            }
+        }
+        Err(e) => {
+            return Err(usage(format!(
+                "mountpoint {}: {}",
+                mp.display(),
+                short_io(&e)
+            )))
+        }
+    }
+    if source == mountpoint || mountpoint.starts_with(&source) {
+        return Err(usage(format!(
+            "mountpoint {} is inside the source",
+            mp.display()
+        )));
+    }
+
+    let size = |name: &str, v: &Option<String>| -> Result<Option<u64>, UsageError> {
+        v.as_deref()
+            .map(|s| parse_size(s).map_err(|e| usage(format!("--{name}: {e}"))))
+            .transpose()
+    };
+    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>, UsageError> {
+        v.as_deref()
+            .map(|s| parse_duration(s).map_err(|e| usage(format!("--{name}: {e}"))))
+            .transpose()
+    };
+    let cache_size = size("cache-size", &f.cache_size)?;
+    let block_size = size("block-size", &f.block_size)?.unwrap_or(1 << 20);
+    if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
+        return Err(usage(
+            "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
+        ));
+    }
+    let memory_cache = size("memory-cache", &f.memory_cache)?.unwrap_or(128 << 20);
+    let revalidate = dur("revalidate", &f.revalidate)?.unwrap_or(Duration::from_secs(60));
+    let source_timeout =
+        dur("source-timeout", &f.source_timeout)?.unwrap_or(Duration::from_secs(120));
+    if source_timeout.is_zero() {
+        return Err(usage("--source-timeout: must be more than 0"));
+    }
+    let fuse_threads = f.fuse_threads.unwrap_or(8);
+    if !(1..=256).contains(&fuse_threads) {
+        return Err(usage("--fuse-threads: must be between 1 and 256"));
+    }
+    if let Some(c) = cache_size {
+        let min = crate::cache::disk::FIXED_OVERHEAD * 2;
+        if c < min {
+            return Err(usage(format!(
+                "--cache-size: {} is too small (at least {})",
+                crate::units::format_size(c),
+                crate::units::format_size(min)
+            )));
+        }
+    }
+
+    let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let id = f.dataset_id.clone().unwrap_or_else(|| dataset_id(&source));
+    if id.is_empty() || id.contains('/') || id.starts_with('.') {
+        return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
+    }
+    std::fs::create_dir_all(&cache_dir).map_err(|e| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    })?;
+    let cache_dir = std::fs::canonicalize(&cache_dir).map_err(|e| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    })?;
+    if cache_dir.starts_with(&mountpoint) {
+        return Err(usage(format!(
+            "cache dir {} is inside the mountpoint",
+            cache_dir.display()
+        )));
+    }
+    let dataset_dir = cache_dir.join(id);
+    std::fs::create_dir_all(&dataset_dir).map_err(|e| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    })?;
+    let probe = dataset_dir.join(".write-test");
+    std::fs::write(&probe, b"").map_err(|e| {
+        usage(format!(
+            "cache dir {}: not writable: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    })?;
+    let _ = std::fs::remove_file(&probe);
+
+    Ok(MountConfig {
+        source,
+        mountpoint,
+        cache_dir,
+        dataset_dir,
+        cache_size,
+        block_size,
+        memory_cache,
+        revalidate: (!f.immutable).then_some(revalidate),
+        passthrough: !f.no_passthrough,
+        source_timeout,
+        fuse_threads,
+        log_format: f.log_format.unwrap_or_default(),
+        log_file: f.log_file,
+    })
+}
+
+/// An io::Error without the "(os error N)" suffix.
+pub fn short_io(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_lowercase(),
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn o_options_map_to_flags() {
+        let f = parse_o(&["ro,_netdev,nofail,x-systemd.automount,cache_dir=/x,cache_size=5G,immutable,fuse_threads=4".into()]).unwrap();
+        assert_eq!(f.cache_dir.as_deref(), Some(Path::new("/x")));
+        assert_eq!(f.cache_size.as_deref(), Some("5G"));
+        assert!(f.immutable);
+        assert_eq!(f.fuse_threads, Some(4));
+        assert!(parse_o(&["bogus=1".into()]).is_err());
+        assert!(parse_o(&["rw".into()]).is_err());
+    }
+
+    #[test]
+    fn config_file_rejects_unknown_keys() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        std::fs::write(&p, "cache-size = \"1G\"\nimmutable = true\n").unwrap();
+        let f = read_config_file(&p).unwrap();
+        assert_eq!(f.cache_size.as_deref(), Some("1G"));
+        std::fs::write(&p, "cache-sise = \"1G\"\n").unwrap();
+        let e = read_config_file(&p).unwrap_err().0;
+        assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let a = MountFlags {
+            cache_size: Some("1G".into()),
+            ..Default::default()
+        };
+        let b = MountFlags {
+            cache_size: Some("2G".into()),
+            revalidate: Some("5s".into()),
+            ..Default::default()
+        };
+        let m = a.or(b);
+        assert_eq!(m.cache_size.as_deref(), Some("1G"));
+        assert_eq!(m.revalidate.as_deref(), Some("5s"));
+    }
+}

@@ -1,0 +1,543 @@
+//! The FUSE adapter: translates kernel requests into calls on the namespace,
+//! the open-file table and the reader, and their answers into replies. It
+//! holds no logic of its own beyond that translation (and the choice of
+//! kernel features at init).
+//!
+//! It must never block a FUSE thread on the source or a peer: anything that
+//! is not already local is answered from a task on the runtime. It never
+//! panics; every error becomes an errno for that one request. Every write
+//! path answers EROFS.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tracing::{debug, info, warn};
+
+use crate::cache::FileVersion;
+use crate::handles::{OpenFiles, OpenMode};
+use crate::namespace::{Namespace, ROOT};
+use crate::reader::Reader;
+use crate::source::{EntryKind, Source, SourceAttr};
+use crate::stats::Stats;
+
+/// The extended attribute of the mount root that returns `stats` as JSON.
+pub const STATS_XATTR: &str = "user.locafs.stats";
+
+/// Settings of the adapter that come from the command line.
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    /// How long the kernel may trust attributes and entries.
+    pub ttl: Duration,
+    /// Try FUSE passthrough for fully cached files.
+    pub passthrough: bool,
+    pub source_label: String,
+    pub mount_label: String,
+}
+
+/// The mounted file system.
+pub struct LocaFs {
+    ns: Arc<Namespace>,
+    reader: Arc<Reader>,
+    source: Arc<dyn Source>,
+    files: OpenFiles<BackingId>,
+    stats: Arc<Stats>,
+    rt: tokio::runtime::Handle,
+    opts: FuseOptions,
+    passthrough: AtomicBool,
+}
+
+fn errno(e: &std::io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn kind(a: &SourceAttr) -> FileType {
+    match a.kind {
+        EntryKind::Dir => FileType::Directory,
+        EntryKind::File => FileType::RegularFile,
+        EntryKind::Symlink => FileType::Symlink,
+        EntryKind::Other => match a.mode & libc::S_IFMT {
+            libc::S_IFIFO => FileType::NamedPipe,
+            libc::S_IFCHR => FileType::CharDevice,
+            libc::S_IFBLK => FileType::BlockDevice,
+            _ => FileType::Socket,
+        },
+    }
+}
+
+fn attr(ino: u64, a: &SourceAttr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime_ns),
+        mtime: time(a.mtime_ns),
+        ctime: time(a.ctime_ns),
+        crtime: time(a.ctime_ns),
+        kind: kind(a),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 128 * 1024,
+        flags: 0,
+    }
+}
+
+impl LocaFs {
+    pub fn new(
+        ns: Arc<Namespace>,
+        reader: Arc<Reader>,
+        source: Arc<dyn Source>,
+        stats: Arc<Stats>,
+        rt: tokio::runtime::Handle,
+        opts: FuseOptions,
+    ) -> Self {
+        LocaFs {
+            ns,
+            reader,
+            source,
+            files: OpenFiles::default(),
+            stats,
+            rt,
+            opts,
+            passthrough: AtomicBool::new(false),
+        }
+    }
+
+    fn stats_json(&self) -> Vec<u8> {
+        let snap = self.stats.snapshot(
+            &self.opts.source_label,
+            &self.opts.mount_label,
+            self.reader.cache().usage(),
+        );
+        serde_json::to_vec(&snap).unwrap_or_default()
+    }
+
+    /// A verified backing file for passthrough, if the file is fully cached.
+    fn prepare_backing(&self, reply: &ReplyOpen, file: &FileVersion) -> Option<BackingId> {
+        let f = self.reader.cache().open_complete(file)?;
+        match reply.open_backing(&f) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                self.reader.cache().unpin(file);
+                if self.passthrough.swap(false, Ordering::Relaxed) {
+                    warn!("passthrough refused by the kernel ({e}); serving all reads through the daemon");
+                }
+                None
+            }
+        }
+    }
+}
+
+impl Filesystem for LocaFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+        for flag in wanted.iter() {
+            let _ = config.add_capabilities(flag);
+        }
+        let _ = config.set_max_background(64);
+        if self.opts.passthrough {
+            if !crate::sys::has_cap_sys_admin() {
+                info!("passthrough off: it needs CAP_SYS_ADMIN; cached files are served through the daemon");
+            } else if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok()
+            {
+                self.passthrough.store(true, Ordering::Relaxed);
+                debug!("passthrough on for fully cached files");
+            } else {
+                info!("passthrough off: this kernel does not offer it");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.ns.lookup(parent.0, name) {
+            Ok((ino, a)) => reply.entry(&self.opts.ttl, &attr(ino, &a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.ns.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.opts.ttl, &attr(ino.0, &a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        use std::os::unix::ffi::OsStrExt;
+        match self.ns.read_link(ino.0) {
+            Ok(t) => reply.data(t.as_os_str().as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let (rel, a) = match self.ns.open_file(ino.0) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let file = Arc::new(FileVersion::new(rel, a.version()));
+        let cache = self.reader.cache();
+        cache.note_current(&file);
+        self.stats.opens.fetch_add(1, Ordering::Relaxed);
+        let backing = if self.passthrough.load(Ordering::Relaxed)
+            && a.size > 0
+            && self.files.is_idle(ino.0)
+        {
+            self.prepare_backing(&reply, &file)
+        } else {
+            None
+        };
+        let offered = backing.is_some();
+        match self.files.open(ino.0, Arc::clone(&file), backing) {
+            Ok((fh, OpenMode::Passthrough(id))) => {
+                self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+            }
+            Ok((fh, OpenMode::Cached { keep_cache })) => {
+                if offered {
+                    cache.unpin(&file);
+                }
+                let flags = if keep_cache {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(FileHandle(fh), flags);
+            }
+            Err(_) => {
+                warn!(file = %file.rel.display(), "file changed at the source while open in passthrough mode; retry once it is closed");
+                reply.error(Errno::from_i32(libc::EBUSY));
+            }
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(h) = self.files.get(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        if let Some(bytes) = self.reader.read_local(&h.file, offset, size) {
+            return reply.data(&bytes);
+        }
+        let reader = Arc::clone(&self.reader);
+        let file = Arc::clone(&h.file);
+        self.rt.spawn(async move {
+            match reader.read(Arc::clone(&file), offset, size).await {
+                Ok(bytes) => reply.data(&bytes),
+                Err(e) => {
+                    warn!(file = %file.rel.display(), offset, "read failed: {e}");
+                    reply.error(Errno::from_i32(e.errno()));
+                }
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some((h, true)) = self.files.release(fh.0) {
+            self.reader.cache().unpin(&h.file);
+        }
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // ENOSYS makes the kernel skip OPENDIR/RELEASEDIR from now on and
+        // cache directory listings itself.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if offset == 0 {
+            if let Err(e) = self.ns.refresh_dir(ino.0) {
+                return reply.error(errno(&e));
+            }
+        }
+        if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset <= 1 && reply.add(INodeNo(self.ns.parent(ino.0)), 2, FileType::Directory, "..") {
+            return reply.ok();
+        }
+        let r = self
+            .ns
+            .read_dir(ino.0, offset.saturating_sub(2), |e, next| {
+                reply.add(INodeNo(e.ino), next + 2, kind(e.attr), e.name)
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        if offset == 0 {
+            if let Err(e) = self.ns.refresh_dir(ino.0) {
+                return reply.error(errno(&e));
+            }
+        }
+        let ttl = self.opts.ttl;
+        if offset == 0 {
+            match self.ns.getattr(ino.0) {
+                Ok(a) if reply.add(ino, 1, ".", &ttl, &attr(ino.0, &a), Generation(0)) => {
+                    return reply.ok()
+                }
+                Ok(_) => {}
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
+        if offset <= 1 {
+            let parent = self.ns.parent(ino.0);
+            if let Ok(a) = self.ns.getattr(parent) {
+                if reply.add(
+                    INodeNo(parent),
+                    2,
+                    "..",
+                    &ttl,
+                    &attr(parent, &a),
+                    Generation(0),
+                ) {
+                    return reply.ok();
+                }
+            }
+        }
+        let r = self
+            .ns
+            .read_dir(ino.0, offset.saturating_sub(2), |e, next| {
+                reply.add(
+                    INodeNo(e.ino),
+                    next + 2,
+                    e.name,
+                    &ttl,
+                    &attr(e.ino, e.attr),
+                    Generation(0),
+                )
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.source.statvfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if ino.0 != ROOT || name != STATS_XATTR {
+            return reply.error(Errno::from_i32(libc::ENODATA));
+        }
+        let value = self.stats_json();
+        if size == 0 {
+            reply.size(value.len() as u32);
+        } else if (size as usize) < value.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(&value);
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // The control attribute is not listed, so copies (cp -a, rsync -X)
+        // do not pick it up.
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    // Every way of changing the tree: read-only.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _r: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lo: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _n: &OsStr,
+        _v: &[u8],
+        _f: i32,
+        _p: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+}

@@ -1,0 +1,17 @@
+//! locafs: a read-only caching FUSE file system for deep-learning training
+//! data. See docs/architecture.md for the modules and the path of a read.
+
+pub mod cache;
+pub mod cli_stats;
+pub mod config;
+pub mod fuse;
+pub mod handles;
+pub mod lock;
+pub mod logging;
+pub mod mount;
+pub mod namespace;
+pub mod reader;
+pub mod source;
+pub mod stats;
+pub mod sys;
+pub mod units;

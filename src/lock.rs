@@ -1,0 +1,41 @@
+//! One mount per data-set cache directory: an exclusive `flock` on
+//! `<dataset dir>/lock`, held for the life of the mount, so two daemons never
+//! write the same cache files. It never blocks: a held lock is an error that
+//! names the holder.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+/// The held lock; released when dropped (or when the process dies).
+pub struct DatasetLock {
+    _file: File,
+}
+
+impl DatasetLock {
+    pub fn acquire(dir: &Path) -> Result<Self, String> {
+        let path = dir.join("lock");
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
+        // SAFETY: flock on an owned descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let mut holder = String::new();
+            let _ = f.read_to_string(&mut holder);
+            return Err(format!(
+                "cache dir {} is in use by another locafs mount (pid {})",
+                dir.display(),
+                holder.trim()
+            ));
+        }
+        let _ = f.set_len(0);
+        let _ = f.rewind();
+        let _ = write!(f, "{}", std::process::id());
+        Ok(DatasetLock { _file: f })
+    }
+}

@@ -1,0 +1,436 @@
+//! The namespace: the source tree as inodes. It maps inode numbers to paths
+//! and attributes, lists directories, and revalidates what it knows against
+//! the source once it is older than the revalidation interval (never with
+//! `--immutable`), so that new, changed and deleted files show up in time.
+//!
+//! Inode numbers are stable for the life of the mount (a renamed or replaced
+//! entry gets a new one) and never reused. This module never reads file data,
+//! adds no entry of its own to the tree (no control files), and does no source
+//! I/O while holding its lock.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+
+use crate::source::{EntryKind, Source, SourceAttr};
+
+/// The root's inode number (FUSE's convention).
+pub const ROOT: u64 = 1;
+
+#[derive(Debug)]
+struct Node {
+    parent: u64,
+    name: Box<[u8]>,
+    attr: SourceAttr,
+    /// When `attr` was last read from the source (ms since the namespace
+    /// started).
+    checked_ms: u64,
+    dir: Option<Box<DirState>>,
+}
+
+#[derive(Debug, Default)]
+struct DirState {
+    /// Children inode numbers, sorted by name.
+    children: Vec<u64>,
+    /// When the directory was last listed in full, if ever.
+    listed_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Node of inode `i` at index `i - 1`.
+    nodes: Vec<Node>,
+    known_bytes: u64,
+}
+
+impl Inner {
+    fn node(&self, ino: u64) -> Option<&Node> {
+        self.nodes.get(ino.checked_sub(1)? as usize)
+    }
+
+    fn node_mut(&mut self, ino: u64) -> Option<&mut Node> {
+        self.nodes.get_mut(ino.checked_sub(1)? as usize)
+    }
+
+    fn path(&self, mut ino: u64) -> Option<PathBuf> {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        while ino != ROOT {
+            let n = self.node(ino)?;
+            parts.push(&n.name);
+            ino = n.parent;
+        }
+        let mut p = PathBuf::new();
+        for part in parts.iter().rev() {
+            p.push(OsStr::from_bytes(part));
+        }
+        Some(p)
+    }
+
+    fn find_child(&self, dir: &DirState, name: &[u8]) -> Result<usize, usize> {
+        dir.children
+            .binary_search_by(|c| self.node(*c).map(|n| &*n.name).unwrap_or(&[]).cmp(name))
+    }
+
+    fn account(&mut self, old: Option<&SourceAttr>, new: Option<&SourceAttr>) {
+        let size = |a: Option<&SourceAttr>| match a {
+            Some(a) if a.kind == EntryKind::File => a.size,
+            _ => 0,
+        };
+        self.known_bytes = (self.known_bytes + size(new)).saturating_sub(size(old));
+    }
+
+    fn push(&mut self, parent: u64, name: &[u8], attr: SourceAttr, now: u64) -> u64 {
+        self.account(None, Some(&attr));
+        self.nodes.push(Node {
+            parent,
+            name: name.into(),
+            attr,
+            checked_ms: now,
+            dir: (attr.kind == EntryKind::Dir).then(Box::default),
+        });
+        self.nodes.len() as u64
+    }
+
+    /// Updates or replaces the child `name` of `parent` with a fresh `attr`;
+    /// returns its inode.
+    fn upsert_child(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        attr: SourceAttr,
+        now: u64,
+    ) -> Option<u64> {
+        let pos = {
+            let dir = self.node(parent)?.dir.as_deref()?;
+            self.find_child(dir, name)
+        };
+        match pos {
+            Ok(i) => {
+                let ino = self.node(parent)?.dir.as_ref()?.children[i];
+                let old = self.node(ino)?.attr;
+                if (old.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
+                    && old.ino == attr.ino
+                {
+                    self.account(Some(&old), Some(&attr));
+                    let n = self.node_mut(ino)?;
+                    n.attr = attr;
+                    n.checked_ms = now;
+                    Some(ino)
+                } else {
+                    // Replaced by another object: a new inode.
+                    self.account(Some(&old), None);
+                    let new = self.push(parent, name, attr, now);
+                    self.node_mut(parent)?.dir.as_mut()?.children[i] = new;
+                    Some(new)
+                }
+            }
+            Err(i) => {
+                let new = self.push(parent, name, attr, now);
+                self.node_mut(parent)?.dir.as_mut()?.children.insert(i, new);
+                Some(new)
+            }
+        }
+    }
+
+    fn remove_child(&mut self, parent: u64, name: &[u8]) {
+        let pos = match self.node(parent).and_then(|p| p.dir.as_deref()) {
+            Some(dir) => self.find_child(dir, name),
+            None => return,
+        };
+        if let Ok(i) = pos {
+            let Some(dir) = self.node_mut(parent).and_then(|p| p.dir.as_mut()) else {
+                return;
+            };
+            let ino = dir.children.remove(i);
+            let old = self.node(ino).map(|n| n.attr);
+            self.account(old.as_ref(), None);
+        }
+    }
+}
+
+/// One directory entry as `readdir` hands it out.
+pub struct DirEntry<'a> {
+    pub ino: u64,
+    pub name: &'a OsStr,
+    pub attr: &'a SourceAttr,
+}
+
+/// The inode table of one mount.
+pub struct Namespace {
+    source: Arc<dyn Source>,
+    /// None: trust the source forever (`--immutable`).
+    revalidate: Option<Duration>,
+    started: Instant,
+    inner: RwLock<Inner>,
+}
+
+impl Namespace {
+    pub fn new(source: Arc<dyn Source>, revalidate: Option<Duration>) -> io::Result<Self> {
+        let root = source.stat(Path::new(""))?;
+        if root.kind != EntryKind::Dir {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the source is not a directory",
+            ));
+        }
+        let ns = Namespace {
+            source,
+            revalidate,
+            started: Instant::now(),
+            inner: RwLock::new(Inner {
+                nodes: Vec::new(),
+                known_bytes: 0,
+            }),
+        };
+        ns.inner.write().push(ROOT, b"", root, 0);
+        Ok(ns)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn stale(&self, checked_ms: u64) -> bool {
+        match self.revalidate {
+            None => false,
+            Some(d) => self.now_ms().saturating_sub(checked_ms) >= d.as_millis() as u64,
+        }
+    }
+
+    /// Total size of the regular files seen so far.
+    pub fn known_bytes(&self) -> u64 {
+        self.inner.read().known_bytes
+    }
+
+    /// The number of inodes known (for memory reporting).
+    pub fn len(&self) -> usize {
+        self.inner.read().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The path of an inode relative to the source root.
+    pub fn path(&self, ino: u64) -> io::Result<PathBuf> {
+        self.inner
+            .read()
+            .path(ino)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+    }
+
+    /// Finds `name` in directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> io::Result<(u64, SourceAttr)> {
+        let name = name.as_bytes();
+        let path = {
+            let inner = self.inner.read();
+            let p = inner.node(parent).ok_or_else(enoent)?;
+            let dir = p
+                .dir
+                .as_deref()
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
+            let listed_fresh = dir.listed_ms.is_some_and(|t| !self.stale(t));
+            match inner.find_child(dir, name) {
+                Ok(i) => {
+                    let ino = dir.children[i];
+                    if let Some(n) = inner.node(ino) {
+                        if !self.stale(n.checked_ms) {
+                            return Ok((ino, n.attr));
+                        }
+                    }
+                }
+                // A fresh full listing knows every name: no need to ask.
+                Err(_) if listed_fresh => return Err(enoent()),
+                Err(_) => {}
+            }
+            inner
+                .path(parent)
+                .ok_or_else(enoent)?
+                .join(OsStr::from_bytes(name))
+        };
+        let now = self.now_ms();
+        match self.source.stat(&path) {
+            Ok(attr) => {
+                let mut inner = self.inner.write();
+                let ino = inner
+                    .upsert_child(parent, name, attr, now)
+                    .ok_or_else(enoent)?;
+                Ok((ino, attr))
+            }
+            Err(e) => {
+                if e.kind() == io::ErrorKind::NotFound {
+                    self.inner.write().remove_child(parent, name);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Attributes of an inode, revalidated against the source when stale.
+    pub fn getattr(&self, ino: u64) -> io::Result<SourceAttr> {
+        let path = {
+            let inner = self.inner.read();
+            let n = inner.node(ino).ok_or_else(enoent)?;
+            if !self.stale(n.checked_ms) {
+                return Ok(n.attr);
+            }
+            inner.path(ino).ok_or_else(enoent)?
+        };
+        let now = self.now_ms();
+        let attr = self.source.stat(&path)?;
+        let mut inner = self.inner.write();
+        let old = inner.node(ino).ok_or_else(enoent)?.attr;
+        if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir) || old.ino != attr.ino {
+            // Another object now lives at this path: this inode is gone.
+            return Err(enoent());
+        }
+        inner.account(Some(&old), Some(&attr));
+        let n = inner.node_mut(ino).ok_or_else(enoent)?;
+        n.attr = attr;
+        n.checked_ms = now;
+        Ok(attr)
+    }
+
+    /// Lists directory `ino` from the source if it was never listed or its
+    /// listing is stale. Called at the start of a directory read.
+    pub fn refresh_dir(&self, ino: u64) -> io::Result<()> {
+        let path = {
+            let inner = self.inner.read();
+            let n = inner.node(ino).ok_or_else(enoent)?;
+            let dir = n
+                .dir
+                .as_deref()
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
+            if dir.listed_ms.is_some_and(|t| !self.stale(t)) {
+                return Ok(());
+            }
+            inner.path(ino).ok_or_else(enoent)?
+        };
+        let now = self.now_ms();
+        let mut entries = self.source.list(&path)?;
+        entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let mut inner = self.inner.write();
+        let old: Vec<(Box<[u8]>, u64)> = {
+            let dir = inner
+                .node(ino)
+                .and_then(|n| n.dir.as_deref())
+                .ok_or_else(enoent)?;
+            dir.children
+                .iter()
+                .filter_map(|c| inner.node(*c).map(|n| (n.name.clone(), *c)))
+                .collect()
+        };
+        // Merge the sorted old and new listings, keeping inodes of entries
+        // that are still the same object.
+        let mut children = Vec::with_capacity(entries.len());
+        let mut oi = 0;
+        for (name, attr) in &entries {
+            let nb = name.as_bytes();
+            while oi < old.len() && &*old[oi].0 < nb {
+                let gone = inner.node(old[oi].1).map(|n| n.attr);
+                inner.account(gone.as_ref(), None);
+                oi += 1;
+            }
+            let mut reuse = None;
+            if oi < old.len() && &*old[oi].0 == nb {
+                let c = old[oi].1;
+                oi += 1;
+                if let Some(n) = inner.node(c) {
+                    let prev = n.attr;
+                    if (prev.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
+                        && prev.ino == attr.ino
+                    {
+                        inner.account(Some(&prev), Some(attr));
+                        if let Some(n) = inner.node_mut(c) {
+                            n.attr = *attr;
+                            n.checked_ms = now;
+                        }
+                        reuse = Some(c);
+                    } else {
+                        inner.account(Some(&prev), None);
+                    }
+                }
+            }
+            let c = match reuse {
+                Some(c) => c,
+                None => inner.push(ino, nb, *attr, now),
+            };
+            children.push(c);
+        }
+        while oi < old.len() {
+            let gone = inner.node(old[oi].1).map(|n| n.attr);
+            inner.account(gone.as_ref(), None);
+            oi += 1;
+        }
+        if let Some(dir) = inner.node_mut(ino).and_then(|n| n.dir.as_mut()) {
+            dir.children = children;
+            dir.listed_ms = Some(now);
+        }
+        Ok(())
+    }
+
+    /// Hands the entries of directory `ino` from position `offset` on to `f`
+    /// (with the position after each) until `f` returns true (buffer full).
+    /// Call [`Namespace::refresh_dir`] first.
+    pub fn read_dir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut f: impl FnMut(DirEntry<'_>, u64) -> bool,
+    ) -> io::Result<()> {
+        let inner = self.inner.read();
+        let n = inner.node(ino).ok_or_else(enoent)?;
+        let dir = n
+            .dir
+            .as_deref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
+        for (i, c) in dir.children.iter().enumerate().skip(offset as usize) {
+            let Some(child) = inner.node(*c) else {
+                continue;
+            };
+            let e = DirEntry {
+                ino: *c,
+                name: OsStr::from_bytes(&child.name),
+                attr: &child.attr,
+            };
+            if f(e, i as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The parent of a directory inode (for "..").
+    pub fn parent(&self, ino: u64) -> u64 {
+        self.inner
+            .read()
+            .node(ino)
+            .map(|n| n.parent)
+            .unwrap_or(ROOT)
+    }
+
+    pub fn read_link(&self, ino: u64) -> io::Result<PathBuf> {
+        let path = self.path(ino)?;
+        self.source.read_link(&path)
+    }
+
+    /// Path and fresh attributes of a regular file about to be opened.
+    pub fn open_file(&self, ino: u64) -> io::Result<(Arc<Path>, SourceAttr)> {
+        let attr = self.getattr(ino)?;
+        match attr.kind {
+            EntryKind::File => {}
+            EntryKind::Dir => return Err(io::Error::from_raw_os_error(libc::EISDIR)),
+            _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+        Ok((Arc::from(self.path(ino)?), attr))
+    }
+}
+
+fn enoent() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOENT)
+}

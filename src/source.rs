@@ -1,0 +1,244 @@
+//! The source: where the data set really lives (a directory on NFS, Lustre,
+//! GPFS or a local disk). This module lists, stats and reads it, and pins
+//! every read to a [`SourceVersion`] so that bytes of a changed file are never
+//! mixed with bytes of the version that was opened.
+//!
+//! It must never write to the source, and never return bytes without checking
+//! that the file still is the version the caller asked for.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// The identity and content version of a file at the source: a changed file
+/// is a new version, and cached bytes of the old one are never served for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SourceVersion {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ino: u64,
+}
+
+/// What kind of object a directory entry is (only what a read-only mount
+/// presents).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Dir,
+    File,
+    Symlink,
+    Other,
+}
+
+/// The attributes of one source entry, as `lstat` gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceAttr {
+    pub kind: EntryKind,
+    pub size: u64,
+    pub blocks: u64,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub ino: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl SourceAttr {
+    pub fn from_metadata(m: &std::fs::Metadata) -> Self {
+        let ft = m.file_type();
+        let kind = if ft.is_dir() {
+            EntryKind::Dir
+        } else if ft.is_file() {
+            EntryKind::File
+        } else if ft.is_symlink() {
+            EntryKind::Symlink
+        } else {
+            EntryKind::Other
+        };
+        SourceAttr {
+            kind,
+            size: m.size(),
+            blocks: m.blocks(),
+            mode: m.mode(),
+            nlink: m.nlink() as u32,
+            uid: m.uid(),
+            gid: m.gid(),
+            rdev: m.rdev() as u32,
+            ino: m.ino(),
+            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        }
+    }
+
+    /// The content version this attribute set describes.
+    pub fn version(&self) -> SourceVersion {
+        SourceVersion {
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            ino: self.ino,
+        }
+    }
+}
+
+/// Why a read from the source failed; each maps to one errno for the reader.
+#[derive(Debug, Error)]
+pub enum SourceError {
+    #[error("{path}: not found at the source")]
+    NotFound { path: PathBuf },
+    #[error("{path}: changed at the source while being read (the opened version is gone)")]
+    Changed { path: PathBuf },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SourceError {
+    fn io(path: &Path, e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::NotFound {
+            SourceError::NotFound {
+                path: path.to_owned(),
+            }
+        } else {
+            SourceError::Io {
+                path: path.to_owned(),
+                source: e,
+            }
+        }
+    }
+
+    /// The errno a FUSE reply should carry for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            SourceError::NotFound { .. } => libc::ENOENT,
+            SourceError::Changed { .. } => libc::EIO,
+            SourceError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+/// The seam between locafs and the storage it caches. Paths are relative to
+/// the data set's root ("" is the root). Tests put slow or failing sources
+/// behind it.
+pub trait Source: Send + Sync + 'static {
+    /// `lstat` of one entry.
+    fn stat(&self, rel: &Path) -> io::Result<SourceAttr>;
+    /// Every entry of a directory with its attributes (no "." or "..").
+    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>>;
+    /// The target of a symlink.
+    fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
+    /// Exactly `len` bytes at `offset` of version `version` of a file, or an
+    /// error; `SourceError::Changed` if the file is not (or no longer) that
+    /// version.
+    fn read_at(
+        &self,
+        rel: &Path,
+        version: &SourceVersion,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, SourceError>;
+    /// `statvfs` of the source, for `df` on the mount.
+    fn statvfs(&self) -> io::Result<libc::statvfs>;
+}
+
+/// A source that is a directory of the local file system (which may itself be
+/// an NFS, Lustre or GPFS mount).
+pub struct DirSource {
+    root: PathBuf,
+}
+
+impl DirSource {
+    pub fn new(root: PathBuf) -> Self {
+        DirSource { root }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn full(&self, rel: &Path) -> PathBuf {
+        if rel.as_os_str().is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        }
+    }
+}
+
+impl Source for DirSource {
+    fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
+        std::fs::symlink_metadata(self.full(rel)).map(|m| SourceAttr::from_metadata(&m))
+    }
+
+    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        let dir = self.full(rel);
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            // An entry deleted between readdir and lstat is simply skipped.
+            match entry.metadata() {
+                Ok(m) => out.push((entry.file_name(), SourceAttr::from_metadata(&m))),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+        std::fs::read_link(self.full(rel))
+    }
+
+    fn read_at(
+        &self,
+        rel: &Path,
+        version: &SourceVersion,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, SourceError> {
+        let path = self.full(rel);
+        let file = File::open(&path).map_err(|e| SourceError::io(rel, e))?;
+        let check = |f: &File| -> Result<(), SourceError> {
+            let m = f.metadata().map_err(|e| SourceError::io(rel, e))?;
+            if SourceAttr::from_metadata(&m).version() != *version {
+                return Err(SourceError::Changed {
+                    path: rel.to_owned(),
+                });
+            }
+            Ok(())
+        };
+        check(&file)?;
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => {
+                    return Err(SourceError::Changed {
+                        path: rel.to_owned(),
+                    })
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(SourceError::io(rel, e)),
+            }
+        }
+        // The file may have been rewritten while we read it: the bytes are
+        // only good if it is still the same version afterwards.
+        check(&file)?;
+        Ok(buf)
+    }
+
+    fn statvfs(&self) -> io::Result<libc::statvfs> {
+        crate::sys::statvfs(&self.root)
+    }
+}

@@ -1,0 +1,169 @@
+//! Counters of what the mount did (bytes by tier, corruption, errors) and the
+//! snapshot that `locafs stats` prints. Counting is a relaxed atomic add on
+//! the read path; nothing here allocates or locks per read.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::CacheUsage;
+use crate::units::format_size;
+
+/// The live counters of one mount.
+#[derive(Debug)]
+pub struct Stats {
+    pub started: Instant,
+    pub source_bytes: AtomicU64,
+    pub source_reads: AtomicU64,
+    pub source_errors: AtomicU64,
+    pub cache_hit_bytes: AtomicU64,
+    pub cache_miss_bytes: AtomicU64,
+    pub corrupt_blocks: AtomicU64,
+    pub cache_write_errors: AtomicU64,
+    pub peer_bytes: AtomicU64,
+    pub passthrough_opens: AtomicU64,
+    pub opens: AtomicU64,
+    pub read_errors: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            started: Instant::now(),
+            source_bytes: AtomicU64::new(0),
+            source_reads: AtomicU64::new(0),
+            source_errors: AtomicU64::new(0),
+            cache_hit_bytes: AtomicU64::new(0),
+            cache_miss_bytes: AtomicU64::new(0),
+            corrupt_blocks: AtomicU64::new(0),
+            cache_write_errors: AtomicU64::new(0),
+            peer_bytes: AtomicU64::new(0),
+            passthrough_opens: AtomicU64::new(0),
+            opens: AtomicU64::new(0),
+            read_errors: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A point-in-time copy of the counters plus the cache's state; the JSON
+/// schema of `locafs stats --json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StatsSnapshot {
+    pub source: String,
+    pub mountpoint: String,
+    pub source_bytes: u64,
+    pub source_reads: u64,
+    pub source_errors: u64,
+    pub cache_hit_bytes: u64,
+    pub cache_miss_bytes: u64,
+    pub cache_used_bytes: u64,
+    pub cache_capacity_bytes: u64,
+    pub cache_writable: bool,
+    pub cache_evictions: u64,
+    pub corrupt_blocks: u64,
+    pub cache_write_errors: u64,
+    pub files_cached: u64,
+    pub peer_bytes: u64,
+    pub opens: u64,
+    pub passthrough_opens: u64,
+    pub read_errors: u64,
+    pub uptime_s: f64,
+}
+
+impl Stats {
+    pub fn snapshot(&self, source: &str, mountpoint: &str, cache: CacheUsage) -> StatsSnapshot {
+        StatsSnapshot {
+            source: source.to_owned(),
+            mountpoint: mountpoint.to_owned(),
+            source_bytes: self.source_bytes.load(Relaxed),
+            source_reads: self.source_reads.load(Relaxed),
+            source_errors: self.source_errors.load(Relaxed),
+            cache_hit_bytes: self.cache_hit_bytes.load(Relaxed),
+            cache_miss_bytes: self.cache_miss_bytes.load(Relaxed),
+            cache_used_bytes: cache.used_bytes,
+            cache_capacity_bytes: cache.capacity_bytes,
+            cache_writable: cache.writable,
+            cache_evictions: cache.evictions,
+            corrupt_blocks: self.corrupt_blocks.load(Relaxed),
+            cache_write_errors: self.cache_write_errors.load(Relaxed),
+            files_cached: cache.files_cached,
+            peer_bytes: self.peer_bytes.load(Relaxed),
+            opens: self.opens.load(Relaxed),
+            passthrough_opens: self.passthrough_opens.load(Relaxed),
+            read_errors: self.read_errors.load(Relaxed),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+impl StatsSnapshot {
+    /// The share of bytes served from the local cache (reads the kernel
+    /// served from its page cache or by passthrough are not seen here).
+    pub fn hit_ratio(&self) -> f64 {
+        let total = self.cache_hit_bytes + self.cache_miss_bytes;
+        if total == 0 {
+            0.0
+        } else {
+            self.cache_hit_bytes as f64 / total as f64
+        }
+    }
+
+    /// The short human table of `locafs stats`.
+    pub fn table(&self) -> String {
+        let rows: Vec<(&str, String)> = vec![
+            ("mount", format!("{} <- {}", self.mountpoint, self.source)),
+            ("uptime", format!("{:.0} s", self.uptime_s)),
+            (
+                "cache",
+                format!(
+                    "{} of {} used ({:.1} %), {} files complete{}",
+                    format_size(self.cache_used_bytes),
+                    format_size(self.cache_capacity_bytes),
+                    100.0 * self.cache_used_bytes as f64 / self.cache_capacity_bytes.max(1) as f64,
+                    self.files_cached,
+                    if self.cache_writable {
+                        ""
+                    } else {
+                        ", WRITES OFF (disk error)"
+                    }
+                ),
+            ),
+            (
+                "served from cache",
+                format!(
+                    "{} ({:.1} % hit)",
+                    format_size(self.cache_hit_bytes),
+                    100.0 * self.hit_ratio()
+                ),
+            ),
+            (
+                "read from source",
+                format!(
+                    "{} in {} requests",
+                    format_size(self.source_bytes),
+                    self.source_reads
+                ),
+            ),
+            ("from peers", format_size(self.peer_bytes)),
+            (
+                "opens",
+                format!("{} ({} passthrough)", self.opens, self.passthrough_opens),
+            ),
+            (
+                "problems",
+                format!(
+                    "{} corrupt blocks, {} cache write errors, {} source errors, {} failed reads",
+                    self.corrupt_blocks,
+                    self.cache_write_errors,
+                    self.source_errors,
+                    self.read_errors
+                ),
+            ),
+        ];
+        let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        rows.iter()
+            .map(|(k, v)| format!("{k:<w$}  {v}\n"))
+            .collect()
+    }
+}

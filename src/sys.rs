@@ -1,0 +1,174 @@
+//! Thin safe wrappers over the few libc calls std does not offer (statvfs,
+//! xattrs, punching holes, unmounting). Each returns `io::Result`; none of
+//! them may panic.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+pub fn statvfs(p: &Path) -> io::Result<libc::statvfs> {
+    let c = cpath(p)?;
+    // SAFETY: `st` is a plain C struct that statvfs fills; `c` is NUL-terminated.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st)
+    }
+}
+
+/// Bytes available to unprivileged users on the file system holding `p`.
+pub fn available_bytes(p: &Path) -> io::Result<u64> {
+    let st = statvfs(p)?;
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// `getxattr(2)` into a growing buffer.
+pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
+    let c = cpath(p)?;
+    let n = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: buf is valid for buf.len() bytes; both strings are NUL-terminated.
+    let r = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// Frees the disk blocks of a byte range of a file, keeping its size.
+pub fn punch_hole(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on an owned, open descriptor.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Detaches a mount even if it is busy (`umount -l`).
+pub fn lazy_unmount(p: &Path) -> io::Result<()> {
+    let c = cpath(p)?;
+    // SAFETY: plain syscall with a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True if `p` is the root of a mount (its device differs from its parent's,
+/// or it is listed in /proc/self/mountinfo).
+pub fn is_mountpoint(p: &Path) -> bool {
+    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
+        let target = p.as_os_str().as_bytes();
+        for line in info.lines() {
+            if let Some(mp) = line.split(' ').nth(4) {
+                if unescape_mount(mp).as_slice() == target {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+fn unescape_mount(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            let oct = &s[i + 1..i + 4];
+            if let Ok(v) = u8::from_str_radix(oct, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Whether this process may use FUSE passthrough (it needs CAP_SYS_ADMIN).
+pub fn has_cap_sys_admin() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    for line in status.lines() {
+        if let Some(hex) = line.strip_prefix("CapEff:") {
+            if let Ok(v) = u64::from_str_radix(hex.trim(), 16) {
+                return v & (1 << 21) != 0;
+            }
+        }
+    }
+    false
+}
+
+/// Unmounts `p` (not lazily: fails with EBUSY while files are open).
+pub fn unmount(p: &Path) -> io::Result<()> {
+    let c = cpath(p)?;
+    // SAFETY: plain syscall with a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Tells systemd (Type=notify) something, if it is listening.
+pub fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let path = PathBuf::from(path);
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
+        return;
+    };
+    let _ = if path.as_os_str().as_bytes().starts_with(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        match std::os::unix::net::SocketAddr::from_abstract_name(&path.as_os_str().as_bytes()[1..])
+        {
+            Ok(addr) => sock.send_to_addr(state.as_bytes(), &addr),
+            Err(e) => Err(e),
+        }
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+}
+
+/// Raises the open-file limit to its hard maximum (the cache keeps a bounded
+/// number of files open, but a loader may hold many handles).
+pub fn raise_nofile_limit() {
+    // SAFETY: getrlimit/setrlimit on a stack struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
