@@ -165,6 +165,7 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         },
         Arc::clone(&cache),
         Arc::clone(&source),
+        None,
         rt.handle().clone(),
         Arc::clone(&stats),
     );

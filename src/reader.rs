@@ -46,6 +46,23 @@ impl ReadError {
     }
 }
 
+/// The tier between the local cache and the source: the caches of the other
+/// nodes of the job. Implemented by the peer module; the reader only asks it.
+pub trait PeerTier: Send + Sync + 'static {
+    /// Whether this node reads this block from the source itself (it is the
+    /// block's owner among the live members, or there is nobody else).
+    fn owns(&self, file: &FileVersion, index: u64) -> bool;
+    /// The block from its owner (or the next owner), verified against the
+    /// checksum it came with; None on any failure, after a bounded wait: the
+    /// caller then reads the source.
+    fn fetch(
+        &self,
+        file: Arc<FileVersion>,
+        index: u64,
+        len: usize,
+    ) -> BoxFuture<'static, Option<ChecksummedBytes>>;
+}
+
 type Fetch = Shared<BoxFuture<'static, Result<ChecksummedBytes, ReadError>>>;
 
 /// Tunables of the read path.
@@ -66,6 +83,7 @@ pub struct Reader {
     source: Arc<dyn Source>,
     memory: moka::sync::Cache<BlockId, ChecksummedBytes>,
     inflight: Mutex<HashMap<BlockId, Fetch>>,
+    peers: Option<Arc<dyn PeerTier>>,
     rt: Handle,
     stats: Arc<Stats>,
 }
@@ -75,6 +93,7 @@ impl Reader {
         cfg: ReaderConfig,
         cache: Arc<dyn BlockCache>,
         source: Arc<dyn Source>,
+        peers: Option<Arc<dyn PeerTier>>,
         rt: Handle,
         stats: Arc<Stats>,
     ) -> Arc<Self> {
@@ -90,6 +109,7 @@ impl Reader {
             source,
             memory,
             inflight: Mutex::new(HashMap::new()),
+            peers,
             rt,
             stats,
         })
@@ -237,8 +257,36 @@ impl Reader {
             .map(|_| ())
     }
 
-    /// The single-flight fetch of one block from the source.
+    /// The single-flight fetch of one block: from the owner peer when another
+    /// node owns it, else (or if that fails) from the source.
     fn fetch(self: &Arc<Self>, file: &Arc<FileVersion>, index: u64) -> Fetch {
+        self.single_flight(file, index, true)
+    }
+
+    /// A block for a peer that asked this node as its owner: from the local
+    /// cache or the source, never forwarded to another peer.
+    pub async fn fetch_for_peer(
+        self: Arc<Self>,
+        file: Arc<FileVersion>,
+        index: u64,
+    ) -> Result<ChecksummedBytes, ReadError> {
+        if let Some(b) = self.local_block(&file, index) {
+            return Ok(b);
+        }
+        tokio::time::timeout(
+            self.cfg.source_timeout,
+            self.single_flight(&file, index, false),
+        )
+        .await
+        .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
+    }
+
+    fn single_flight(
+        self: &Arc<Self>,
+        file: &Arc<FileVersion>,
+        index: u64,
+        ask_peers: bool,
+    ) -> Fetch {
         let id = BlockId {
             key: file.key,
             index,
@@ -252,21 +300,26 @@ impl Reader {
         // The fetch runs as its own task so that it completes (and fills the
         // cache) even if every reader waiting on it gives up.
         let task = self.rt.spawn(async move {
-            let me2 = Arc::clone(&me);
-            let file2 = Arc::clone(&file);
-            let res = tokio::task::spawn_blocking(move || me2.fetch_blocking(&file2, index))
-                .await
-                .unwrap_or_else(|e| Err(ReadError::Internal(format!("fetch task failed: {e}"))));
+            let res = me.fetch_uncached(&file, index, ask_peers).await;
             me.inflight.lock().remove(&id);
-            if let Ok(block) = &res {
+            if let Ok((block, from_peer)) = &res {
                 me.memory.insert(id, block.clone());
                 // Written after the waiters got their bytes.
-                let (me3, file3, block3) = (Arc::clone(&me), Arc::clone(&file), block.clone());
+                let (me3, file3, block3, guest) = (
+                    Arc::clone(&me),
+                    Arc::clone(&file),
+                    block.clone(),
+                    *from_peer,
+                );
                 tokio::task::spawn_blocking(move || {
-                    me3.cache.put(&file3, index, &block3);
+                    if guest {
+                        me3.cache.put_guest(&file3, index, &block3);
+                    } else {
+                        me3.cache.put(&file3, index, &block3);
+                    }
                 });
             }
-            res
+            res.map(|(b, _)| b)
         });
         let fut: Fetch = async move {
             task.await
@@ -276,6 +329,43 @@ impl Reader {
         .shared();
         inflight.insert(id, fut.clone());
         fut
+    }
+
+    /// Disk cache, then owner peer, then source. Returns the block and
+    /// whether it came from a peer.
+    async fn fetch_uncached(
+        self: &Arc<Self>,
+        file: &Arc<FileVersion>,
+        index: u64,
+        ask_peers: bool,
+    ) -> Result<(ChecksummedBytes, bool), ReadError> {
+        let me = Arc::clone(self);
+        let f = Arc::clone(file);
+        // Another fetch may have filled the cache since we looked.
+        let cached = tokio::task::spawn_blocking(move || me.cache.get(&f, index))
+            .await
+            .ok()
+            .flatten();
+        if let Some(b) = cached {
+            return Ok((b, false));
+        }
+        if let (true, Some(peers)) = (ask_peers, &self.peers) {
+            if !peers.owns(file, index) {
+                let len = file.block_len(index, self.cfg.block_size);
+                if let Some(b) = peers.fetch(Arc::clone(file), index, len).await {
+                    if b.data().len() == len {
+                        self.stats.peer_bytes.fetch_add(len as u64, Relaxed);
+                        return Ok((b, true));
+                    }
+                }
+            }
+        }
+        let me = Arc::clone(self);
+        let f = Arc::clone(file);
+        tokio::task::spawn_blocking(move || me.fetch_blocking(&f, index))
+            .await
+            .unwrap_or_else(|e| Err(ReadError::Internal(format!("fetch task failed: {e}"))))
+            .map(|b| (b, false))
     }
 
     fn fetch_blocking(

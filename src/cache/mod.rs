@@ -126,6 +126,12 @@ pub trait BlockCache: Send + Sync + 'static {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes>;
     /// Stores a block if the policy admits it; returns whether it was stored.
     fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool;
+    /// Stores a block owned by another node (fetched from a peer): kept only
+    /// in spare room and evicted before this node's own blocks. Until the
+    /// peer module refines it, the same as `put`.
+    fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
+        self.put(file, index, block)
+    }
     /// Whether every block of the file is cached (not verified).
     fn is_complete(&self, file: &FileVersion) -> bool;
     /// If every block of the file is cached and verified since this mount, an
