@@ -44,6 +44,12 @@ pub enum Command {
     /// Show what a mount has done: bytes from cache and source, cache use,
     /// corruption found.
     Stats(StatsArgs),
+    /// Fill the cache with files or directories of a mount (parallel,
+    /// resumable: cached blocks are skipped). Exit 0 only if everything fits.
+    Warm(crate::cli_control::WarmArgs),
+    /// Hand the loader's order for this epoch to a mount's read-ahead (one
+    /// path per line).
+    Plan(crate::cli_control::PlanArgs),
 }
 
 #[derive(Args, Debug, Default)]
@@ -109,6 +115,22 @@ pub struct MountFlags {
     /// source path]
     #[arg(long, value_name = "NAME")]
     pub dataset_id: Option<String>,
+    /// Turn read-ahead off (within files and across the epoch's files).
+    #[arg(long)]
+    #[serde(default)]
+    pub no_readahead: bool,
+    /// Largest sequential read-ahead window per open file. [default: 64MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub readahead_window: Option<String>,
+    /// One memory budget for all prefetch buffers. [default: 256MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub prefetch_memory: Option<String>,
+    /// Concurrent background fetches of the epoch's unread files. [default: 8]
+    #[arg(long, value_name = "N")]
+    pub prefetch_jobs: Option<usize>,
+    /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
+    #[arg(long, value_name = "SIZE")]
+    pub prefetch_bandwidth: Option<String>,
     /// Log format on stderr (or in --log-file).
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
@@ -158,6 +180,7 @@ pub struct MountConfig {
     pub passthrough: bool,
     pub source_timeout: Duration,
     pub fuse_threads: usize,
+    pub readahead: crate::prefetch::ReadAheadConfig,
     pub log_format: LogFormat,
     pub log_file: Option<PathBuf>,
 }
@@ -176,6 +199,11 @@ impl MountFlags {
             source_timeout: self.source_timeout.or(other.source_timeout),
             fuse_threads: self.fuse_threads.or(other.fuse_threads),
             dataset_id: self.dataset_id.or(other.dataset_id),
+            no_readahead: self.no_readahead || other.no_readahead,
+            readahead_window: self.readahead_window.or(other.readahead_window),
+            prefetch_memory: self.prefetch_memory.or(other.prefetch_memory),
+            prefetch_jobs: self.prefetch_jobs.or(other.prefetch_jobs),
+            prefetch_bandwidth: self.prefetch_bandwidth.or(other.prefetch_bandwidth),
             log_format: self.log_format.or(other.log_format),
             log_file: self.log_file.or(other.log_file),
         }
@@ -226,7 +254,7 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
             None => (opt.replace('_', "-"), toml::Value::Boolean(true)),
         };
         let v = match k.as_str() {
-            "fuse-threads" => toml::Value::Integer(
+            "fuse-threads" | "prefetch-jobs" => toml::Value::Integer(
                 v.as_str()
                     .and_then(|s| s.parse().ok())
                     .ok_or_else(|| usage(format!("-o {opt}: expected a number")))?,
@@ -385,6 +413,25 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         }
     }
 
+    let prefetch_jobs = f.prefetch_jobs.unwrap_or(8);
+    if !(1..=1024).contains(&prefetch_jobs) {
+        return Err(usage("--prefetch-jobs: must be between 1 and 1024"));
+    }
+    let readahead = crate::prefetch::ReadAheadConfig {
+        sequential: !f.no_readahead,
+        epoch: !f.no_readahead,
+        max_window: size("readahead-window", &f.readahead_window)?
+            .unwrap_or(64 << 20)
+            .max(block_size),
+        memory: size("prefetch-memory", &f.prefetch_memory)?
+            .unwrap_or(256 << 20)
+            .max(block_size),
+        jobs: prefetch_jobs,
+        bandwidth: size("prefetch-bandwidth", &f.prefetch_bandwidth)?.filter(|b| *b > 0),
+        small_file: 4 * block_size,
+        plan_ahead: 256,
+    };
+
     let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let id = f.dataset_id.clone().unwrap_or_else(|| dataset_id(&source));
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
@@ -440,6 +487,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         passthrough: !f.no_passthrough,
         source_timeout,
         fuse_threads,
+        readahead,
         log_format: f.log_format.unwrap_or_default(),
         log_file: f.log_file,
     })

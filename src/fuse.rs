@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use crate::cache::FileVersion;
 use crate::handles::{OpenFiles, OpenMode};
 use crate::namespace::{Namespace, ROOT};
+use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
 use crate::source::{EntryKind, Source, SourceAttr};
 use crate::stats::Stats;
@@ -41,6 +42,8 @@ pub struct FuseOptions {
     pub passthrough: bool,
     pub source_label: String,
     pub mount_label: String,
+    /// Path of the control socket (the `user.locafs.control` attribute).
+    pub control_socket: String,
 }
 
 /// The mounted file system.
@@ -53,6 +56,7 @@ pub struct LocaFs {
     rt: tokio::runtime::Handle,
     opts: FuseOptions,
     passthrough: AtomicBool,
+    readahead: Arc<ReadAhead>,
 }
 
 fn errno(e: &std::io::Error) -> Errno {
@@ -109,6 +113,7 @@ impl LocaFs {
         stats: Arc<Stats>,
         rt: tokio::runtime::Handle,
         opts: FuseOptions,
+        readahead: Arc<ReadAhead>,
     ) -> Self {
         LocaFs {
             ns,
@@ -119,15 +124,17 @@ impl LocaFs {
             rt,
             opts,
             passthrough: AtomicBool::new(false),
+            readahead,
         }
     }
 
     fn stats_json(&self) -> Vec<u8> {
-        let snap = self.stats.snapshot(
+        let mut snap = self.stats.snapshot(
             &self.opts.source_label,
             &self.opts.mount_label,
             self.reader.cache().usage(),
         );
+        snap.read_ahead = self.readahead.snapshot();
         serde_json::to_vec(&snap).unwrap_or_default()
     }
 
@@ -217,6 +224,7 @@ impl Filesystem for LocaFs {
         let offered = backing.is_some();
         match self.files.open(ino.0, Arc::clone(&file), backing) {
             Ok((fh, OpenMode::Passthrough(id))) => {
+                self.readahead.on_open(ino.0, &file);
                 self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
                 reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
             }
@@ -224,6 +232,7 @@ impl Filesystem for LocaFs {
                 if offered {
                     cache.unpin(&file);
                 }
+                self.readahead.on_open(ino.0, &file);
                 let flags = if keep_cache {
                     FopenFlags::FOPEN_KEEP_CACHE
                 } else {
@@ -252,6 +261,7 @@ impl Filesystem for LocaFs {
         let Some(h) = self.files.get(fh.0) else {
             return reply.error(Errno::EBADF);
         };
+        self.readahead.on_read(&h.seq, &h.file, offset, size as u64);
         if let Some(bytes) = self.reader.read_local(&h.file, offset, size) {
             return reply.data(&bytes);
         }
@@ -404,10 +414,13 @@ impl Filesystem for LocaFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if ino.0 != ROOT || name != STATS_XATTR {
-            return reply.error(Errno::from_i32(libc::ENODATA));
-        }
-        let value = self.stats_json();
+        let value = match name.to_str() {
+            Some(STATS_XATTR) if ino.0 == ROOT => self.stats_json(),
+            Some(crate::control::CONTROL_XATTR) if ino.0 == ROOT => {
+                self.opts.control_socket.clone().into_bytes()
+            }
+            _ => return reply.error(Errno::from_i32(libc::ENODATA)),
+        };
         if size == 0 {
             reply.size(value.len() as u32);
         } else if (size as usize) < value.len() {

@@ -31,6 +31,8 @@ pub struct Handle {
     pub ino: u64,
     pub file: Arc<FileVersion>,
     pub passthrough: bool,
+    /// Sequential-read detection for read-ahead.
+    pub seq: Mutex<crate::prefetch::SeqState>,
 }
 
 #[derive(Debug)]
@@ -126,6 +128,7 @@ impl<B> OpenFiles<B> {
                 ino,
                 file,
                 passthrough,
+                seq: Mutex::default(),
             }),
         );
         Ok((fh, mode))

@@ -2,14 +2,18 @@
 //! data. See docs/architecture.md for the modules and the path of a read.
 
 pub mod cache;
+pub mod cli_control;
 pub mod cli_stats;
 pub mod config;
+pub mod control;
+pub mod epoch;
 pub mod fuse;
 pub mod handles;
 pub mod lock;
 pub mod logging;
 pub mod mount;
 pub mod namespace;
+pub mod prefetch;
 pub mod reader;
 pub mod source;
 pub mod stats;

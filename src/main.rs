@@ -11,5 +11,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Mount(args) => locafs::mount::main(*args),
         Command::Stats(args) => locafs::cli_stats::main(args),
+        Command::Warm(args) => locafs::cli_control::warm(args),
+        Command::Plan(args) => locafs::cli_control::plan(args),
     }
 }

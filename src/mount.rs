@@ -169,6 +169,19 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         rt.handle().clone(),
         Arc::clone(&stats),
     );
+    let readahead = crate::prefetch::ReadAhead::new(
+        cfg.readahead.clone(),
+        Arc::clone(&reader),
+        Arc::clone(&ns),
+        rt.handle().clone(),
+    );
+    let control_socket = crate::control::socket_path(&cfg.dataset_dir);
+    crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(|e| {
+        (
+            1,
+            format!("control socket {}: {e}", control_socket.display()),
+        )
+    })?;
     let ttl = match cfg.revalidate {
         None => Duration::from_secs(24 * 3600),
         Some(d) => d,
@@ -184,7 +197,9 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
             passthrough: cfg.passthrough,
             source_label: cfg.source.display().to_string(),
             mount_label: cfg.mountpoint.display().to_string(),
+            control_socket: control_socket.display().to_string(),
         },
+        readahead,
     );
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = vec![
@@ -268,6 +283,7 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         let _ = session.join();
     }
     info!("unmounted {}", mountpoint.display());
+    let _ = std::fs::remove_file(&control_socket);
     drop(lock);
     rt.shutdown_timeout(Duration::from_secs(2));
     Ok(())

@@ -419,6 +419,21 @@ impl Namespace {
         self.source.read_link(&path)
     }
 
+    /// Resolves a path relative to the root, component by component (no
+    /// "..", no symlinks followed).
+    pub fn lookup_path(&self, rel: &Path) -> io::Result<(u64, SourceAttr)> {
+        use std::path::Component;
+        let mut cur = (ROOT, self.getattr(ROOT)?);
+        for c in rel.components() {
+            match c {
+                Component::Normal(name) => cur = self.lookup(cur.0, name)?,
+                Component::CurDir | Component::RootDir => {}
+                _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            }
+        }
+        Ok(cur)
+    }
+
     /// Path and fresh attributes of a regular file about to be opened.
     pub fn open_file(&self, ino: u64) -> io::Result<(Arc<Path>, SourceAttr)> {
         let attr = self.getattr(ino)?;

@@ -11,7 +11,7 @@
 //! failure fails a read, and then only that read.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,7 +86,15 @@ pub struct Reader {
     peers: Option<Arc<dyn PeerTier>>,
     rt: Handle,
     stats: Arc<Stats>,
+    /// Loader reads waiting on a fetch right now (read-ahead yields to them).
+    demand: AtomicU64,
+    /// Bounds the blocks waiting to be written to the disk cache (KiB).
+    write_queue: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most block bytes waiting for the disk cache at once; past it, blocks
+/// are served but not cached (the memory tier still holds them).
+const WRITE_QUEUE_BYTES: u64 = 64 << 20;
 
 impl Reader {
     pub fn new(
@@ -112,6 +120,10 @@ impl Reader {
             peers,
             rt,
             stats,
+            demand: AtomicU64::new(0),
+            write_queue: Arc::new(tokio::sync::Semaphore::new(
+                (WRITE_QUEUE_BYTES / 1024) as usize,
+            )),
         })
     }
 
@@ -241,8 +253,35 @@ impl Reader {
         Ok(out)
     }
 
+    /// Loader reads currently waiting on fetches.
+    pub fn demand_inflight(&self) -> u64 {
+        self.demand.load(Relaxed)
+    }
+
+    /// Makes sure a block is in the disk cache, waiting for the write; for
+    /// `locafs warm`. Ok(false) if the cache would not take it (full of data
+    /// still in use, or the cache disk failing).
+    pub async fn warm_block(
+        self: Arc<Self>,
+        file: Arc<FileVersion>,
+        index: u64,
+    ) -> Result<bool, ReadError> {
+        if self.cache.is_block_cached(&file, index) {
+            return Ok(true);
+        }
+        let block = tokio::time::timeout(self.cfg.source_timeout, self.fetch(&file, index))
+            .await
+            .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))??;
+        let me = Arc::clone(&self);
+        Ok(tokio::task::spawn_blocking(move || {
+            me.cache.is_block_cached(&file, index) || me.cache.put(&file, index, &block)
+        })
+        .await
+        .unwrap_or(false))
+    }
+
     /// Makes sure a block is in the cache (or in memory) without returning
-    /// it: what read-ahead and warm-up ask for.
+    /// it: what read-ahead asks for.
     pub async fn prefetch(
         self: Arc<Self>,
         file: Arc<FileVersion>,
@@ -304,20 +343,25 @@ impl Reader {
             me.inflight.lock().remove(&id);
             if let Ok((block, from_peer)) = &res {
                 me.memory.insert(id, block.clone());
-                // Written after the waiters got their bytes.
-                let (me3, file3, block3, guest) = (
-                    Arc::clone(&me),
-                    Arc::clone(&file),
-                    block.clone(),
-                    *from_peer,
-                );
-                tokio::task::spawn_blocking(move || {
-                    if guest {
-                        me3.cache.put_guest(&file3, index, &block3);
-                    } else {
-                        me3.cache.put(&file3, index, &block3);
-                    }
-                });
+                // Written after the waiters got their bytes, if the write
+                // queue has room (else the block lives in memory only).
+                let kib = (block.data().len() as u64).div_ceil(1024) as u32;
+                if let Ok(permit) = Arc::clone(&me.write_queue).try_acquire_many_owned(kib) {
+                    let (me3, file3, block3, guest) = (
+                        Arc::clone(&me),
+                        Arc::clone(&file),
+                        block.clone(),
+                        *from_peer,
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        if guest {
+                            me3.cache.put_guest(&file3, index, &block3);
+                        } else {
+                            me3.cache.put(&file3, index, &block3);
+                        }
+                        drop(permit);
+                    });
+                }
             }
             res.map(|(b, _)| b)
         });

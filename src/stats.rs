@@ -69,6 +69,9 @@ pub struct StatsSnapshot {
     pub passthrough_opens: u64,
     pub read_errors: u64,
     pub uptime_s: f64,
+    /// Read-ahead and epoch state (filled in by the mount).
+    #[serde(flatten, default)]
+    pub read_ahead: crate::prefetch::ReadAheadSnapshot,
 }
 
 impl Stats {
@@ -93,6 +96,7 @@ impl Stats {
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             read_errors: self.read_errors.load(Relaxed),
             uptime_s: self.started.elapsed().as_secs_f64(),
+            read_ahead: Default::default(),
         }
     }
 }
@@ -107,6 +111,22 @@ impl StatsSnapshot {
         } else {
             self.cache_hit_bytes as f64 / total as f64
         }
+    }
+
+    fn epoch_line(&self) -> String {
+        let ra = &self.read_ahead;
+        let plan = if ra.plan_active {
+            format!(
+                ", following a plan ({}/{})",
+                ra.plan_position, ra.plan_length
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "{}: {} of {} files read{plan}",
+            ra.epoch, ra.epoch_files_read, ra.epoch_files_total
+        )
     }
 
     /// The short human table of `locafs stats`.
@@ -149,6 +169,18 @@ impl StatsSnapshot {
             (
                 "opens",
                 format!("{} ({} passthrough)", self.opens, self.passthrough_opens),
+            ),
+            ("epoch", self.epoch_line()),
+            (
+                "read-ahead",
+                format!(
+                    "{} blocks within files, {} files ({}) ahead of the loader, memory {} of {}",
+                    self.read_ahead.prefetch_sequential_blocks,
+                    self.read_ahead.prefetch_background_files,
+                    format_size(self.read_ahead.prefetch_background_bytes),
+                    format_size(self.read_ahead.prefetch_memory_used),
+                    format_size(self.read_ahead.prefetch_memory_limit)
+                ),
             ),
             (
                 "problems",

@@ -646,6 +646,14 @@ impl BlockCache for DiskCache {
         }
     }
 
+    fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
+        let st = self.state.lock();
+        st.entries
+            .get(&file.key)
+            .and_then(|e| e.slots.get(index as usize))
+            .is_some_and(|s| matches!(s, Slot::Present(_)))
+    }
+
     fn is_complete(&self, file: &FileVersion) -> bool {
         self.state
             .lock()

@@ -132,6 +132,8 @@ pub trait BlockCache: Send + Sync + 'static {
     fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
         self.put(file, index, block)
     }
+    /// Whether one block is cached (not verified).
+    fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool;
     /// Whether every block of the file is cached (not verified).
     fn is_complete(&self, file: &FileVersion) -> bool;
     /// If every block of the file is cached and verified since this mount, an

@@ -1,0 +1,197 @@
+//! The control channel of a running mount: a Unix socket in the data set's
+//! cache directory (its path is the `user.locafs.control` extended attribute
+//! of the mount root, so nothing is added to the tree). One JSON request per
+//! line, one JSON answer per line. Used by `locafs warm` and `locafs plan`.
+//!
+//! The socket is only reachable by the user running the daemon (mode 0600).
+//! A malformed request gets an error answer; it never stops the server.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tracing::warn;
+
+use crate::prefetch::ReadAhead;
+
+/// The extended attribute of the mount root that names the control socket.
+pub const CONTROL_XATTR: &str = "user.locafs.control";
+/// Longest request line (a plan of a few million paths fits).
+const MAX_LINE: usize = 256 << 20;
+
+/// A request on the control socket.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Cache every block of one file (path relative to the mount root).
+    Warm { path: PathBuf },
+    /// The loader's order for this epoch (paths relative to the mount root).
+    Plan { paths: Vec<PathBuf> },
+}
+
+/// The answer to a request.
+#[derive(Debug, Serialize, Deserialize, Default)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub cached_bytes: u64,
+    #[serde(default)]
+    pub missing_bytes: u64,
+    #[serde(default)]
+    pub files: u64,
+    #[serde(default)]
+    pub unknown: u64,
+}
+
+/// Where the control socket of a data set lives (falls back to the runtime
+/// dir when the cache path is too long for a socket address).
+pub fn socket_path(dataset_dir: &Path) -> PathBuf {
+    let p = dataset_dir.join("control.sock");
+    if p.as_os_str().len() < 100 {
+        return p;
+    }
+    let h = blake3::hash(dataset_dir.as_os_str().as_encoded_bytes()).to_hex();
+    std::env::temp_dir().join(format!("locafs-{}.sock", &h[..16]))
+}
+
+/// Serves the control socket until the runtime stops.
+pub fn serve(path: &Path, ra: Arc<ReadAhead>, rt: &tokio::runtime::Handle) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let _guard = rt.enter();
+    let listener = tokio::net::UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    rt.spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let ra = Arc::clone(&ra);
+            tokio::spawn(async move {
+                let (r, mut w) = stream.into_split();
+                let mut lines = BufReader::new(r);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match (&mut lines)
+                        .take(MAX_LINE as u64)
+                        .read_line(&mut line)
+                        .await
+                    {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    let resp = handle(&ra, &line).await;
+                    let mut out = serde_json::to_vec(&resp).unwrap_or_default();
+                    out.push(b'\n');
+                    if w.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+use tokio::io::AsyncReadExt;
+
+async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
+    let req: Request = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => {
+            return Response {
+                ok: false,
+                error: Some(format!("bad request: {e}")),
+                ..Default::default()
+            };
+        }
+    };
+    match req {
+        Request::Warm { path } => match ra.warm(&path).await {
+            Ok((cached, missing)) => Response {
+                ok: missing == 0,
+                cached_bytes: cached,
+                missing_bytes: missing,
+                files: 1,
+                error: (missing > 0)
+                    .then(|| "the cache is full of data still in use (or its disk failed)".into()),
+                ..Default::default()
+            },
+            Err(e) => {
+                warn!("warm: {e}");
+                Response {
+                    ok: false,
+                    error: Some(e),
+                    ..Default::default()
+                }
+            }
+        },
+        Request::Plan { paths } => {
+            let (files, unknown) = ra.set_plan(&paths);
+            Response {
+                ok: true,
+                files: files as u64,
+                unknown: unknown as u64,
+                ..Default::default()
+            }
+        }
+    }
+}
+
+/// A client connection to a mount's control socket.
+pub struct Client {
+    stream: std::io::BufReader<std::os::unix::net::UnixStream>,
+}
+
+impl Client {
+    /// Connects to the mount whose root is `mount_root`.
+    pub fn connect(mount_root: &Path) -> Result<Self, String> {
+        let raw = crate::sys::getxattr(mount_root, CONTROL_XATTR)
+            .map_err(|_| format!("{}: not the root of a locafs mount", mount_root.display()))?;
+        let path = PathBuf::from(String::from_utf8_lossy(&raw).into_owned());
+        let s = std::os::unix::net::UnixStream::connect(&path)
+            .map_err(|e| format!("control socket {}: {e}", path.display()))?;
+        Ok(Client {
+            stream: std::io::BufReader::new(s),
+        })
+    }
+
+    pub fn call(&mut self, req: &Request) -> Result<Response, String> {
+        use std::io::{BufRead, Write};
+        let mut out = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        out.push(b'\n');
+        self.stream
+            .get_mut()
+            .write_all(&out)
+            .map_err(|e| format!("control socket: {e}"))?;
+        let mut line = String::new();
+        self.stream
+            .read_line(&mut line)
+            .map_err(|e| format!("control socket: {e}"))?;
+        if line.is_empty() {
+            return Err("control socket closed".into());
+        }
+        serde_json::from_str(&line).map_err(|e| format!("control socket: bad answer: {e}"))
+    }
+}
+
+/// Finds the locafs mount root containing `path` (walking up).
+pub fn mount_root_of(path: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| format!("{}: {}", path.display(), crate::config::short_io(&e)))?;
+    let mut cur = abs.as_path();
+    loop {
+        if crate::sys::getxattr(cur, CONTROL_XATTR).is_ok() {
+            let rel = abs.strip_prefix(cur).unwrap_or(Path::new("")).to_owned();
+            return Ok((cur.to_owned(), rel));
+        }
+        match cur.parent() {
+            Some(p) => cur = p,
+            None => return Err(format!("{}: not inside a locafs mount", path.display())),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Epoch tracking: which files the loader has read in the current pass over
+//! the data set, and when a new pass starts. A training loader reads every
+//! file (or, under a DistributedSampler, its node's share) once per epoch in
+//! a new order, so re-reads of files already read this epoch mark the next
+//! epoch; a file opened twice in quick succession (a header, then the data)
+//! is not a re-read.
+//!
+//! Pure bookkeeping with no I/O and no clock; the read-ahead engine feeds it
+//! file opens.
+
+use std::collections::HashMap;
+
+/// How many other files must have been opened since a file's last read for
+/// a new read of it to count as a re-read (not the same access).
+const REREAD_DISTANCE: u64 = 64;
+/// Re-reads (as a share of files read this epoch) that start a new epoch.
+const NEW_EPOCH_SHARE: f64 = 0.02;
+const NEW_EPOCH_MIN: u64 = 4;
+
+/// Files read in the current epoch and the epoch counter.
+#[derive(Debug, Default)]
+pub struct EpochTracker {
+    epoch: u64,
+    /// File id -> open sequence number of its last read this epoch.
+    read: HashMap<u64, u64>,
+    seq: u64,
+    rereads: u64,
+}
+
+impl EpochTracker {
+    pub fn new() -> Self {
+        EpochTracker {
+            epoch: 1,
+            ..Default::default()
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn files_read(&self) -> u64 {
+        self.read.len() as u64
+    }
+
+    pub fn was_read(&self, file: u64) -> bool {
+        self.read.contains_key(&file)
+    }
+
+    /// Records that the loader read (opened for reading) `file`. Returns true
+    /// if this started a new epoch.
+    pub fn on_read(&mut self, file: u64) -> bool {
+        self.seq += 1;
+        let seq = self.seq;
+        match self.read.insert(file, seq) {
+            Some(prev) if seq - prev > REREAD_DISTANCE => {
+                self.rereads += 1;
+                let threshold =
+                    ((self.read.len() as f64 * NEW_EPOCH_SHARE) as u64).max(NEW_EPOCH_MIN);
+                if self.rereads >= threshold {
+                    self.epoch += 1;
+                    self.rereads = 0;
+                    self.read.clear();
+                    self.read.insert(file, seq);
+                    return true;
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+
+    #[test]
+    fn shuffled_epochs_are_detected_near_their_start() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let mut t = EpochTracker::new();
+        let mut files: Vec<u64> = (0..5000).collect();
+        for epoch in 1..=4 {
+            files.shuffle(&mut rng);
+            for (i, f) in files.iter().enumerate() {
+                if t.on_read(*f) {
+                    // Detected within the first few percent of the new epoch.
+                    assert_eq!(t.epoch(), epoch);
+                    assert!(i < files.len() / 10, "late detection at {i}");
+                }
+            }
+            assert_eq!(t.epoch(), epoch);
+            assert!(t.files_read() as usize > files.len() * 9 / 10);
+        }
+    }
+
+    #[test]
+    fn distributed_share_epochs_are_detected() {
+        // One node of four: a new random quarter of the data set each epoch.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let mut t = EpochTracker::new();
+        let mut files: Vec<u64> = (0..8000).collect();
+        for epoch in 1..=3 {
+            files.shuffle(&mut rng);
+            for f in &files[..2000] {
+                t.on_read(*f);
+            }
+            assert_eq!(t.epoch(), epoch, "epoch {epoch}");
+        }
+    }
+
+    #[test]
+    fn quick_reopens_are_not_rereads() {
+        let mut t = EpochTracker::new();
+        for f in 0..1000u64 {
+            t.on_read(f);
+            t.on_read(f);
+            t.on_read(f);
+        }
+        assert_eq!(t.epoch(), 1);
+        assert_eq!(t.files_read(), 1000);
+    }
+}

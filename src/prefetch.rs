@@ -1,0 +1,616 @@
+//! The read-ahead engine: gets data onto local disk before the loader asks.
+//!
+//! - Within a file: each open handle has a [`SeqState`] that detects
+//!   sequential reading (tolerating the kernel's own read-ahead pattern) and
+//!   asks for the following blocks with a window that starts at two blocks,
+//!   doubles while reads stay sequential, and collapses on a seek. A small
+//!   file is fetched whole when it is opened.
+//! - Across files: while the cache has room, the files the current epoch has
+//!   not read yet are fetched in the background ([`EpochTracker`]), with
+//!   bounded parallelism and bandwidth; when the loader handed over a plan
+//!   (its order for the epoch), in exactly that order, a bounded distance
+//!   ahead of where the loader is, until the loader diverges from it.
+//!
+//! Every prefetch goes through the reader's single-flight path (a block is
+//! never fetched twice at once) and holds a share of one global memory
+//! budget until it is done; when the budget is used up, read-ahead waits or
+//! skips, it never grows. Loader reads never wait for read-ahead: background
+//! prefetch runs with fewer jobs while loader reads are in flight.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tracing::{debug, info};
+
+use crate::cache::FileVersion;
+use crate::epoch::EpochTracker;
+use crate::namespace::Namespace;
+use crate::reader::Reader;
+use crate::source::EntryKind;
+
+/// Settings of the read-ahead engine.
+#[derive(Clone, Debug)]
+pub struct ReadAheadConfig {
+    /// Read-ahead within files (sequential windows, small files whole).
+    pub sequential: bool,
+    /// Background prefetch of the epoch's unread files.
+    pub epoch: bool,
+    /// The largest sequential window, in bytes.
+    pub max_window: u64,
+    /// One budget for all prefetch buffers, in bytes.
+    pub memory: u64,
+    /// Concurrent background (cross-file) fetches.
+    pub jobs: usize,
+    /// Bandwidth cap for background fetches, bytes/s (None: no cap).
+    pub bandwidth: Option<u64>,
+    /// Files up to this size are fetched whole at open.
+    pub small_file: u64,
+    /// How far ahead of the loader a plan is followed, in files.
+    pub plan_ahead: usize,
+}
+
+/// Sequential-read detection of one open handle.
+#[derive(Debug, Default, Clone)]
+pub struct SeqState {
+    /// Where the next sequential read would start.
+    next: u64,
+    /// Sequential reads in a row.
+    run: u32,
+    /// Current window in blocks (0: not reading ahead).
+    window: u64,
+    /// Blocks before this one have been asked for.
+    asked_until: u64,
+}
+
+/// The kernel issues its own read-ahead in parallel, so "sequential" allows
+/// reads that land a little before or after the expected offset.
+const SEQ_SLACK: u64 = 512 * 1024;
+
+impl SeqState {
+    /// Feeds one read; returns the blocks to prefetch now.
+    pub fn on_read(
+        &mut self,
+        offset: u64,
+        len: u64,
+        block_size: u64,
+        nblocks: u64,
+        max_window: u64,
+    ) -> Range<u64> {
+        let sequential = offset + SEQ_SLACK >= self.next && offset <= self.next + SEQ_SLACK;
+        let end = offset + len;
+        self.next = self.next.max(end);
+        if !sequential {
+            // A seek: stop reading ahead until reads are sequential again.
+            self.run = 0;
+            self.window = 0;
+            self.next = end;
+            self.asked_until = 0;
+            return 0..0;
+        }
+        self.run = self.run.saturating_add(1);
+        if self.run < 2 {
+            return 0..0;
+        }
+        let max_blocks = (max_window / block_size).max(1);
+        self.window = if self.window == 0 {
+            2
+        } else {
+            (self.window * 2).min(max_blocks)
+        };
+        let current = end.saturating_sub(1) / block_size;
+        let from = self.asked_until.max(current + 1);
+        let to = (current + 1 + self.window).min(nblocks);
+        if from >= to {
+            return 0..0;
+        }
+        self.asked_until = to;
+        from..to
+    }
+
+    /// Gives back blocks that could not be asked for (budget exhausted), so
+    /// that a later read asks again.
+    pub fn retract(&mut self, from: u64) {
+        self.asked_until = self.asked_until.min(from);
+    }
+
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+}
+
+/// A loader's announced order for the epoch.
+#[derive(Debug, Default)]
+struct Plan {
+    order: Vec<u64>,
+    index: HashMap<u64, usize>,
+    /// Highest plan position the loader has reached.
+    position: usize,
+    /// Next plan position to prefetch.
+    cursor: usize,
+    /// Loader opens in a row that were not where the plan said.
+    misses: u32,
+}
+
+const PLAN_DIVERGED_AFTER: u32 = 64;
+
+/// Counters of the engine, for `stats`.
+#[derive(Debug, Default)]
+pub struct ReadAheadStats {
+    pub sequential_blocks: AtomicU64,
+    pub background_files: AtomicU64,
+    pub background_bytes: AtomicU64,
+    pub plan_files: AtomicU64,
+    pub budget_waits: AtomicU64,
+}
+
+/// What `stats` shows of the engine.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ReadAheadSnapshot {
+    pub epoch: u64,
+    pub epoch_files_read: u64,
+    pub epoch_files_total: u64,
+    pub plan_active: bool,
+    pub plan_position: u64,
+    pub plan_length: u64,
+    pub prefetch_sequential_blocks: u64,
+    pub prefetch_background_files: u64,
+    pub prefetch_background_bytes: u64,
+    pub prefetch_memory_used: u64,
+    pub prefetch_memory_limit: u64,
+}
+
+struct EngineState {
+    epoch: EpochTracker,
+    plan: Option<Plan>,
+    /// Regular files of the data set in walk order (inode, size).
+    files: Vec<(u64, u64)>,
+    walked: bool,
+    /// Background prefetch position in `files` for this epoch.
+    cursor: usize,
+}
+
+/// The read-ahead engine of one mount.
+pub struct ReadAhead {
+    cfg: ReadAheadConfig,
+    reader: Arc<Reader>,
+    ns: Arc<Namespace>,
+    /// Permits are KiB of prefetch buffers.
+    budget: Arc<Semaphore>,
+    state: Mutex<EngineState>,
+    pub stats: ReadAheadStats,
+    wake: tokio::sync::Notify,
+    rt: tokio::runtime::Handle,
+}
+
+fn kib(bytes: u64) -> u32 {
+    bytes.div_ceil(1024).min(u32::MAX as u64) as u32
+}
+
+impl ReadAhead {
+    pub fn new(
+        cfg: ReadAheadConfig,
+        reader: Arc<Reader>,
+        ns: Arc<Namespace>,
+        rt: tokio::runtime::Handle,
+    ) -> Arc<Self> {
+        let permits = kib(cfg.memory).max(1) as usize;
+        let ra = Arc::new(ReadAhead {
+            budget: Arc::new(Semaphore::new(permits)),
+            cfg,
+            reader,
+            ns,
+            state: Mutex::new(EngineState {
+                epoch: EpochTracker::new(),
+                plan: None,
+                files: Vec::new(),
+                walked: false,
+                cursor: 0,
+            }),
+            stats: ReadAheadStats::default(),
+            wake: tokio::sync::Notify::new(),
+            rt,
+        });
+        if ra.cfg.epoch {
+            let me = Arc::clone(&ra);
+            ra.rt.spawn(async move { me.background().await });
+        }
+        ra
+    }
+
+    pub fn snapshot(&self) -> ReadAheadSnapshot {
+        let st = self.state.lock();
+        let limit = kib(self.cfg.memory) as u64 * 1024;
+        ReadAheadSnapshot {
+            epoch: st.epoch.epoch(),
+            epoch_files_read: st.epoch.files_read(),
+            epoch_files_total: st.files.len() as u64,
+            plan_active: st.plan.is_some(),
+            plan_position: st.plan.as_ref().map_or(0, |p| p.position as u64),
+            plan_length: st.plan.as_ref().map_or(0, |p| p.order.len() as u64),
+            prefetch_sequential_blocks: self.stats.sequential_blocks.load(Relaxed),
+            prefetch_background_files: self.stats.background_files.load(Relaxed),
+            prefetch_background_bytes: self.stats.background_bytes.load(Relaxed),
+            prefetch_memory_used: limit
+                .saturating_sub(self.budget.available_permits() as u64 * 1024),
+            prefetch_memory_limit: limit,
+        }
+    }
+
+    /// A file was opened for reading by the loader.
+    pub fn on_open(self: &Arc<Self>, ino: u64, file: &Arc<FileVersion>) {
+        {
+            let mut st = self.state.lock();
+            if st.epoch.on_read(ino) {
+                info!(epoch = st.epoch.epoch(), "new epoch detected");
+                st.cursor = 0;
+            }
+            if let Some(plan) = &mut st.plan {
+                match plan.index.get(&ino) {
+                    Some(&i) if i + self.cfg.plan_ahead >= plan.position => {
+                        plan.position = plan.position.max(i);
+                        plan.misses = 0;
+                    }
+                    _ => {
+                        plan.misses += 1;
+                        if plan.misses >= PLAN_DIVERGED_AFTER {
+                            info!("the loader left its plan; back to default read-ahead");
+                            st.plan = None;
+                        }
+                    }
+                }
+            }
+        }
+        self.wake.notify_one();
+        if self.cfg.sequential && file.version.size <= self.cfg.small_file && file.version.size > 0
+        {
+            let n = file.block_count(self.reader.block_size());
+            for i in 0..n {
+                if !self.spawn_prefetch(file, i) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A read of `len` bytes at `offset` on a handle with state `seq`.
+    pub fn on_read(
+        self: &Arc<Self>,
+        seq: &Mutex<SeqState>,
+        file: &Arc<FileVersion>,
+        offset: u64,
+        len: u64,
+    ) {
+        if !self.cfg.sequential {
+            return;
+        }
+        let bs = self.reader.block_size();
+        let nblocks = file.block_count(bs);
+        let range = seq
+            .lock()
+            .on_read(offset, len, bs, nblocks, self.cfg.max_window);
+        for i in range.clone() {
+            if !self.spawn_prefetch(file, i) {
+                seq.lock().retract(i);
+                break;
+            }
+            self.stats.sequential_blocks.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Starts a prefetch of one block if the budget allows; false if not.
+    fn spawn_prefetch(self: &Arc<Self>, file: &Arc<FileVersion>, index: u64) -> bool {
+        let len = file.block_len(index, self.reader.block_size()) as u64;
+        let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(kib(len)) else {
+            self.stats.budget_waits.fetch_add(1, Relaxed);
+            return false;
+        };
+        let reader = Arc::clone(&self.reader);
+        let file = Arc::clone(file);
+        self.rt.spawn(async move {
+            if let Err(e) = reader.prefetch(file, index).await {
+                debug!("prefetch failed: {e}");
+            }
+            drop(permit);
+        });
+        true
+    }
+
+    /// Installs a plan: paths relative to the mount root, in the order the
+    /// loader will read them. Returns (files known, paths not found).
+    pub fn set_plan(&self, paths: &[PathBuf]) -> (usize, usize) {
+        let mut order = Vec::with_capacity(paths.len());
+        let mut unknown = 0;
+        for p in paths {
+            match self.ns.lookup_path(p) {
+                Ok((ino, attr)) if attr.kind == EntryKind::File => order.push(ino),
+                _ => unknown += 1,
+            }
+        }
+        let index = order.iter().enumerate().map(|(i, ino)| (*ino, i)).collect();
+        let n = order.len();
+        let mut st = self.state.lock();
+        st.plan = (n > 0).then_some(Plan {
+            order,
+            index,
+            ..Default::default()
+        });
+        drop(st);
+        self.wake.notify_one();
+        info!(files = n, unknown, "read-ahead plan installed");
+        (n, unknown)
+    }
+
+    /// Makes sure every block of a file is cached (for `locafs warm`).
+    /// Returns (bytes now cached, bytes that did not fit).
+    pub async fn warm(self: &Arc<Self>, rel: &Path) -> Result<(u64, u64), String> {
+        let (ino, attr) = self
+            .ns
+            .lookup_path(rel)
+            .map_err(|e| format!("{}: {e}", rel.display()))?;
+        if attr.kind != EntryKind::File {
+            return Err(format!("{}: not a regular file", rel.display()));
+        }
+        let (rel, attr) = self
+            .ns
+            .open_file(ino)
+            .map_err(|e| format!("{}: {e}", rel.display()))?;
+        let file = Arc::new(FileVersion::new(rel, attr.version()));
+        let bs = self.reader.block_size();
+        let (mut cached, mut missing) = (0, 0);
+        for i in 0..file.block_count(bs) {
+            let len = file.block_len(i, bs) as u64;
+            match Arc::clone(&self.reader)
+                .warm_block(Arc::clone(&file), i)
+                .await
+            {
+                Ok(true) => cached += len,
+                Ok(false) => missing += len,
+                Err(e) => return Err(format!("{}: {e}", file.rel.display())),
+            }
+        }
+        Ok((cached, missing))
+    }
+
+    /// Lists the whole tree once (in the background) so that the epoch's
+    /// unread files are known.
+    async fn walk(self: &Arc<Self>) {
+        let mut stack = vec![crate::namespace::ROOT];
+        let mut files = Vec::new();
+        while let Some(dir) = stack.pop() {
+            let ns = Arc::clone(&self.ns);
+            let listed = tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                if ns.refresh_dir(dir).is_ok() {
+                    let _ = ns.read_dir(dir, 0, |e, _| {
+                        out.push((e.ino, e.attr.kind, e.attr.size));
+                        false
+                    });
+                }
+                out
+            })
+            .await
+            .unwrap_or_default();
+            for (ino, kind, size) in listed {
+                match kind {
+                    EntryKind::Dir => stack.push(ino),
+                    EntryKind::File => files.push((ino, size)),
+                    _ => {}
+                }
+            }
+        }
+        let mut st = self.state.lock();
+        info!(files = files.len(), "data set listed for read-ahead");
+        st.files = files;
+        st.walked = true;
+    }
+
+    /// The next file to fetch in the background, if any.
+    fn next_background(&self) -> Option<(u64, bool)> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if let Some(plan) = &mut st.plan {
+            if plan.cursor < plan.position {
+                plan.cursor = plan.position;
+            }
+            if plan.cursor <= plan.position + self.cfg.plan_ahead && plan.cursor < plan.order.len()
+            {
+                let ino = plan.order[plan.cursor];
+                plan.cursor += 1;
+                return Some((ino, true));
+            }
+            return None;
+        }
+        // Nothing ahead of a loader that has not started (a mount that is
+        // only listed, or not used at all, costs the source nothing).
+        if st.epoch.files_read() == 0 {
+            return None;
+        }
+        while st.cursor < st.files.len() {
+            let (ino, _) = st.files[st.cursor];
+            st.cursor += 1;
+            if !st.epoch.was_read(ino) {
+                return Some((ino, false));
+            }
+        }
+        None
+    }
+
+    /// Background prefetch of the epoch's unread files (or the plan).
+    async fn background(self: Arc<Self>) {
+        self.walk().await;
+        let jobs = Arc::new(Semaphore::new(self.cfg.jobs.max(1)));
+        let mut bucket = TokenBucket::new(self.cfg.bandwidth);
+        loop {
+            let Some((ino, planned)) = self.next_background() else {
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
+                continue;
+            };
+            let Ok((rel, attr)) = self.ns.open_file(ino) else {
+                continue;
+            };
+            let file = Arc::new(FileVersion::new(rel, attr.version()));
+            let cache = self.reader.cache();
+            if file.version.size == 0 || cache.is_complete(&file) {
+                continue;
+            }
+            // Only while the cache has room: never churn the cache for
+            // read-ahead (a plan is followed regardless: its blocks are read
+            // next and can live in memory meanwhile).
+            let usage = cache.usage();
+            if !planned && usage.used_bytes + file.version.size > usage.capacity_bytes {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            // Loader reads first: with demand reads in flight, run half the jobs.
+            while self.reader.demand_inflight() > 0 && jobs.available_permits() <= self.cfg.jobs / 2
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let bs = self.reader.block_size();
+            for i in 0..file.block_count(bs) {
+                let len = file.block_len(i, bs) as u64;
+                bucket.take(len).await;
+                let Ok(job) = Arc::clone(&jobs).acquire_owned().await else {
+                    return;
+                };
+                let Ok(mem) = Arc::clone(&self.budget).acquire_many_owned(kib(len)).await else {
+                    return;
+                };
+                let reader = Arc::clone(&self.reader);
+                let file = Arc::clone(&file);
+                let me = Arc::clone(&self);
+                self.rt.spawn(async move {
+                    if reader.prefetch(file, i).await.is_ok() {
+                        me.stats.background_bytes.fetch_add(len, Relaxed);
+                    }
+                    drop((job, mem));
+                });
+            }
+            self.stats.background_files.fetch_add(1, Relaxed);
+            if planned {
+                self.stats.plan_files.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// A simple async token bucket (one second of burst).
+struct TokenBucket {
+    rate: Option<u64>,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new(rate: Option<u64>) -> Self {
+        TokenBucket {
+            rate,
+            tokens: rate.unwrap_or(0) as f64,
+            last: Instant::now(),
+        }
+    }
+
+    async fn take(&mut self, n: u64) {
+        let Some(rate) = self.rate else { return };
+        let rate = rate.max(1) as f64;
+        loop {
+            let now = Instant::now();
+            self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * rate)
+                .min(rate.max(n as f64));
+            self.last = now;
+            if self.tokens >= n as f64 {
+                self.tokens -= n as f64;
+                return;
+            }
+            let wait = (n as f64 - self.tokens) / rate;
+            tokio::time::sleep(Duration::from_secs_f64(wait.min(1.0))).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BS: u64 = 1 << 20;
+
+    #[test]
+    fn sequential_reads_grow_the_window_and_seeks_stop_it() {
+        let mut s = SeqState::default();
+        let n = 1000;
+        let max = 64 * BS;
+        assert_eq!(
+            s.on_read(0, 128 << 10, BS, n, max),
+            0..0,
+            "one read is not a pattern"
+        );
+        let r = s.on_read(128 << 10, 128 << 10, BS, n, max);
+        assert_eq!(r, 1..3);
+        let mut off = 256 << 10;
+        let mut last_window = s.window();
+        for _ in 0..40 {
+            s.on_read(off, 128 << 10, BS, n, max);
+            off += 128 << 10;
+            assert!(s.window() >= last_window);
+            assert!(s.window() <= 64, "window bounded");
+            last_window = s.window();
+        }
+        assert_eq!(s.window(), 64);
+        // A jump far away is a seek: read-ahead stops.
+        assert_eq!(s.on_read(700 * BS, 4096, BS, n, max), 0..0);
+        assert_eq!(s.window(), 0);
+        // Random reads keep it stopped.
+        for off in [3 * BS, 500 * BS, 90 * BS] {
+            assert_eq!(s.on_read(off, 4096, BS, n, max), 0..0);
+        }
+    }
+
+    #[test]
+    fn asks_each_block_once_and_stops_at_eof() {
+        let mut s = SeqState::default();
+        let n = 10;
+        let mut asked = Vec::new();
+        let mut off = 0;
+        while off < n * BS {
+            asked.extend(s.on_read(off, 256 << 10, BS, n, 8 * BS));
+            off += 256 << 10;
+        }
+        let mut sorted = asked.clone();
+        sorted.dedup();
+        assert_eq!(asked, sorted, "no block asked twice");
+        assert!(asked.iter().all(|b| *b < n));
+        assert_eq!(*asked.last().unwrap(), n - 1);
+    }
+
+    #[test]
+    fn kernel_readahead_reordering_counts_as_sequential() {
+        let mut s = SeqState::default();
+        // Two overlapping streams like the kernel's async read-ahead.
+        let reads = [0u64, 131072, 393216, 262144, 524288, 786432, 655360];
+        let mut total = 0;
+        for r in reads {
+            total += s.on_read(r, 131072, BS, 100, 32 * BS).count();
+        }
+        assert!(total > 0);
+        assert!(s.window() > 0);
+    }
+
+    #[test]
+    fn retract_lets_blocks_be_asked_again() {
+        let mut s = SeqState::default();
+        s.on_read(0, BS, BS, 100, 8 * BS);
+        let r = s.on_read(BS, BS, BS, 100, 8 * BS);
+        assert!(!r.is_empty());
+        s.retract(r.start);
+        let r2 = s.on_read(2 * BS, BS, BS, 100, 8 * BS);
+        assert!(r2.start <= r.start + 1);
+    }
+}
