@@ -7,6 +7,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use crate::cache::BlockCache;
 use crate::config::{short_io, MountArgs, MountConfig};
 use crate::fuse::{FuseOptions, LocaFs};
 use crate::namespace::Namespace;
+use crate::prefetch::ReadAhead;
 use crate::reader::{Reader, ReaderConfig};
 use crate::source::{DirSource, Source};
 use crate::stats::Stats;
@@ -106,187 +108,253 @@ fn daemonize() -> ExitCode {
 
 /// Mounts and serves until unmounted or signalled.
 fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
-    crate::sys::raise_nofile_limit();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-                .max(2),
-        )
-        .max_blocking_threads(128)
-        .thread_name("locafs-rt")
-        .enable_all()
-        .build()
-        .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
-
-    let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
-    let stats = Arc::new(Stats::default());
-    let (cache, rec) = DiskCache::open(
-        &cfg.dataset_dir,
-        cfg.cache_size,
-        cfg.block_size,
-        Arc::clone(&stats),
-    )
-    .map_err(|e| {
-        (
-            2,
-            format!("cache dir {}: {}", cfg.dataset_dir.display(), short_io(&e)),
-        )
-    })?;
-    info!(
-        "cache {} limit {}{}; recovered {} files ({}), discarded {} bad entries",
-        cfg.dataset_dir.display(),
-        format_size(cache.capacity()),
-        if cfg.cache_size.is_none() {
-            " (80% of the disk's free space; set --cache-size to change)"
-        } else {
-            ""
-        },
-        rec.files,
-        format_size(rec.bytes),
-        rec.discarded
-    );
     let source: Arc<dyn Source> = Arc::new(DirSource::new(cfg.source.clone()));
-    let ns = Arc::new(
-        Namespace::new(Arc::clone(&source), cfg.revalidate).map_err(|e| {
+    let mount = Mount::start(&cfg, source)?;
+    announce_ready();
+    mount.serve_until_stopped();
+    Ok(())
+}
+
+/// A live mount and everything behind it. Dropping it unmounts.
+pub struct Mount {
+    mountpoint: PathBuf,
+    control_socket: PathBuf,
+    session: Option<fuser::BackgroundSession>,
+    readahead: Arc<ReadAhead>,
+    stats: Arc<Stats>,
+    rt: Option<tokio::runtime::Runtime>,
+    _lock: crate::lock::DatasetLock,
+}
+
+impl Mount {
+    /// Builds the parts (cache, namespace, reader, read-ahead, control
+    /// socket) over `source` and mounts them on `cfg.mountpoint`. The source
+    /// is a parameter so that tests and benchmarks can put a slow or failing
+    /// source behind a real mount.
+    pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
+        crate::sys::raise_nofile_limit();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+                    .max(2),
+            )
+            .max_blocking_threads(128)
+            .thread_name("locafs-rt")
+            .enable_all()
+            .build()
+            .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
+
+        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let stats = Arc::new(Stats::default());
+        let (cache, rec) = DiskCache::open(
+            &cfg.dataset_dir,
+            cfg.cache_size,
+            cfg.block_size,
+            Arc::clone(&stats),
+        )
+        .map_err(|e| {
             (
                 2,
-                format!("source {}: {}", cfg.source.display(), short_io(&e)),
+                format!("cache dir {}: {}", cfg.dataset_dir.display(), short_io(&e)),
             )
-        })?,
-    );
-    let cache: Arc<dyn BlockCache> = Arc::new(cache);
-    let reader = Reader::new(
-        ReaderConfig {
-            block_size: cfg.block_size,
-            memory_bytes: cfg.memory_cache,
-            source_timeout: cfg.source_timeout,
-        },
-        Arc::clone(&cache),
-        Arc::clone(&source),
-        None,
-        rt.handle().clone(),
-        Arc::clone(&stats),
-    );
-    let readahead = crate::prefetch::ReadAhead::new(
-        cfg.readahead.clone(),
-        Arc::clone(&reader),
-        Arc::clone(&ns),
-        rt.handle().clone(),
-    );
-    let control_socket = crate::control::socket_path(&cfg.dataset_dir);
-    crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(|e| {
-        (
-            1,
-            format!("control socket {}: {e}", control_socket.display()),
-        )
-    })?;
-    let ttl = match cfg.revalidate {
-        None => Duration::from_secs(24 * 3600),
-        Some(d) => d,
-    };
-    let fs = LocaFs::new(
-        Arc::clone(&ns),
-        Arc::clone(&reader),
-        Arc::clone(&source),
-        Arc::clone(&stats),
-        rt.handle().clone(),
-        FuseOptions {
-            ttl,
-            passthrough: cfg.passthrough,
-            source_label: cfg.source.display().to_string(),
-            mount_label: cfg.mountpoint.display().to_string(),
-            control_socket: control_socket.display().to_string(),
-        },
-        readahead,
-    );
-    let mut fuse_cfg = fuser::Config::default();
-    fuse_cfg.mount_options = vec![
-        fuser::MountOption::FSName(format!("locafs:{}", cfg.source.display())),
-        fuser::MountOption::Subtype("locafs".into()),
-        fuser::MountOption::RO,
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoDev,
-        fuser::MountOption::NoSuid,
-    ];
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        fuse_cfg.acl = fuser::SessionACL::All;
-    }
-    fuse_cfg.n_threads = Some(cfg.fuse_threads);
-    fuse_cfg.clone_fd = true;
-    let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
-        (
-            1,
-            format!("mount on {} failed: {e}", cfg.mountpoint.display()),
-        )
-    })?;
-    info!(
-        "mounted {} on {} (read-only)",
-        cfg.source.display(),
-        cfg.mountpoint.display()
-    );
-
-    // Keep the data set's size known to the cache policy.
-    {
-        let ns = Arc::clone(&ns);
-        let cache = Arc::clone(&cache);
-        rt.spawn(async move {
-            loop {
-                cache.set_dataset_bytes(ns.known_bytes());
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-    }
-
-    announce_ready();
-
-    let mountpoint = cfg.mountpoint.clone();
-    let signalled = rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return false;
+        })?;
+        info!(
+            "cache {} limit {}{}; recovered {} files ({}), discarded {} bad entries",
+            cfg.dataset_dir.display(),
+            format_size(cache.capacity()),
+            if cfg.cache_size.is_none() {
+                " (80% of the disk's free space; set --cache-size to change)"
+            } else {
+                ""
+            },
+            rec.files,
+            format_size(rec.bytes),
+            rec.discarded
+        );
+        let ns = Arc::new(
+            Namespace::new(Arc::clone(&source), cfg.revalidate).map_err(|e| {
+                (
+                    2,
+                    format!("source {}: {}", cfg.source.display(), short_io(&e)),
+                )
+            })?,
+        );
+        let cache: Arc<dyn BlockCache> = Arc::new(cache);
+        let reader = Reader::new(
+            ReaderConfig {
+                block_size: cfg.block_size,
+                memory_bytes: cfg.memory_cache,
+                source_timeout: cfg.source_timeout,
+            },
+            Arc::clone(&cache),
+            Arc::clone(&source),
+            None,
+            rt.handle().clone(),
+            Arc::clone(&stats),
+        );
+        let readahead = ReadAhead::new(
+            cfg.readahead.clone(),
+            Arc::clone(&reader),
+            Arc::clone(&ns),
+            rt.handle().clone(),
+        );
+        let control_socket = crate::control::socket_path(&cfg.dataset_dir);
+        crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(
+            |e| {
+                (
+                    1,
+                    format!("control socket {}: {e}", control_socket.display()),
+                )
+            },
+        )?;
+        let ttl = match cfg.revalidate {
+            None => Duration::from_secs(24 * 3600),
+            Some(d) => d,
         };
-        loop {
-            tokio::select! {
-                _ = term.recv() => return true,
-                _ = int.recv() => return true,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                    if session.guard.is_finished() {
-                        return false;
+        let fs = LocaFs::new(
+            Arc::clone(&ns),
+            Arc::clone(&reader),
+            Arc::clone(&source),
+            Arc::clone(&stats),
+            rt.handle().clone(),
+            FuseOptions {
+                ttl,
+                passthrough: cfg.passthrough,
+                source_label: cfg.source.display().to_string(),
+                mount_label: cfg.mountpoint.display().to_string(),
+                control_socket: control_socket.display().to_string(),
+            },
+            Arc::clone(&readahead),
+        );
+        let mut fuse_cfg = fuser::Config::default();
+        fuse_cfg.mount_options = vec![
+            fuser::MountOption::FSName(format!("locafs:{}", cfg.source.display())),
+            fuser::MountOption::Subtype("locafs".into()),
+            fuser::MountOption::RO,
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::NoDev,
+            fuser::MountOption::NoSuid,
+        ];
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            fuse_cfg.acl = fuser::SessionACL::All;
+        }
+        fuse_cfg.n_threads = Some(cfg.fuse_threads);
+        fuse_cfg.clone_fd = true;
+        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
+            (
+                1,
+                format!("mount on {} failed: {e}", cfg.mountpoint.display()),
+            )
+        })?;
+        info!(
+            "mounted {} on {} (read-only)",
+            cfg.source.display(),
+            cfg.mountpoint.display()
+        );
+
+        // Keep the data set's size known to the cache policy.
+        {
+            let ns = Arc::clone(&ns);
+            let cache = Arc::clone(&cache);
+            rt.spawn(async move {
+                loop {
+                    cache.set_dataset_bytes(ns.known_bytes());
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+        }
+        Ok(Mount {
+            mountpoint: cfg.mountpoint.clone(),
+            control_socket,
+            session: Some(session),
+            readahead,
+            stats,
+            rt: Some(rt),
+            _lock: lock,
+        })
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    pub fn readahead(&self) -> &Arc<ReadAhead> {
+        &self.readahead
+    }
+
+    /// Serves until SIGINT/SIGTERM (then unmounts) or until someone
+    /// unmounts the file system.
+    pub fn serve_until_stopped(mut self) {
+        let Some(rt) = self.rt.as_ref() else { return };
+        let finished = || self.session.as_ref().is_none_or(|s| s.guard.is_finished());
+        let signalled = rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return false;
+            };
+            loop {
+                tokio::select! {
+                    _ = term.recv() => return true,
+                    _ = int.recv() => return true,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                        if finished() {
+                            return false;
+                        }
                     }
                 }
             }
+        });
+        if signalled {
+            info!("signal received: unmounting {}", self.mountpoint.display());
+            crate::sys::sd_notify("STOPPING=1");
         }
-    });
-    if signalled {
-        info!("signal received: unmounting {}", mountpoint.display());
-        crate::sys::sd_notify("STOPPING=1");
-        match crate::sys::unmount(&mountpoint) {
-            Ok(()) => {
-                let _ = session.join();
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                warn!(
-                    "{} is busy: detaching it (open files get errors from now on)",
-                    mountpoint.display()
-                );
-                let _ = crate::sys::lazy_unmount(&mountpoint);
-            }
-            Err(e) => warn!("unmount of {} failed: {e}", mountpoint.display()),
-        }
-    } else {
-        let _ = session.join();
+        self.unmount();
     }
-    info!("unmounted {}", mountpoint.display());
-    let _ = std::fs::remove_file(&control_socket);
-    drop(lock);
-    rt.shutdown_timeout(Duration::from_secs(2));
-    Ok(())
+
+    /// Unmounts (detaching lazily if files are still open) and stops.
+    pub fn unmount(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        if !session.guard.is_finished() {
+            match crate::sys::unmount(&self.mountpoint) {
+                Ok(()) => {
+                    let _ = session.join();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    warn!(
+                        "{} is busy: detaching it (open files get errors from now on)",
+                        self.mountpoint.display()
+                    );
+                    let _ = crate::sys::lazy_unmount(&self.mountpoint);
+                }
+                Err(e) => warn!("unmount of {} failed: {e}", self.mountpoint.display()),
+            }
+        } else {
+            let _ = session.join();
+        }
+        info!("unmounted {}", self.mountpoint.display());
+        let _ = std::fs::remove_file(&self.control_socket);
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
 }
 
 /// Tells whoever waits (the --daemon parent, systemd) that the mount is live,
