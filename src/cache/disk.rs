@@ -546,6 +546,24 @@ impl BlockCache for DiskCache {
             return false;
         }
         let len = round_alloc(block.data().len() as u64);
+        // Another writer of the same block (a warm-up racing a read): wait
+        // for its outcome rather than report a failure that did not happen.
+        let mut waited = 0;
+        loop {
+            let writing = {
+                let st = self.state.lock();
+                match st.entries.get(&file.key).map(|e| e.slots[index as usize]) {
+                    Some(Slot::Present(_)) => return true,
+                    Some(Slot::Writing) => true,
+                    _ => false,
+                }
+            };
+            if !writing || waited >= 5000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            waited += 1;
+        }
         let (victims, new, bytes) = {
             let mut st = self.state.lock();
             let st = &mut *st;
