@@ -321,7 +321,7 @@ fn sixteen_concurrent_readers_over_random_ranges() {
     require_fuse!();
     let seed = seed("sixteen_concurrent_readers_over_random_ranges");
     let s = Scratch::new();
-    let sizes = [3 * MIB + 5, 7 * MIB, 64 * 1024 + 1, 1 * MIB, 5 * MIB - 3];
+    let sizes = [3 * MIB + 5, 7 * MIB, 64 * 1024 + 1, MIB, 5 * MIB - 3];
     let mut want = Vec::new();
     for (i, n) in sizes.iter().enumerate() {
         let p = s.src.join(format!("r{i}"));
