@@ -86,6 +86,19 @@ pub fn mounts() -> Vec<(PathBuf, String)> {
         .collect()
 }
 
+/// The "mount source" field of every mount (e.g. `locafs:/path/to/src`).
+pub fn mounted_sources() -> Vec<String> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let dash = f.iter().position(|x| *x == "-")?;
+            let src = f.get(dash + 2)?;
+            Some(String::from_utf8_lossy(&unescape_mountinfo(src)).into_owned())
+        })
+        .collect()
+}
+
 /// Whether anything is mounted on `p` (exact path).
 pub fn is_mounted(p: &Path) -> bool {
     mounts().iter().any(|(m, _)| m == p)
