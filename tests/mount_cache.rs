@@ -422,7 +422,7 @@ fn epochs() {
     // a horizon of 2 x capacity and the policy evicts entries of the
     // current data set; see the report of the tests branch.)
     assert_eq!(fs::read_dir(&s.mnt).unwrap().count(), n);
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(2500));
     let mut order: Vec<usize> = (0..n).collect();
     let mut prev = m.stats();
     let mut cached = 0;

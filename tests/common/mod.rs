@@ -27,7 +27,8 @@ pub fn bin() -> &'static str {
 }
 
 /// Whether real FUSE mounts can be made here; if not, says so loudly.
-pub fn fuse_available(test: &str) -> bool {
+pub fn fuse_available(module: &str) -> bool {
+    let test = format!("{module}::{}", std::thread::current().name().unwrap_or("?"));
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let dev = Path::new("/dev/fuse").exists();
