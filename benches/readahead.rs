@@ -1,0 +1,384 @@
+//! `cargo bench --bench readahead`: the read-ahead engine over an emulated
+//! network source (2 ms per request, 200 MB/s for all requests together),
+//! each figure next to the same mount with read-ahead off, in one run.
+//!
+//! LOCAFS_BENCH_SCALE (default 1.0) scales the data sizes;
+//! LOCAFS_BENCH_ONLY=1,3 picks figures.
+
+#[path = "../tests/common/inproc.rs"]
+mod inproc;
+#[path = "../tests/common/slow.rs"]
+mod slow;
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inproc::*;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use slow::SlowSource;
+
+const MIB: u64 = 1 << 20;
+const LATENCY: Duration = Duration::from_millis(2);
+const BANDWIDTH: u64 = 200_000_000;
+
+fn scale() -> f64 {
+    std::env::var("LOCAFS_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0)
+}
+
+fn wanted(n: u32) -> bool {
+    match std::env::var("LOCAFS_BENCH_ONLY") {
+        Ok(s) => s.split(',').any(|x| x.trim() == n.to_string()),
+        Err(_) => true,
+    }
+}
+
+fn fill(path: &Path, len: u64, rng: &mut impl Rng) {
+    let mut data = vec![0u8; len as usize];
+    rng.fill(&mut data[..]);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, data).unwrap();
+}
+
+fn fresh(d: &Dirs) {
+    drop_page_cache();
+    let _ = std::fs::remove_dir_all(&d.cache);
+    std::fs::create_dir_all(&d.cache).unwrap();
+}
+
+fn row(name: &str, value: String, base: String, ratio: f64, goal: &str) {
+    println!("{name:<58} {value:>14} {base:>14} {ratio:>8.2}  {goal}");
+}
+
+/// Figure 1: cold sequential read of 4 shards, one reader each.
+fn shards() {
+    let d = dirs();
+    let n = 4;
+    let size = ((256.0 * scale()) as u64).max(8) * MIB;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    for i in 0..n {
+        fill(&d.src.join(format!("shard-{i}.tar")), size, &mut rng);
+    }
+    let mut results = Vec::new();
+    for readahead in [false, true] {
+        fresh(&d);
+        let mut args = vec!["--cache-size", "8G"];
+        if !readahead {
+            args.push("--no-readahead");
+        }
+        let mut cfg = config(&d, &args);
+        cfg.readahead.epoch = false;
+        let src = Arc::new(SlowSource::new(&d.src, LATENCY, BANDWIDTH));
+        let m = mount(&cfg, src);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for i in 0..n {
+                let p = d.mnt.join(format!("shard-{i}.tar"));
+                s.spawn(move || {
+                    let mut f = File::open(p).unwrap();
+                    let mut buf = vec![0u8; 128 << 10];
+                    while f.read(&mut buf).unwrap() > 0 {}
+                });
+            }
+        });
+        let secs = t.elapsed().as_secs_f64();
+        results.push((n as u64 * size) as f64 / secs / 1e6);
+        drop(m);
+    }
+    println!(
+        "\n1. cold sequential read, {n} shards x {} MiB, one reader each (MB/s)",
+        size / MIB
+    );
+    row(
+        "   read-ahead on vs off",
+        format!("{:.0}", results[1]),
+        format!("{:.0}", results[0]),
+        results[1] / results[0],
+        "",
+    );
+    row(
+        "   read-ahead on vs the source's bandwidth",
+        format!("{:.0}", results[1]),
+        format!("{:.0}", BANDWIDTH as f64 / 1e6),
+        results[1] / (BANDWIDTH as f64 / 1e6),
+        "goal >= 0.80",
+    );
+}
+
+struct SmallSet {
+    d: Dirs,
+    names: Vec<String>,
+    bytes: u64,
+}
+
+fn small_set() -> SmallSet {
+    let d = dirs();
+    let n = ((20_000.0 * scale()) as usize).max(500);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let mut names = Vec::with_capacity(n);
+    let mut bytes = 0;
+    for i in 0..n {
+        let name = format!("class{:03}/img{i:06}.jpg", i % 100);
+        let len = rng.random_range(4096..32768);
+        bytes += len;
+        fill(&d.src.join(&name), len, &mut rng);
+        names.push(name);
+    }
+    SmallSet { d, names, bytes }
+}
+
+/// Reads `order` with 8 loader threads; returns files/s.
+fn epoch(mnt: &Path, order: &[String]) -> f64 {
+    let next = AtomicUsize::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let mut buf = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(name) = order.get(i) else { return };
+                    buf.clear();
+                    File::open(mnt.join(name))
+                        .unwrap()
+                        .read_to_end(&mut buf)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    order.len() as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Figure 2: the first epoch in random order, with and without read-ahead.
+fn first_epoch(set: &SmallSet) {
+    let d = &set.d;
+    let mut order = set.names.clone();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(3));
+    let plan_file = d.tmp.path().join("plan.txt");
+    std::fs::write(&plan_file, order.join("\n")).unwrap();
+    let mut figures = Vec::new();
+    for (label, args, plan) in [
+        ("no read-ahead", vec!["--no-readahead"], false),
+        ("within files only", vec![], false),
+        (
+            "cross-file prefetch (32 jobs)",
+            vec!["--prefetch-jobs", "32"],
+            false,
+        ),
+        ("plan (32 jobs)", vec!["--prefetch-jobs", "32"], true),
+    ] {
+        fresh(d);
+        let mut a = vec!["--cache-size", "8G"];
+        a.extend(args);
+        let mut cfg = config(d, &a);
+        if label == "within files only" {
+            cfg.readahead.epoch = false;
+        }
+        let src = Arc::new(SlowSource::new(&d.src, LATENCY, BANDWIDTH));
+        let m = mount(&cfg, src);
+        if plan {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_locafs"))
+                .args(["plan", d.mnt.to_str().unwrap(), plan_file.to_str().unwrap()])
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+        }
+        figures.push((label, epoch(&d.mnt, &order)));
+        drop(m);
+    }
+    println!(
+        "\n2. first epoch, {} files of 4-32 KiB ({} MiB), random order, 8 loader threads (files/s)",
+        set.names.len(),
+        set.bytes / MIB
+    );
+    let base = figures[0].1;
+    let limit = set.names.len() as f64 / (set.bytes as f64 / BANDWIDTH as f64);
+    for (label, v) in &figures {
+        let goal = if label.starts_with("plan") {
+            "goal >= 5.0"
+        } else {
+            ""
+        };
+        row(
+            &format!("   {label} vs no read-ahead"),
+            format!("{v:.0}"),
+            format!("{base:.0}"),
+            v / base,
+            goal,
+        );
+    }
+    row(
+        "   (the source's bandwidth allows)",
+        format!("{limit:.0}"),
+        format!("{base:.0}"),
+        limit / base,
+        "physical limit",
+    );
+}
+
+/// Figure 3: epochs 2 and 3 with the data set twice the cache.
+fn later_epochs(set: &SmallSet) {
+    let d = &set.d;
+    fresh(d);
+    let cap = 2 * MIB + set.bytes / 2 + set.names.len() as u64 * (4096 + 256) / 2;
+    let cap_s = format!("{cap}");
+    let cfg = config(d, &["--cache-size", &cap_s]);
+    let src = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
+    let m = mount(&cfg, src.clone());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+    let mut order = set.names.clone();
+    order.shuffle(&mut rng);
+    epoch(&d.mnt, &order);
+    std::thread::sleep(Duration::from_secs(1));
+    let s = stats(&d.mnt);
+    let fraction = s.files_cached as f64 / set.names.len() as f64;
+    let mut hits = Vec::new();
+    for _ in 0..2 {
+        drop_page_cache();
+        order.shuffle(&mut rng);
+        let before = src.bytes_read();
+        epoch(&d.mnt, &order);
+        hits.push(1.0 - (src.bytes_read() - before) as f64 / set.bytes as f64);
+    }
+    drop(m);
+    println!(
+        "\n3. epochs 2 and 3, data set = 2 x cache (hit rate by bytes not read from the source)"
+    );
+    for (i, h) in hits.iter().enumerate() {
+        row(
+            &format!("   epoch {} hit rate vs cache fraction", i + 2),
+            format!("{h:.3}"),
+            format!("{fraction:.3}"),
+            h / fraction,
+            "goal >= 0.95",
+        );
+    }
+}
+
+fn vm_hwm(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// Figure 4: daemon peak RSS while 256 files are read sequentially at once.
+fn many_handles() {
+    let d = dirs();
+    let n = 256;
+    let size = ((32.0 * scale()) as u64).max(4) * MIB;
+    for i in 0..n {
+        // Sparse source files: no disk needed, same work for the daemon.
+        File::create(d.src.join(format!("f{i:03}")))
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+    }
+    let budget = 256 * MIB;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_locafs"))
+        .args(["mount", d.src.to_str().unwrap(), d.mnt.to_str().unwrap()])
+        .args([
+            "--cache-dir",
+            d.cache.to_str().unwrap(),
+            "--cache-size",
+            "512M",
+        ])
+        .args(["--prefetch-memory", "256MiB", "--no-passthrough"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while locafs::cli_stats::fetch(&d.mnt).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "mount did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let idle = vm_hwm(child.id());
+    let files: Vec<PathBuf> = (0..n).map(|i| d.mnt.join(format!("f{i:03}"))).collect();
+    std::thread::scope(|s| {
+        for chunk in files.chunks(n / 32) {
+            s.spawn(move || {
+                let mut handles: Vec<File> = chunk.iter().map(|p| File::open(p).unwrap()).collect();
+                let mut buf = vec![0u8; 128 << 10];
+                // Interleave: every handle advances by one read in turn.
+                loop {
+                    let mut any = false;
+                    for h in handles.iter_mut() {
+                        if h.read(&mut buf).unwrap() > 0 {
+                            any = true;
+                        }
+                    }
+                    if !any {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let peak = vm_hwm(child.id());
+    let _ = std::process::Command::new("umount").arg(&d.mnt).status();
+    let _ = child.wait();
+    println!(
+        "\n4. daemon peak RSS, {n} files x {} MiB read sequentially at once (MiB)",
+        size / MIB
+    );
+    row(
+        "   peak RSS vs prefetch budget + 64 MiB",
+        format!("{}", peak / MIB),
+        format!("{}", (budget + 64 * MIB) / MIB),
+        peak as f64 / (budget + 64 * MIB) as f64,
+        "goal <= 1.00",
+    );
+    row(
+        "   (idle RSS after mount)",
+        format!("{}", idle / MIB),
+        "-".into(),
+        0.0,
+        "",
+    );
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if !fuse_available("readahead bench") {
+        return;
+    }
+    println!("locafs read-ahead benchmark: source = 2 ms per request, 200 MB/s shared (emulated)");
+    println!(
+        "{:<58} {:>14} {:>14} {:>8}",
+        "figure", "locafs", "baseline", "ratio"
+    );
+    println!(
+        "rclone --vfs-cache-mode full: SKIPPED (it cannot read through the emulated slow source)"
+    );
+    if wanted(1) {
+        shards();
+    }
+    if wanted(2) || wanted(3) {
+        let set = small_set();
+        if wanted(2) {
+            first_epoch(&set);
+        }
+        if wanted(3) {
+            later_epochs(&set);
+        }
+    }
+    if wanted(4) {
+        many_handles();
+    }
+}
