@@ -88,7 +88,9 @@ pub struct MountFlags {
     /// [default: 1MiB]
     #[arg(long, value_name = "SIZE")]
     pub block_size: Option<String>,
-    /// Memory for recently read blocks. [default: 128MiB]
+    /// Part of --prefetch-memory kept for recently read blocks (serves reads
+    /// of parts of a block without re-reading it). [default: a quarter of
+    /// --prefetch-memory]
     #[arg(long, value_name = "SIZE")]
     pub memory_cache: Option<String>,
     /// How long metadata is trusted before it is checked against the source
@@ -122,7 +124,9 @@ pub struct MountFlags {
     /// Largest sequential read-ahead window per open file. [default: 64MiB]
     #[arg(long, value_name = "SIZE")]
     pub readahead_window: Option<String>,
-    /// One memory budget for all prefetch buffers. [default: 256MiB]
+    /// One memory budget for every block buffer of the daemon: read-ahead in
+    /// flight, recently read blocks (--memory-cache) and blocks waiting to be
+    /// written to the cache. [default: 256MiB]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_memory: Option<String>,
     /// Concurrent background fetches of the epoch's unread files. [default: 8]
@@ -175,6 +179,8 @@ pub struct MountConfig {
     pub cache_size: Option<u64>,
     pub block_size: u64,
     pub memory_cache: u64,
+    /// Bytes of blocks that may wait to be written to the cache.
+    pub write_queue: u64,
     /// None: immutable.
     pub revalidate: Option<Duration>,
     pub passthrough: bool,
@@ -391,7 +397,18 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
             "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
         ));
     }
-    let memory_cache = size("memory-cache", &f.memory_cache)?.unwrap_or(128 << 20);
+    let budget = size("prefetch-memory", &f.prefetch_memory)?.unwrap_or(256 << 20);
+    if budget < 8 * block_size {
+        return Err(usage(format!(
+            "--prefetch-memory: at least 8 blocks ({}) are needed",
+            crate::units::format_size(8 * block_size)
+        )));
+    }
+    let memory_cache = size("memory-cache", &f.memory_cache)?.unwrap_or(budget / 4);
+    if memory_cache > budget / 2 {
+        return Err(usage("--memory-cache: at most half of --prefetch-memory"));
+    }
+    let write_queue = budget / 4;
     let revalidate = dur("revalidate", &f.revalidate)?.unwrap_or(Duration::from_secs(60));
     let source_timeout =
         dur("source-timeout", &f.source_timeout)?.unwrap_or(Duration::from_secs(120));
@@ -423,9 +440,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         max_window: size("readahead-window", &f.readahead_window)?
             .unwrap_or(64 << 20)
             .max(block_size),
-        memory: size("prefetch-memory", &f.prefetch_memory)?
-            .unwrap_or(256 << 20)
-            .max(block_size),
+        memory: budget - memory_cache - write_queue,
         jobs: prefetch_jobs,
         bandwidth: size("prefetch-bandwidth", &f.prefetch_bandwidth)?.filter(|b| *b > 0),
         small_file: 4 * block_size,
@@ -483,6 +498,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         cache_size,
         block_size,
         memory_cache,
+        write_queue,
         revalidate: (!f.immutable).then_some(revalidate),
         passthrough: !f.no_passthrough,
         source_timeout,

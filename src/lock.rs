@@ -3,8 +3,8 @@
 //! write the same cache files. It never blocks: a held lock is an error that
 //! names the holder.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::fs::File;
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
@@ -16,13 +16,12 @@ pub struct DatasetLock {
 impl DatasetLock {
     pub fn acquire(dir: &Path) -> Result<Self, String> {
         let path = dir.join("lock");
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
+        if !path.exists() {
+            std::fs::write(&path, b"").map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
+        }
+        // Held through a read-only descriptor, so that the cache disk can
+        // still be remounted read-only under a running mount.
+        let mut f = File::open(&path).map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
         // SAFETY: flock on an owned descriptor.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let mut holder = String::new();
@@ -33,9 +32,8 @@ impl DatasetLock {
                 holder.trim()
             ));
         }
-        let _ = f.set_len(0);
-        let _ = f.rewind();
-        let _ = write!(f, "{}", std::process::id());
+        // Who holds it, for the message above (best effort).
+        let _ = std::fs::write(&path, std::process::id().to_string());
         Ok(DatasetLock { _file: f })
     }
 }

@@ -173,8 +173,19 @@ impl Mount {
             format_size(rec.bytes),
             rec.discarded
         );
+        if rec.other_block_size > 0 {
+            warn!(
+                "cache: {} files were cached with another --block-size and were discarded",
+                rec.other_block_size
+            );
+        }
         let ns = Arc::new(
-            Namespace::new(Arc::clone(&source), cfg.revalidate).map_err(|e| {
+            Namespace::new(
+                Arc::clone(&source),
+                cfg.revalidate,
+                cache.dataset_bytes_handle(),
+            )
+            .map_err(|e| {
                 (
                     2,
                     format!("source {}: {}", cfg.source.display(), short_io(&e)),
@@ -186,6 +197,7 @@ impl Mount {
             ReaderConfig {
                 block_size: cfg.block_size,
                 memory_bytes: cfg.memory_cache,
+                write_queue_bytes: cfg.write_queue,
                 source_timeout: cfg.source_timeout,
             },
             Arc::clone(&cache),
@@ -255,17 +267,6 @@ impl Mount {
             cfg.mountpoint.display()
         );
 
-        // Keep the data set's size known to the cache policy.
-        {
-            let ns = Arc::clone(&ns);
-            let cache = Arc::clone(&cache);
-            rt.spawn(async move {
-                loop {
-                    cache.set_dataset_bytes(ns.known_bytes());
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            });
-        }
         Ok(Mount {
             mountpoint: cfg.mountpoint.clone(),
             control_socket,

@@ -12,6 +12,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,8 @@ struct Inner {
     /// Node of inode `i` at index `i - 1`.
     nodes: Vec<Node>,
     known_bytes: u64,
+    /// Where `known_bytes` is published (the cache policy reads it).
+    known_sink: Arc<AtomicU64>,
 }
 
 impl Inner {
@@ -82,6 +85,7 @@ impl Inner {
             _ => 0,
         };
         self.known_bytes = (self.known_bytes + size(new)).saturating_sub(size(old));
+        self.known_sink.store(self.known_bytes, Ordering::Relaxed);
     }
 
     fn push(&mut self, parent: u64, name: &[u8], attr: SourceAttr, now: u64) -> u64 {
@@ -170,7 +174,13 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    pub fn new(source: Arc<dyn Source>, revalidate: Option<Duration>) -> io::Result<Self> {
+    /// `known_sink` receives the total size of the files seen so far, as it
+    /// changes (the cache policy measures "passes over the data set" by it).
+    pub fn new(
+        source: Arc<dyn Source>,
+        revalidate: Option<Duration>,
+        known_sink: Arc<AtomicU64>,
+    ) -> io::Result<Self> {
         let root = source.stat(Path::new(""))?;
         if root.kind != EntryKind::Dir {
             return Err(io::Error::new(
@@ -185,6 +195,7 @@ impl Namespace {
             inner: RwLock::new(Inner {
                 nodes: Vec::new(),
                 known_bytes: 0,
+                known_sink,
             }),
         };
         ns.inner.write().push(ROOT, b"", root, 0);

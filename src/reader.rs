@@ -72,6 +72,9 @@ pub struct ReaderConfig {
     /// Bytes of recently used blocks kept in memory (serves partial-block
     /// reads without re-reading and re-hashing the block).
     pub memory_bytes: u64,
+    /// The most block bytes waiting for the disk cache at once; past it,
+    /// blocks are served but not cached (the memory tier still holds them).
+    pub write_queue_bytes: u64,
     /// The longest a read waits on the source before failing with ETIMEDOUT.
     pub source_timeout: Duration,
 }
@@ -92,10 +95,6 @@ pub struct Reader {
     write_queue: Arc<tokio::sync::Semaphore>,
 }
 
-/// The most block bytes waiting for the disk cache at once; past it, blocks
-/// are served but not cached (the memory tier still holds them).
-const WRITE_QUEUE_BYTES: u64 = 64 << 20;
-
 impl Reader {
     pub fn new(
         cfg: ReaderConfig,
@@ -111,6 +110,7 @@ impl Reader {
                 v.data().len().try_into().unwrap_or(u32::MAX)
             })
             .build();
+        let write_queue_kib = (cfg.write_queue_bytes.max(cfg.block_size) / 1024) as usize;
         Arc::new(Reader {
             cfg,
             cache,
@@ -121,9 +121,7 @@ impl Reader {
             rt,
             stats,
             demand: AtomicU64::new(0),
-            write_queue: Arc::new(tokio::sync::Semaphore::new(
-                (WRITE_QUEUE_BYTES / 1024) as usize,
-            )),
+            write_queue: Arc::new(tokio::sync::Semaphore::new(write_queue_kib)),
         })
     }
 

@@ -50,6 +50,7 @@ const PER_FILE_OVERHEAD: u64 = 256;
 /// The share of (free space + this cache's own use) taken when no
 /// --cache-size is given.
 pub const DEFAULT_SHARE_OF_DISK: f64 = 0.8;
+const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
 /// How long writes stay off after the cache disk failed one.
 const WRITE_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -120,7 +121,8 @@ pub struct DiskCache {
     state: Mutex<State>,
     readers: moka::sync::Cache<VersionKey, Arc<File>>,
     writes_off_until: Mutex<Option<Instant>>,
-    dataset_bytes: AtomicU64,
+    /// The data set's total size as far as the namespace knows it.
+    dataset_bytes: Arc<AtomicU64>,
     stats: Arc<Stats>,
 }
 
@@ -131,6 +133,8 @@ pub struct Recovery {
     pub blocks: u64,
     pub bytes: u64,
     pub discarded: u64,
+    /// Entries written with another --block-size (discarded).
+    pub other_block_size: u64,
     pub evicted: u64,
 }
 
@@ -178,7 +182,7 @@ impl DiskCache {
                 .time_to_idle(Duration::from_secs(60))
                 .build(),
             writes_off_until: Mutex::new(None),
-            dataset_bytes: AtomicU64::new(0),
+            dataset_bytes: Arc::new(AtomicU64::new(0)),
             stats,
         };
         let mut cache = cache;
@@ -204,6 +208,11 @@ impl DiskCache {
             }
         }
         Ok((cache, rec))
+    }
+
+    /// The counter the namespace keeps the data set's known size in.
+    pub fn dataset_bytes_handle(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.dataset_bytes)
     }
 
     /// The bound on disk use, in bytes.
@@ -262,6 +271,12 @@ impl DiskCache {
                         st.entries.insert(key, entry);
                         st.policy.insert_existing(key, bytes);
                     }
+                    Err(e) if e.to_string() == BLOCK_SIZE_CHANGED => {
+                        let _ = fs::remove_file(&p);
+                        let _ = fs::remove_file(p.with_extension("data"));
+                        rec.discarded += 1;
+                        rec.other_block_size += 1;
+                    }
                     Ok(None) | Err(_) => {
                         debug!(meta = %p.display(), "discarding unreadable cache entry");
                         let _ = fs::remove_file(&p);
@@ -305,8 +320,11 @@ impl DiskCache {
         }
         let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap_or([0; 4]));
         let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap_or([0; 8]));
-        if u32_at(8) != FORMAT || u32_at(12) as u64 != self.block_size {
+        if u32_at(8) != FORMAT {
             return Ok(None);
+        }
+        if u32_at(12) as u64 != self.block_size {
+            return Err(io::Error::other(BLOCK_SIZE_CHANGED));
         }
         let version = SourceVersion {
             size: u64_at(16),
@@ -743,10 +761,6 @@ impl BlockCache for DiskCache {
         let mut st = self.state.lock();
         st.policy.record_read(bytes);
         st.policy.touch(file.key);
-    }
-
-    fn set_dataset_bytes(&self, bytes: u64) {
-        self.dataset_bytes.store(bytes, Ordering::Relaxed);
     }
 
     fn usage(&self) -> CacheUsage {

@@ -146,7 +146,5 @@ pub trait BlockCache: Send + Sync + 'static {
     fn note_current(&self, file: &FileVersion);
     /// The loader read `bytes` of this file (advances the policy's clock).
     fn record_access(&self, file: &FileVersion, bytes: u64);
-    /// The data set's total size as far as known (for the policy).
-    fn set_dataset_bytes(&self, bytes: u64);
     fn usage(&self) -> CacheUsage;
 }
