@@ -91,7 +91,8 @@ fn daemonize() -> ExitCode {
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
     }
-    if line.trim() == "READY" {
+    if let Some(summary) = line.trim_end().strip_prefix("READY") {
+        println!("locafs: {}", summary.trim());
         return ExitCode::SUCCESS;
     }
     let mut err = String::new();
@@ -110,13 +111,15 @@ fn daemonize() -> ExitCode {
 fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
     let source: Arc<dyn Source> = Arc::new(DirSource::new(cfg.source.clone()));
     let mount = Mount::start(&cfg, source)?;
-    announce_ready();
+    announce_ready(&mount.summary);
     mount.serve_until_stopped();
     Ok(())
 }
 
 /// A live mount and everything behind it. Dropping it unmounts.
 pub struct Mount {
+    /// One line on what was mounted and the cache it uses.
+    pub summary: String,
     mountpoint: PathBuf,
     control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
@@ -193,6 +196,7 @@ impl Mount {
                 )
             })?,
         );
+        let cache_capacity = cache.capacity();
         let cache: Arc<dyn BlockCache> = Arc::new(cache);
         let reader = Reader::new(
             ReaderConfig {
@@ -262,13 +266,17 @@ impl Mount {
                 format!("mount on {} failed: {e}", cfg.mountpoint.display()),
             )
         })?;
-        info!(
-            "mounted {} on {} (read-only)",
+        let summary = format!(
+            "mounted {} on {} (read-only); cache {} limit {}",
             cfg.source.display(),
-            cfg.mountpoint.display()
+            cfg.mountpoint.display(),
+            cfg.dataset_dir.display(),
+            format_size(cache_capacity),
         );
+        info!("{summary}");
 
         Ok(Mount {
+            summary,
             mountpoint: cfg.mountpoint.clone(),
             control_socket,
             session: Some(session),
@@ -361,13 +369,13 @@ impl Drop for Mount {
 
 /// Tells whoever waits (the --daemon parent, systemd) that the mount is live,
 /// then detaches a daemon child's output from the parent's pipes.
-fn announce_ready() {
+fn announce_ready(summary: &str) {
     crate::sys::sd_notify("READY=1");
     if std::env::var_os(READY_ENV).is_none() {
         return;
     }
     let mut out = std::io::stdout();
-    let _ = writeln!(out, "READY");
+    let _ = writeln!(out, "READY {summary}");
     let _ = out.flush();
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         use std::os::fd::AsRawFd;
