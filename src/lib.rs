@@ -11,6 +11,7 @@ pub mod fuse;
 pub mod handles;
 pub mod lock;
 pub mod logging;
+pub mod manifest;
 pub mod mount;
 pub mod namespace;
 pub mod prefetch;

@@ -12,7 +12,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cache::disk::DiskCache;
 use crate::cache::BlockCache;
@@ -120,6 +120,7 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
 pub struct Mount {
     /// One line on what was mounted and the cache it uses.
     pub summary: String,
+    saver: Arc<ManifestSaver>,
     mountpoint: PathBuf,
     control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
@@ -183,8 +184,10 @@ impl Mount {
                 rec.other_block_size
             );
         }
-        let ns = Arc::new(
-            Namespace::new(
+        let manifest = cfg.dataset_dir.join("manifest");
+        let ns = match restore_namespace(cfg, &manifest, &source, &cache) {
+            Some(ns) => ns,
+            None => Namespace::new(
                 Arc::clone(&source),
                 cfg.revalidate,
                 cache.dataset_bytes_handle(),
@@ -195,9 +198,11 @@ impl Mount {
                     format!("source {}: {}", cfg.source.display(), short_io(&e)),
                 )
             })?,
-        );
+        };
+        let ns = Arc::new(ns);
         let cache_capacity = cache.capacity();
-        let cache: Arc<dyn BlockCache> = Arc::new(cache);
+        let disk = Arc::new(cache);
+        let cache: Arc<dyn BlockCache> = Arc::clone(&disk) as Arc<dyn BlockCache>;
         let reader = Reader::new(
             ReaderConfig {
                 block_size: cfg.block_size,
@@ -275,7 +280,26 @@ impl Mount {
         );
         info!("{summary}");
 
+        let saver = ManifestSaver {
+            ns: Arc::clone(&ns),
+            disk,
+            path: manifest,
+            source: cfg.source.as_os_str().as_encoded_bytes().to_vec(),
+            saved_at: parking_lot::Mutex::new(u64::MAX),
+        };
+        let saver = Arc::new(saver);
+        {
+            let saver = Arc::clone(&saver);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(MANIFEST_EVERY).await;
+                    let s = Arc::clone(&saver);
+                    let _ = tokio::task::spawn_blocking(move || s.save()).await;
+                }
+            });
+        }
         Ok(Mount {
+            saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
             control_socket,
@@ -354,6 +378,7 @@ impl Mount {
             let _ = session.join();
         }
         info!("unmounted {}", self.mountpoint.display());
+        self.saver.save();
         let _ = std::fs::remove_file(&self.control_socket);
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
@@ -364,6 +389,92 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
+    }
+}
+
+/// How often the namespace manifest is saved while mounted (if it changed).
+const MANIFEST_EVERY: Duration = Duration::from_secs(300);
+
+/// Loads the namespace from the manifest a previous mount left, if usable.
+fn restore_namespace(
+    cfg: &MountConfig,
+    path: &Path,
+    source: &Arc<dyn Source>,
+    cache: &DiskCache,
+) -> Option<Namespace> {
+    let data = std::fs::read(path).ok()?;
+    let usable = (|| {
+        let m = crate::manifest::decode(&data)?;
+        if m.source != cfg.source.as_os_str().as_encoded_bytes() {
+            return None;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs();
+        let age = Duration::from_secs(now.checked_sub(m.saved_unix_s)?);
+        let n = m.records.len();
+        let ns = Namespace::restore(
+            Arc::clone(source),
+            cfg.revalidate,
+            cache.dataset_bytes_handle(),
+            m,
+            age,
+        )?;
+        info!(
+            "namespace: {n} entries from the manifest saved {}s ago",
+            age.as_secs()
+        );
+        Some(ns)
+    })();
+    if usable.is_none() || !cache.reserve_aux(data.len() as u64) {
+        let _ = std::fs::remove_file(path);
+        return None;
+    }
+    usable
+}
+
+/// Saves the namespace manifest beside the cache, within its size bound.
+struct ManifestSaver {
+    ns: Arc<Namespace>,
+    disk: Arc<DiskCache>,
+    path: PathBuf,
+    source: Vec<u8>,
+    /// The namespace's change counter at the last save.
+    saved_at: parking_lot::Mutex<u64>,
+}
+
+impl ManifestSaver {
+    fn save(&self) {
+        let mut saved_at = self.saved_at.lock();
+        let changes = self.ns.changes();
+        if *saved_at == changes {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let data = self.ns.save(&self.source, now);
+        let old = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        // Old and new exist side by side until the rename.
+        if !self.disk.reserve_aux(old + data.len() as u64) {
+            debug!("manifest not saved: the cache is full");
+            return;
+        }
+        let tmp = self.path.with_extension("tmp");
+        let written = std::fs::write(&tmp, &data).and_then(|()| std::fs::rename(&tmp, &self.path));
+        match written {
+            Ok(()) => {
+                self.disk.reserve_aux(data.len() as u64);
+                *saved_at = changes;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                self.disk.reserve_aux(old);
+                debug!("manifest not saved: {e}");
+            }
+        }
     }
 }
 

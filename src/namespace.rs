@@ -49,6 +49,8 @@ struct Inner {
     known_bytes: u64,
     /// Where `known_bytes` is published (the cache policy reads it).
     known_sink: Arc<AtomicU64>,
+    /// Bumped on every change (so the manifest is saved only when needed).
+    changes: u64,
 }
 
 impl Inner {
@@ -84,6 +86,7 @@ impl Inner {
             Some(a) if a.kind == EntryKind::File => a.size,
             _ => 0,
         };
+        self.changes += 1;
         self.known_bytes = (self.known_bytes + size(new)).saturating_sub(size(old));
         self.known_sink.store(self.known_bytes, Ordering::Relaxed);
     }
@@ -196,10 +199,80 @@ impl Namespace {
                 nodes: Vec::new(),
                 known_bytes: 0,
                 known_sink,
+                changes: 0,
             }),
         };
         ns.inner.write().push(ROOT, b"", root, 0);
         Ok(ns)
+    }
+
+    /// Rebuilds the namespace from a manifest saved `age` ago, if it is
+    /// usable: same source, and (unless immutable) younger than the
+    /// revalidation interval would make worthless. Entries count as checked
+    /// when the manifest was saved.
+    pub fn restore(
+        source: Arc<dyn Source>,
+        revalidate: Option<Duration>,
+        known_sink: Arc<AtomicU64>,
+        manifest: crate::manifest::Manifest,
+        age: Duration,
+    ) -> Option<Self> {
+        let started = Instant::now().checked_sub(age)?;
+        if revalidate.is_some_and(|r| age >= r) {
+            return None;
+        }
+        let mut inner = Inner {
+            nodes: Vec::with_capacity(manifest.records.len()),
+            known_bytes: 0,
+            known_sink,
+            changes: 0,
+        };
+        for r in &manifest.records {
+            let ino = inner.push(r.parent, &r.name, r.attr, 0);
+            if ino != ROOT {
+                let parent = inner.node_mut(r.parent)?;
+                parent.dir.as_mut()?.children.push(ino);
+            }
+            if r.listed {
+                inner.node_mut(ino)?.dir.as_mut()?.listed_ms = Some(0);
+            }
+        }
+        if inner.nodes.first()?.attr.kind != EntryKind::Dir {
+            return None;
+        }
+        // Children sorted by name, as lookups expect.
+        for i in 0..inner.nodes.len() {
+            if let Some(mut dir) = inner.nodes[i].dir.take() {
+                dir.children.sort_by(|a, b| {
+                    let name = |x: &u64| inner.node(*x).map(|n| &n.name[..]).unwrap_or(&[]);
+                    name(a).cmp(name(b))
+                });
+                inner.nodes[i].dir = Some(dir);
+            }
+        }
+        inner.changes = 0;
+        Some(Namespace {
+            source,
+            revalidate,
+            started,
+            inner: RwLock::new(inner),
+        })
+    }
+
+    /// A manifest of everything known, for the next mount.
+    pub fn save(&self, source_label: &[u8], saved_unix_s: u64) -> Vec<u8> {
+        let inner = self.inner.read();
+        let mut e = crate::manifest::Encoder::new(source_label, saved_unix_s);
+        for n in &inner.nodes {
+            let listed = n.dir.as_ref().is_some_and(|d| d.listed_ms.is_some());
+            e.push(n.parent, &n.name, &n.attr, listed);
+        }
+        e.finish(source_label.len())
+    }
+
+    /// A counter that moves whenever the namespace changes.
+    pub fn changes(&self) -> u64 {
+        self.inner.read().changes
     }
 
     fn now_ms(&self) -> u64 {

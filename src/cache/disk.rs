@@ -51,6 +51,8 @@ const PER_FILE_OVERHEAD: u64 = 256;
 /// --cache-size is given.
 pub const DEFAULT_SHARE_OF_DISK: f64 = 0.8;
 const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
+/// The policy entry that books files kept beside the cache (the manifest).
+const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
 /// How long writes stay off after the cache disk failed one.
 const WRITE_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -123,6 +125,8 @@ pub struct DiskCache {
     writes_off_until: Mutex<Option<Instant>>,
     /// The data set's total size as far as the namespace knows it.
     dataset_bytes: Arc<AtomicU64>,
+    /// Bytes booked by `reserve_aux`.
+    aux_bytes: Mutex<u64>,
     stats: Arc<Stats>,
 }
 
@@ -183,6 +187,7 @@ impl DiskCache {
                 .build(),
             writes_off_until: Mutex::new(None),
             dataset_bytes: Arc::new(AtomicU64::new(0)),
+            aux_bytes: Mutex::new(0),
             stats,
         };
         let mut cache = cache;
@@ -208,6 +213,38 @@ impl DiskCache {
             }
         }
         Ok((cache, rec))
+    }
+
+    /// Books `bytes` of files the mount keeps beside the cache (the
+    /// namespace manifest) against the size bound; false if they do not fit.
+    /// The reservation is never evicted.
+    pub fn reserve_aux(&self, bytes: u64) -> bool {
+        let bytes = round_alloc(bytes);
+        let mut victims = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            let cur = *self.aux_bytes.lock();
+            if bytes <= cur {
+                st.policy.shrink(&AUX_KEY, cur - bytes);
+            } else {
+                match st.policy.admit(AUX_KEY, bytes - cur) {
+                    Admission::Reject => return false,
+                    Admission::Admit { evict } => victims = evict,
+                }
+                if cur == 0 {
+                    st.policy.pin(&AUX_KEY);
+                }
+                for v in &victims {
+                    st.forget(v);
+                }
+            }
+            *self.aux_bytes.lock() = bytes;
+        }
+        for v in &victims {
+            self.unlink(v);
+        }
+        true
     }
 
     /// The counter the namespace keeps the data set's known size in.

@@ -33,6 +33,8 @@ pub struct SlowSource {
     pub reads: Mutex<Vec<SourceRead>>,
     pub inflight_bytes: AtomicU64,
     pub max_inflight_bytes: AtomicU64,
+    /// Metadata requests (stat, list, readlink) that reached the source.
+    pub metadata_ops: AtomicU64,
 }
 
 impl SlowSource {
@@ -45,6 +47,7 @@ impl SlowSource {
             reads: Mutex::new(Vec::new()),
             inflight_bytes: AtomicU64::new(0),
             max_inflight_bytes: AtomicU64::new(0),
+            metadata_ops: AtomicU64::new(0),
         }
     }
 
@@ -77,12 +80,15 @@ impl SlowSource {
 
 impl Source for SlowSource {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
+        self.metadata_ops.fetch_add(1, SeqCst);
         self.inner.stat(rel)
     }
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        self.metadata_ops.fetch_add(1, SeqCst);
         self.inner.list(rel)
     }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+        self.metadata_ops.fetch_add(1, SeqCst);
         self.inner.read_link(rel)
     }
     fn read_at(
