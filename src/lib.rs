@@ -8,6 +8,7 @@ pub mod fuse;
 pub mod handles;
 pub mod lock;
 pub mod logging;
+pub mod metrics;
 pub mod mount;
 pub mod namespace;
 pub mod reader;

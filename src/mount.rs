@@ -29,6 +29,7 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 
 /// `locafs mount`.
 pub fn main(args: MountArgs) -> ExitCode {
+    clear_dead_mount(&args);
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -47,6 +48,54 @@ pub fn main(args: MountArgs) -> ExitCode {
             eprintln!("locafs: {msg}");
             ExitCode::from(code)
         }
+    }
+}
+
+/// If the mountpoint is a dead locafs mount (its daemon died: every access
+/// fails with "Transport endpoint is not connected"), detaches it so that a
+/// restart (systemd Restart=on-failure, a remount) can mount again over the
+/// same cache. Only mounts of type fuse.locafs are touched.
+fn clear_dead_mount(args: &MountArgs) {
+    let mp = match (&args.mountpoint, &args.config) {
+        (Some(m), _) => m.clone(),
+        (None, Some(c)) => match crate::config::read_config(c) {
+            Ok(crate::config::ConfigFile {
+                mountpoint: Some(m),
+                ..
+            }) => m,
+            _ => return,
+        },
+        _ => return,
+    };
+    match std::fs::metadata(&mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
+        _ => return,
+    }
+    let abs = match (mp.parent(), mp.file_name()) {
+        (Some(parent), Some(name)) => {
+            match std::fs::canonicalize(if parent.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                parent
+            }) {
+                Ok(p) => p.join(name),
+                Err(_) => return,
+            }
+        }
+        _ => return,
+    };
+    if crate::sys::mount_fstype(&abs).as_deref() != Some("fuse.locafs") {
+        return;
+    }
+    match crate::sys::lazy_unmount(&abs) {
+        Ok(()) => eprintln!(
+            "locafs: {}: detached a dead locafs mount left by a daemon that died",
+            abs.display()
+        ),
+        Err(e) => eprintln!(
+            "locafs: {}: dead locafs mount, cannot detach it: {e}",
+            abs.display()
+        ),
     }
 }
 
@@ -169,6 +218,20 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         rt.handle().clone(),
         Arc::clone(&stats),
     );
+    if let Some(addr) = cfg.metrics {
+        crate::metrics::start(
+            addr,
+            rt.handle(),
+            crate::metrics::MetricsSources {
+                stats: Arc::clone(&stats),
+                cache: Arc::clone(&cache),
+                reader: Arc::clone(&reader),
+                source_label: cfg.source.display().to_string(),
+                mount_label: cfg.mountpoint.display().to_string(),
+            },
+        )
+        .map_err(|e| (2, e))?;
+    }
     let ttl = match cfg.revalidate {
         None => Duration::from_secs(24 * 3600),
         Some(d) => d,
