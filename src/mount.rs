@@ -252,7 +252,9 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = vec![
         fuser::MountOption::FSName(format!("locafs:{}", cfg.source.display())),
-        fuser::MountOption::Subtype("locafs".into()),
+        // fuser's own mount(2) drops MountOption::Subtype; the kernel takes
+        // it as an option, so the type reads "fuse.locafs" (mount -t, findmnt).
+        fuser::MountOption::CUSTOM("subtype=locafs".into()),
         fuser::MountOption::RO,
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoDev,
