@@ -12,7 +12,13 @@ use std::time::Duration;
 
 use ops_util::*;
 
-fn scrape(addr: &str) -> (Vec<Sample>, std::collections::BTreeMap<String, String>, String) {
+fn scrape(
+    addr: &str,
+) -> (
+    Vec<Sample>,
+    std::collections::BTreeMap<String, String>,
+    String,
+) {
     let (code, body) = http_get(addr, "/metrics").expect("metrics endpoint reachable");
     assert_eq!(code, 200, "{body}");
     let (s, t) = parse_prometheus(&body);
@@ -86,7 +92,9 @@ fn metrics_endpoint_after_a_workload() {
     assert!(v("locafs_tier_requests_total", &[("tier", "cache")]) > 0.0);
     assert_eq!(v("locafs_tier_requests_total", &[("tier", "peer")]), 0.0);
     assert_eq!(
-        types.get("locafs_tier_read_duration_seconds").map(String::as_str),
+        types
+            .get("locafs_tier_read_duration_seconds")
+            .map(String::as_str),
         Some("histogram")
     );
     for tier in ["cache", "source"] {
@@ -100,7 +108,9 @@ fn metrics_endpoint_after_a_workload() {
             .collect();
         assert!(buckets.len() > 5, "{tier}: buckets {buckets:?}");
         assert!(
-            buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            buckets
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
             "{tier}: buckets not cumulative {buckets:?}"
         );
         let count = v("locafs_tier_read_duration_seconds_count", &[("tier", tier)]);
@@ -109,7 +119,10 @@ fn metrics_endpoint_after_a_workload() {
         assert!(v("locafs_tier_read_duration_seconds_sum", &[("tier", tier)]) > 0.0);
     }
     // Cache state.
-    assert_eq!(v("locafs_cache_capacity_bytes", &[]), 64.0 * 1024.0 * 1024.0);
+    assert_eq!(
+        v("locafs_cache_capacity_bytes", &[]),
+        64.0 * 1024.0 * 1024.0
+    );
     assert!(v("locafs_cache_used_bytes", &[]) >= total as f64);
     assert_eq!(v("locafs_cache_files_complete", &[]), sc.files.len() as f64);
     assert_eq!(v("locafs_cache_writable", &[]), 1.0);
@@ -138,7 +151,10 @@ fn metrics_endpoint_after_a_workload() {
     assert_eq!(
         v(
             "locafs_info",
-            &[("mountpoint", sc.mnt.canonicalize().unwrap().to_str().unwrap())]
+            &[(
+                "mountpoint",
+                sc.mnt.canonicalize().unwrap().to_str().unwrap()
+            )]
         ),
         1.0
     );
@@ -195,6 +211,9 @@ fn bad_or_busy_metrics_address_is_a_usage_error() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{addr}: {err}");
         assert!(err.contains("--metrics"), "{addr}: {err}");
-        assert!(mount_type(&sc.mnt).is_none(), "{addr}: something got mounted");
+        assert!(
+            mount_type(&sc.mnt).is_none(),
+            "{addr}: something got mounted"
+        );
     }
 }
