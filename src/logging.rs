@@ -22,12 +22,12 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
     // warn: not a notable event.
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,fuser=error,metrics_exporter_prometheus=error"));
-    // Colours only for a person at a terminal: never in files or journals.
-    let ansi = {
+    // Colours only for a person at a terminal: never in files or journals
+    // (turned off below when logging to a file).
+    let mut ansi_ok = {
         use std::io::IsTerminal;
         std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal()
     };
-    let mut ansi_ok = ansi; // turned off below when logging to a file
     let writer = match file {
         Some(p) => match std::fs::OpenOptions::new()
             .create(true)
