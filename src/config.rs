@@ -54,10 +54,12 @@ pub enum Command {
 
 #[derive(Args, Debug, Default)]
 pub struct MountArgs {
-    /// The data set: a directory (read-only for locafs).
-    pub source: PathBuf,
-    /// An existing, empty directory to mount on.
-    pub mountpoint: PathBuf,
+    /// The data set: a directory (read-only for locafs). May instead be
+    /// given as `source = "..."` in the --config file.
+    pub source: Option<PathBuf>,
+    /// An existing, empty directory to mount on. May instead be given as
+    /// `mountpoint = "..."` in the --config file.
+    pub mountpoint: Option<PathBuf>,
     #[command(flatten)]
     pub opts: MountFlags,
     /// Read options from this TOML file.
@@ -141,6 +143,10 @@ pub struct MountFlags {
     /// Write logs to this file (with --daemon, logs are otherwise dropped).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
+    /// Serve Prometheus metrics (locafs_*) over HTTP on this address, e.g.
+    /// 127.0.0.1:9100 or :9100 (all interfaces). [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -158,6 +164,11 @@ pub struct StatsArgs {
     /// Print JSON (the schema is stable; for scripts).
     #[arg(long)]
     pub json: bool,
+    /// Refresh every second, with rates (bytes/s per tier); with --json, one
+    /// JSON object per line per second. Stops on Ctrl-C or when the mount
+    /// goes away.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 /// A usage problem: exit status 2 and a one-line message.
@@ -189,6 +200,8 @@ pub struct MountConfig {
     pub readahead: crate::prefetch::ReadAheadConfig,
     pub log_format: LogFormat,
     pub log_file: Option<PathBuf>,
+    /// Where to serve Prometheus metrics; None: off.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl MountFlags {
@@ -212,6 +225,7 @@ impl MountFlags {
             prefetch_bandwidth: self.prefetch_bandwidth.or(other.prefetch_bandwidth),
             log_format: self.log_format.or(other.log_format),
             log_file: self.log_file.or(other.log_file),
+            metrics: self.metrics.or(other.metrics),
         }
     }
 }
@@ -273,17 +287,61 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
         .map_err(|e| usage(format!("-o: {}", e.message())))
 }
 
+/// A TOML configuration file: the mount options, and optionally what to
+/// mount where (so that one file describes a whole mount, as the systemd
+/// unit `locafs@NAME` uses /etc/locafs/NAME.toml).
+#[derive(Debug, Default)]
+pub struct ConfigFile {
+    pub source: Option<PathBuf>,
+    pub mountpoint: Option<PathBuf>,
+    pub flags: MountFlags,
+}
+
 /// Reads a TOML configuration file.
 pub fn read_config_file(path: &Path) -> Result<MountFlags, UsageError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| usage(format!("config file {}: {e}", path.display())))?;
-    toml::from_str(&text).map_err(|e| {
+    read_config(path).map(|c| c.flags)
+}
+
+/// Reads a TOML configuration file, with its `source` and `mountpoint` keys.
+pub fn read_config(path: &Path) -> Result<ConfigFile, UsageError> {
+    let bad = |msg: &str| {
         usage(format!(
             "config file {}: {}",
             path.display(),
-            e.message().lines().next().unwrap_or("invalid")
+            msg.lines().next().unwrap_or("invalid")
         ))
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("config file {}: {e}", path.display())))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.message()))?;
+    let mut path_key = |k: &str| -> Result<Option<PathBuf>, UsageError> {
+        match table.remove(k) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
+            Some(_) => Err(bad(&format!("{k}: expected a path (a non-empty string)"))),
+        }
+    };
+    let source = path_key("source")?;
+    let mountpoint = path_key("mountpoint")?;
+    let flags = MountFlags::deserialize(toml::Value::Table(table)).map_err(|e| bad(e.message()))?;
+    Ok(ConfigFile {
+        source,
+        mountpoint,
+        flags,
     })
+}
+
+/// Parses the --metrics address: HOST:PORT, or :PORT for all interfaces.
+pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let full = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_owned(),
+    };
+    full.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| format!("{s:?}: expected HOST:PORT (e.g. 127.0.0.1:9100) or :PORT"))
 }
 
 /// The default cache directory for this user.
@@ -326,25 +384,25 @@ pub fn dataset_id(source: &Path) -> String {
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     let file = match &args.config {
-        Some(p) => read_config_file(p)?,
-        None => MountFlags::default(),
+        Some(p) => read_config(p)?,
+        None => ConfigFile::default(),
     };
-    let f = args.opts.clone().or(parse_o(&args.o)?).or(file);
-
-    let source = std::fs::canonicalize(&args.source).map_err(|e| {
-        usage(format!(
-            "source {}: {}",
-            args.source.display(),
-            short_io(&e)
-        ))
+    let f = args.opts.clone().or(parse_o(&args.o)?).or(file.flags);
+    let source_arg = args.source.clone().or(file.source).ok_or_else(|| {
+        usage("missing SOURCE (give it on the command line or as source = \"...\" in --config)")
     })?;
+    let mp = &args.mountpoint.clone().or(file.mountpoint).ok_or_else(|| {
+        usage("missing MOUNTPOINT (give it on the command line or as mountpoint = \"...\" in --config)")
+    })?;
+
+    let source = std::fs::canonicalize(&source_arg)
+        .map_err(|e| usage(format!("source {}: {}", source_arg.display(), short_io(&e))))?;
     if !source.is_dir() {
         return Err(usage(format!(
             "source {}: not a directory",
-            args.source.display()
+            source_arg.display()
         )));
     }
-    let mp = &args.mountpoint;
     let mountpoint = std::fs::canonicalize(mp)
         .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
     if !mountpoint.is_dir() {
@@ -415,6 +473,11 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     if source_timeout.is_zero() {
         return Err(usage("--source-timeout: must be more than 0"));
     }
+    let metrics = f
+        .metrics
+        .as_deref()
+        .map(|s| parse_listen_addr(s).map_err(|e| usage(format!("--metrics {e}"))))
+        .transpose()?;
     let fuse_threads = f.fuse_threads.unwrap_or(8);
     if !(1..=256).contains(&fuse_threads) {
         return Err(usage("--fuse-threads: must be between 1 and 256"));
@@ -506,6 +569,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         readahead,
         log_format: f.log_format.unwrap_or_default(),
         log_file: f.log_file,
+        metrics,
     })
 }
 
@@ -543,6 +607,42 @@ mod tests {
         std::fs::write(&p, "cache-sise = \"1G\"\n").unwrap();
         let e = read_config_file(&p).unwrap_err().0;
         assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn config_file_may_name_source_and_mountpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "source = \"/data/x\"\nmountpoint = \"/mnt/x\"\nmetrics = \":9100\"\n",
+        )
+        .unwrap();
+        let c = read_config(&p).unwrap();
+        assert_eq!(c.source.as_deref(), Some(Path::new("/data/x")));
+        assert_eq!(c.mountpoint.as_deref(), Some(Path::new("/mnt/x")));
+        assert_eq!(c.flags.metrics.as_deref(), Some(":9100"));
+        std::fs::write(&p, "source = 3\n").unwrap();
+        let e = read_config(&p).unwrap_err().0;
+        assert!(e.contains("source: expected a path"), "{e}");
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen_addr(":9100").unwrap(),
+            "0.0.0.0:9100".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("[::1]:9").unwrap(),
+            "[::1]:9".parse().unwrap()
+        );
+        assert!(parse_listen_addr("9100").is_err());
+        assert!(parse_listen_addr("127.0.0.1").is_err());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::cache::FileVersion;
 use crate::handles::{OpenFiles, OpenMode};
+use crate::metrics::{self, FuseOp};
 use crate::namespace::{Namespace, ROOT};
 use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
@@ -180,6 +181,7 @@ impl Filesystem for LocaFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        metrics::fuse_op(FuseOp::Lookup);
         match self.ns.lookup(parent.0, name) {
             Ok((ino, a)) => reply.entry(&self.opts.ttl, &attr(ino, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -187,6 +189,7 @@ impl Filesystem for LocaFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        metrics::fuse_op(FuseOp::Getattr);
         match self.ns.getattr(ino.0) {
             Ok(a) => reply.attr(&self.opts.ttl, &attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
@@ -194,6 +197,7 @@ impl Filesystem for LocaFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        metrics::fuse_op(FuseOp::Readlink);
         use std::os::unix::ffi::OsStrExt;
         match self.ns.read_link(ino.0) {
             Ok(t) => reply.data(t.as_os_str().as_bytes()),
@@ -202,6 +206,7 @@ impl Filesystem for LocaFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        metrics::fuse_op(FuseOp::Open);
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
@@ -225,10 +230,12 @@ impl Filesystem for LocaFs {
         match self.files.open(ino.0, Arc::clone(&file), backing) {
             Ok((fh, OpenMode::Passthrough(id))) => {
                 self.readahead.on_open(ino.0, &file);
+                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
                 self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
                 reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
             }
             Ok((fh, OpenMode::Cached { keep_cache })) => {
+                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
                 if offered {
                     cache.unpin(&file);
                 }
@@ -258,6 +265,7 @@ impl Filesystem for LocaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        metrics::fuse_op(FuseOp::Read);
         let Some(h) = self.files.get(fh.0) else {
             return reply.error(Errno::EBADF);
         };
@@ -288,7 +296,12 @@ impl Filesystem for LocaFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some((h, true)) = self.files.release(fh.0) {
+        metrics::fuse_op(FuseOp::Release);
+        let released = self.files.release(fh.0);
+        if released.is_some() {
+            self.stats.open_handles.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some((h, true)) = released {
             self.reader.cache().unpin(&h.file);
         }
         reply.ok();
@@ -302,6 +315,7 @@ impl Filesystem for LocaFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        metrics::fuse_op(FuseOp::Flush);
         reply.ok();
     }
 
@@ -319,6 +333,7 @@ impl Filesystem for LocaFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        metrics::fuse_op(FuseOp::Readdir);
         if offset == 0 {
             if let Err(e) = self.ns.refresh_dir(ino.0) {
                 return reply.error(errno(&e));
@@ -349,6 +364,7 @@ impl Filesystem for LocaFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        metrics::fuse_op(FuseOp::Readdirplus);
         if offset == 0 {
             if let Err(e) = self.ns.refresh_dir(ino.0) {
                 return reply.error(errno(&e));
@@ -398,6 +414,7 @@ impl Filesystem for LocaFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        metrics::fuse_op(FuseOp::Statfs);
         match self.source.statvfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -414,6 +431,7 @@ impl Filesystem for LocaFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        metrics::fuse_op(FuseOp::Getxattr);
         let value = match name.to_str() {
             Some(STATS_XATTR) if ino.0 == ROOT => self.stats_json(),
             Some(crate::control::CONTROL_XATTR) if ino.0 == ROOT => {
@@ -431,6 +449,7 @@ impl Filesystem for LocaFs {
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        metrics::fuse_op(FuseOp::Listxattr);
         // The control attribute is not listed, so copies (cp -a, rsync -X)
         // do not pick it up.
         if size == 0 {
@@ -460,6 +479,7 @@ impl Filesystem for LocaFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -473,22 +493,27 @@ impl Filesystem for LocaFs {
         _r: u32,
         reply: ReplyEntry,
     ) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -502,10 +527,12 @@ impl Filesystem for LocaFs {
         _f: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -521,6 +548,7 @@ impl Filesystem for LocaFs {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -534,6 +562,7 @@ impl Filesystem for LocaFs {
         _f: i32,
         reply: ReplyCreate,
     ) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -547,10 +576,12 @@ impl Filesystem for LocaFs {
         _p: u32,
         reply: ReplyEmpty,
     ) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        metrics::fuse_op(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 }

@@ -12,6 +12,7 @@ pub mod handles;
 pub mod lock;
 pub mod logging;
 pub mod manifest;
+pub mod metrics;
 pub mod mount;
 pub mod namespace;
 pub mod prefetch;

@@ -18,8 +18,16 @@ pub fn logs_to_file() -> bool {
 }
 
 pub fn init(format: LogFormat, file: Option<&Path>) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,fuser=error"));
+    // The metrics listener logs every client that hangs up mid-scrape at
+    // warn: not a notable event.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,fuser=error,metrics_exporter_prometheus=error"));
+    // Colours only for a person at a terminal: never in files or journals
+    // (turned off below when logging to a file).
+    let mut ansi_ok = {
+        use std::io::IsTerminal;
+        std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal()
+    };
     let writer = match file {
         Some(p) => match std::fs::OpenOptions::new()
             .create(true)
@@ -28,6 +36,7 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
         {
             Ok(f) => {
                 TO_FILE.store(true, Ordering::Relaxed);
+                ansi_ok = false;
                 tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::sync::Mutex::new(f))
             }
             Err(e) => {
@@ -39,7 +48,8 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(writer)
+        .with_ansi(ansi_ok);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.with_target(false).try_init(),

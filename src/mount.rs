@@ -31,6 +31,7 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 
 /// `locafs mount`.
 pub fn main(args: MountArgs) -> ExitCode {
+    clear_dead_mount(&args);
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -49,6 +50,54 @@ pub fn main(args: MountArgs) -> ExitCode {
             eprintln!("locafs: {msg}");
             ExitCode::from(code)
         }
+    }
+}
+
+/// If the mountpoint is a dead locafs mount (its daemon died: every access
+/// fails with "Transport endpoint is not connected"), detaches it so that a
+/// restart (systemd Restart=on-failure, a remount) can mount again over the
+/// same cache. Only mounts of type fuse.locafs are touched.
+fn clear_dead_mount(args: &MountArgs) {
+    let mp = match (&args.mountpoint, &args.config) {
+        (Some(m), _) => m.clone(),
+        (None, Some(c)) => match crate::config::read_config(c) {
+            Ok(crate::config::ConfigFile {
+                mountpoint: Some(m),
+                ..
+            }) => m,
+            _ => return,
+        },
+        _ => return,
+    };
+    match std::fs::metadata(&mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
+        _ => return,
+    }
+    let abs = match (mp.parent(), mp.file_name()) {
+        (Some(parent), Some(name)) => {
+            match std::fs::canonicalize(if parent.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                parent
+            }) {
+                Ok(p) => p.join(name),
+                Err(_) => return,
+            }
+        }
+        _ => return,
+    };
+    if crate::sys::mount_fstype(&abs).as_deref() != Some("fuse.locafs") {
+        return;
+    }
+    match crate::sys::lazy_unmount(&abs) {
+        Ok(()) => eprintln!(
+            "locafs: {}: detached a dead locafs mount left by a daemon that died",
+            abs.display()
+        ),
+        Err(e) => eprintln!(
+            "locafs: {}: dead locafs mount, cannot detach it: {e}",
+            abs.display()
+        ),
     }
 }
 
@@ -216,6 +265,20 @@ impl Mount {
             rt.handle().clone(),
             Arc::clone(&stats),
         );
+        if let Some(addr) = cfg.metrics {
+            crate::metrics::start(
+                addr,
+                rt.handle(),
+                crate::metrics::MetricsSources {
+                    stats: Arc::clone(&stats),
+                    cache: Arc::clone(&cache),
+                    reader: Arc::clone(&reader),
+                    source_label: cfg.source.display().to_string(),
+                    mount_label: cfg.mountpoint.display().to_string(),
+                },
+            )
+            .map_err(|e| (2, e))?;
+        }
         let readahead = ReadAhead::new(
             cfg.readahead.clone(),
             Arc::clone(&reader),
@@ -253,7 +316,9 @@ impl Mount {
         let mut fuse_cfg = fuser::Config::default();
         fuse_cfg.mount_options = vec![
             fuser::MountOption::FSName(format!("locafs:{}", cfg.source.display())),
-            fuser::MountOption::Subtype("locafs".into()),
+            // fuser's own mount(2) drops MountOption::Subtype; the kernel takes
+            // it as an option, so the type reads "fuse.locafs" (mount -t, findmnt).
+            fuser::MountOption::CUSTOM("subtype=locafs".into()),
             fuser::MountOption::RO,
             fuser::MountOption::DefaultPermissions,
             fuser::MountOption::NoDev,

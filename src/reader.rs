@@ -22,6 +22,7 @@ use thiserror::Error;
 use tokio::runtime::Handle;
 
 use crate::cache::{BlockCache, BlockId, ChecksummedBytes, FileVersion};
+use crate::metrics::{self, Tier};
 use crate::source::{Source, SourceError};
 use crate::stats::Stats;
 
@@ -133,6 +134,12 @@ impl Reader {
         self.cfg.block_size
     }
 
+    /// Bytes of blocks held in memory now (for metrics).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.run_pending_tasks();
+        self.memory.weighted_size()
+    }
+
     fn blocks(&self, file: &FileVersion, offset: u64, len: u32) -> std::ops::Range<u64> {
         let end = (offset + len as u64).min(file.version.size);
         if offset >= end {
@@ -148,10 +155,13 @@ impl Reader {
             key: file.key,
             index,
         };
+        let t = metrics::timer();
         if let Some(b) = self.memory.get(&id) {
+            metrics::observe_tier(Tier::Cache, t, true);
             return Some(b);
         }
         let b = self.cache.get(file, index)?;
+        metrics::observe_tier(Tier::Cache, t, true);
         self.memory.insert(id, b.clone());
         Some(b)
     }
@@ -394,11 +404,13 @@ impl Reader {
         if let (true, Some(peers)) = (ask_peers, &self.peers) {
             if !peers.owns(file, index) {
                 let len = file.block_len(index, self.cfg.block_size);
-                if let Some(b) = peers.fetch(Arc::clone(file), index, len).await {
-                    if b.data().len() == len {
-                        self.stats.peer_bytes.fetch_add(len as u64, Relaxed);
-                        return Ok((b, true));
-                    }
+                let t = metrics::timer();
+                let got = peers.fetch(Arc::clone(file), index, len).await;
+                let got = got.filter(|b| b.data().len() == len);
+                metrics::observe_tier(Tier::Peer, t, got.is_some());
+                if let Some(b) = got {
+                    self.stats.peer_bytes.fetch_add(len as u64, Relaxed);
+                    return Ok((b, true));
                 }
             }
         }
@@ -420,13 +432,15 @@ impl Reader {
             return Ok(b);
         }
         let len = file.block_len(index, self.cfg.block_size);
+        let t = metrics::timer();
         let data = self
             .source
-            .read_at(&file.rel, &file.version, index * self.cfg.block_size, len)
-            .map_err(|e| {
-                self.stats.source_errors.fetch_add(1, Relaxed);
-                ReadError::Source(Arc::new(e))
-            })?;
+            .read_at(&file.rel, &file.version, index * self.cfg.block_size, len);
+        metrics::observe_tier(Tier::Source, t, data.is_ok());
+        let data = data.map_err(|e| {
+            self.stats.source_errors.fetch_add(1, Relaxed);
+            ReadError::Source(Arc::new(e))
+        })?;
         self.stats.source_bytes.fetch_add(len as u64, Relaxed);
         self.stats.source_reads.fetch_add(1, Relaxed);
         Ok(ChecksummedBytes::from_source(Bytes::from(data)))

@@ -24,6 +24,8 @@ pub struct Stats {
     pub peer_bytes: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub opens: AtomicU64,
+    /// Handles open now (a gauge: up at open, down at release).
+    pub open_handles: AtomicU64,
     pub read_errors: AtomicU64,
 }
 
@@ -41,6 +43,7 @@ impl Default for Stats {
             peer_bytes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             opens: AtomicU64::new(0),
+            open_handles: AtomicU64::new(0),
             read_errors: AtomicU64::new(0),
         }
     }
@@ -66,6 +69,9 @@ pub struct StatsSnapshot {
     pub files_cached: u64,
     pub peer_bytes: u64,
     pub opens: u64,
+    /// Absent from the stats of older daemons.
+    #[serde(default)]
+    pub open_handles: u64,
     pub passthrough_opens: u64,
     pub read_errors: u64,
     pub uptime_s: f64,
@@ -93,6 +99,7 @@ impl Stats {
             files_cached: cache.files_cached,
             peer_bytes: self.peer_bytes.load(Relaxed),
             opens: self.opens.load(Relaxed),
+            open_handles: self.open_handles.load(Relaxed),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             read_errors: self.read_errors.load(Relaxed),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -168,7 +175,10 @@ impl StatsSnapshot {
             ("from peers", format_size(self.peer_bytes)),
             (
                 "opens",
-                format!("{} ({} passthrough)", self.opens, self.passthrough_opens),
+                format!(
+                    "{} ({} passthrough), {} open now",
+                    self.opens, self.passthrough_opens, self.open_handles
+                ),
             ),
             ("epoch", self.epoch_line()),
             (

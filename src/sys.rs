@@ -95,6 +95,25 @@ pub fn is_mountpoint(p: &Path) -> bool {
     false
 }
 
+/// The file system type of the mount whose root is `p` (the last one if
+/// several are stacked), e.g. "fuse.locafs".
+pub fn mount_fstype(p: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = p.as_os_str().as_bytes();
+    let mut found = None;
+    for line in info.lines() {
+        let mut fields = line.split(' ');
+        if fields.clone().nth(4).map(unescape_mount).as_deref() != Some(target) {
+            continue;
+        }
+        // After the optional fields, "-" then the type.
+        if let Some(t) = fields.by_ref().skip_while(|f| *f != "-").nth(1) {
+            found = Some(t.to_owned());
+        }
+    }
+    found
+}
+
 fn unescape_mount(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

@@ -1,0 +1,258 @@
+//! What operators read: `locafs stats --json` (every key present with the
+//! right JSON type), `stats --watch` (a table with rates every second),
+//! and the logs: with `--log-format json` every line is one JSON object
+//! carrying timestamp, level and message, the notable events are there
+//! (mount, cache recovery, corruption found, unmount) and reads log nothing
+//! at the default level; text logs in a file carry no colour codes.
+
+mod ops_util;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ops_util::*;
+
+fn mount_args<'a>(sc: &'a Scratch, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        sc.src.to_str().unwrap(),
+        sc.mnt.to_str().unwrap(),
+        "--cache-dir",
+        sc.cache.to_str().unwrap(),
+        "--cache-size",
+        "64MiB",
+        "--no-passthrough",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn read_all(sc: &Scratch) {
+    for (name, data) in &sc.files {
+        assert!(std::fs::read(sc.mnt.join(name)).unwrap() == *data, "{name}");
+    }
+}
+
+#[test]
+fn stats_json_schema_and_watch() {
+    let sc = scratch();
+    let _d = Daemon::start(&sc.mnt, &mount_args(&sc, &[]));
+    read_all(&sc);
+    let out = Command::new(bin())
+        .args(["stats", "--json"])
+        .arg(&sc.mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let obj = v.as_object().unwrap();
+    let strings = ["source", "mountpoint"];
+    let counts = [
+        "source_bytes",
+        "source_reads",
+        "source_errors",
+        "cache_hit_bytes",
+        "cache_miss_bytes",
+        "cache_used_bytes",
+        "cache_capacity_bytes",
+        "cache_evictions",
+        "corrupt_blocks",
+        "cache_write_errors",
+        "files_cached",
+        "peer_bytes",
+        "opens",
+        "open_handles",
+        "passthrough_opens",
+        "read_errors",
+    ];
+    for k in strings {
+        assert!(obj[k].is_string(), "{k}: {v}");
+    }
+    for k in counts {
+        assert!(obj.get(k).is_some_and(|x| x.is_u64()), "{k}: {v}");
+    }
+    assert!(obj["cache_writable"].is_boolean());
+    assert!(obj["uptime_s"].is_f64());
+    assert_eq!(
+        obj.len(),
+        strings.len() + counts.len() + 2,
+        "unexpected keys: {v}"
+    );
+    let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(obj["source_bytes"], total);
+    assert_eq!(obj["files_cached"], sc.files.len() as u64);
+    assert_eq!(obj["opens"], sc.files.len() as u64);
+    assert_eq!(obj["open_handles"], 0);
+    // Not a locafs mount: exit 2 and a clear message.
+    let out = Command::new(bin())
+        .args(["stats", "--json"])
+        .arg(sc.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a locafs mount"));
+
+    // --watch: a table every second with rates; reading while it runs
+    // shows a non-zero source rate in some frame.
+    let mut w = Command::new(bin())
+        .args(["stats", "--watch"])
+        .arg(&sc.mnt)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    std::fs::write(sc.src.join("late.bin"), vec![7u8; 2 << 20]).unwrap();
+    // New files show up after --revalidate (60 s); open by name works now.
+    let got = std::fs::read(sc.mnt.join("late.bin")).unwrap();
+    assert_eq!(got.len(), 2 << 20);
+    std::thread::sleep(Duration::from_millis(2300));
+    w.kill().unwrap();
+    w.wait().unwrap();
+    let mut text = String::new();
+    w.stdout.take().unwrap().read_to_string(&mut text).unwrap();
+    let frames: Vec<&str> = text
+        .split("\n\n")
+        .filter(|f| f.contains("uptime"))
+        .collect();
+    assert!(frames.len() >= 3, "{text}");
+    for f in &frames {
+        assert!(f.contains("rate source"), "{f}");
+        assert!(f.contains("rate cache"), "{f}");
+    }
+    assert!(
+        frames.iter().any(|f| f
+            .lines()
+            .any(|l| l.starts_with("rate source") && !l.contains(" 0 B/s"))),
+        "no frame showed the source rate: {text}"
+    );
+    // --watch --json: one JSON object per line.
+    let mut w = Command::new(bin())
+        .args(["stats", "--watch", "--json"])
+        .arg(&sc.mnt)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    w.kill().unwrap();
+    w.wait().unwrap();
+    let mut text = String::new();
+    w.stdout.take().unwrap().read_to_string(&mut text).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 2, "{text}");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert!(v["uptime_s"].is_f64());
+    }
+}
+
+fn parse_json_log(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            assert!(v["timestamp"].is_string(), "{l}");
+            assert!(
+                ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"]
+                    .contains(&v["level"].as_str().unwrap_or("")),
+                "{l}"
+            );
+            assert!(v["fields"]["message"].is_string(), "{l}");
+            v
+        })
+        .collect()
+}
+
+fn messages(v: &[serde_json::Value]) -> Vec<String> {
+    v.iter()
+        .map(|e| e["fields"]["message"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn json_logs_one_event_per_line_with_corruption_found() {
+    let sc = scratch();
+    let log = sc.dir.path().join("log.json");
+    let log_s = log.to_str().unwrap();
+    {
+        let _d = Daemon::start(
+            &sc.mnt,
+            &mount_args(&sc, &["--log-format", "json", "--log-file", log_s]),
+        );
+        // Many reads: none of them may log at the default level.
+        for _ in 0..5 {
+            read_all(&sc);
+        }
+    }
+    let first = parse_json_log(&std::fs::read_to_string(&log).unwrap());
+    let msgs = messages(&first);
+    assert!(msgs.iter().any(|m| m.starts_with("mounted ")), "{msgs:?}");
+    assert!(msgs.iter().any(|m| m.starts_with("unmounted ")), "{msgs:?}");
+    assert!(msgs.len() <= 6, "too chatty for 15 file reads: {msgs:#?}");
+
+    // Damage one cached block on disk; the remount recovers the cache and
+    // the read finds the corruption, logs it once and serves source bytes.
+    let mut data_files = Vec::new();
+    let mut stack = vec![sc.cache.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "data") {
+                data_files.push(p);
+            }
+        }
+    }
+    assert_eq!(data_files.len(), sc.files.len());
+    for p in &data_files {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(b"CORRUPTED", 100).unwrap();
+    }
+    {
+        let _d = Daemon::start(
+            &sc.mnt,
+            &mount_args(&sc, &["--log-format", "json", "--log-file", log_s]),
+        );
+        read_all(&sc);
+    }
+    let all = parse_json_log(&std::fs::read_to_string(&log).unwrap());
+    let second = &all[first.len()..];
+    let msgs = messages(second);
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains(&format!("recovered {} files", sc.files.len()))),
+        "{msgs:?}"
+    );
+    let corrupt: Vec<_> = second
+        .iter()
+        .filter(|e| e["fields"]["message"].as_str().unwrap().contains("corrupt"))
+        .collect();
+    assert_eq!(corrupt.len(), sc.files.len(), "{msgs:#?}");
+    for e in corrupt {
+        assert_eq!(e["level"], "WARN");
+        assert!(e["fields"]["file"].is_string(), "{e}");
+    }
+}
+
+#[test]
+fn text_log_file_has_no_colour_codes() {
+    let sc = scratch();
+    let log = sc.dir.path().join("log.txt");
+    {
+        let _d = Daemon::start(
+            &sc.mnt,
+            &mount_args(&sc, &["--log-file", log.to_str().unwrap()]),
+        );
+        read_all(&sc);
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("mounted"), "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "ANSI codes in the log file: {text:?}"
+    );
+    for l in text.lines() {
+        assert!(l.contains(" INFO ") || l.contains(" WARN "), "{l}");
+    }
+}
