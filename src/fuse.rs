@@ -31,6 +31,10 @@ use crate::reader::Reader;
 use crate::source::{EntryKind, Source, SourceAttr};
 use crate::stats::Stats;
 
+/// At most one "read failed" line a second: a source that goes down must not
+/// flood the log (failed reads are counted in stats).
+static READ_FAILURES: crate::logging::RateLimit = crate::logging::RateLimit::new(1000);
+
 /// The extended attribute of the mount root that returns `stats` as JSON.
 pub const STATS_XATTR: &str = "user.locafs.stats";
 
@@ -279,7 +283,9 @@ impl Filesystem for LocaFs {
             match reader.read(Arc::clone(&file), offset, size).await {
                 Ok(bytes) => reply.data(&bytes),
                 Err(e) => {
-                    warn!(file = %file.rel.display(), offset, "read failed: {e}");
+                    if let Some(more) = READ_FAILURES.allow() {
+                        warn!(file = %file.rel.display(), offset, "read failed: {e} ({more} more failed reads not logged)");
+                    }
                     reply.error(Errno::from_i32(e.errno()));
                 }
             }

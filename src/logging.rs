@@ -55,3 +55,40 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
         LogFormat::Text => builder.with_target(false).try_init(),
     };
 }
+
+/// Lets one event through per interval and counts the ones it held back.
+pub struct RateLimit {
+    interval_ms: u64,
+    last_ms: std::sync::atomic::AtomicU64,
+    suppressed: std::sync::atomic::AtomicU64,
+}
+
+impl RateLimit {
+    pub const fn new(interval_ms: u64) -> Self {
+        RateLimit {
+            interval_ms,
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+            suppressed: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Some(number held back since the last one let through) if this event
+    /// may be logged, None if it is held back.
+    pub fn allow(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= self.interval_ms
+            && self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}

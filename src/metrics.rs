@@ -178,6 +178,7 @@ pub struct MetricsSources {
     pub stats: Arc<Stats>,
     pub cache: Arc<dyn BlockCache>,
     pub reader: Arc<Reader>,
+    pub readahead: Arc<crate::prefetch::ReadAhead>,
     pub source_label: String,
     pub mount_label: String,
 }
@@ -259,6 +260,17 @@ fn update(src: &MetricsSources) {
     gauge!("locafs_open_handles").set(src.stats.open_handles.load(Relaxed) as f64);
     counter!("locafs_opens_total").absolute(s.opens);
     counter!("locafs_passthrough_opens_total").absolute(s.passthrough_opens);
+    let ra = src.readahead.snapshot();
+    gauge!("locafs_epoch").set(ra.epoch as f64);
+    gauge!("locafs_epoch_files_read").set(ra.epoch_files_read as f64);
+    gauge!("locafs_epoch_files_total").set(ra.epoch_files_total as f64);
+    gauge!("locafs_prefetch_memory_bytes").set(ra.prefetch_memory_used as f64);
+    gauge!("locafs_prefetch_memory_limit_bytes").set(ra.prefetch_memory_limit as f64);
+    counter!("locafs_prefetch_blocks_total", "kind" => "sequential")
+        .absolute(ra.prefetch_sequential_blocks);
+    counter!("locafs_prefetch_bytes_total", "kind" => "background")
+        .absolute(ra.prefetch_background_bytes);
+    gauge!("locafs_plan_active").set(if ra.plan_active { 1.0 } else { 0.0 });
     let errors = [
         ("source", s.source_errors),
         ("read", s.read_errors),
@@ -331,6 +343,29 @@ fn describe() {
         "Bytes of blocks held in memory (bounded by --memory-cache)."
     );
     describe_gauge!("locafs_open_handles", "Open file handles on the mount.");
+    describe_gauge!(
+        "locafs_epoch",
+        "The loader's current epoch as detected by read-ahead."
+    );
+    describe_gauge!(
+        "locafs_epoch_files_read",
+        "Files read in the current epoch."
+    );
+    describe_gauge!("locafs_epoch_files_total", "Files in the data set.");
+    describe_gauge!("locafs_prefetch_memory_bytes", "Prefetch buffers in use.");
+    describe_gauge!(
+        "locafs_prefetch_memory_limit_bytes",
+        "The prefetch buffer budget."
+    );
+    describe_counter!(
+        "locafs_prefetch_blocks_total",
+        "Blocks prefetched within files."
+    );
+    describe_counter!(
+        "locafs_prefetch_bytes_total",
+        "Bytes prefetched ahead of the loader across files."
+    );
+    describe_gauge!("locafs_plan_active", "1 while a loader's plan is followed.");
     describe_counter!("locafs_opens_total", "Files opened.");
     describe_counter!(
         "locafs_passthrough_opens_total",

@@ -265,6 +265,12 @@ impl Mount {
             rt.handle().clone(),
             Arc::clone(&stats),
         );
+        let readahead = ReadAhead::new(
+            cfg.readahead.clone(),
+            Arc::clone(&reader),
+            Arc::clone(&ns),
+            rt.handle().clone(),
+        );
         if let Some(addr) = cfg.metrics {
             crate::metrics::start(
                 addr,
@@ -273,18 +279,13 @@ impl Mount {
                     stats: Arc::clone(&stats),
                     cache: Arc::clone(&cache),
                     reader: Arc::clone(&reader),
+                    readahead: Arc::clone(&readahead),
                     source_label: cfg.source.display().to_string(),
                     mount_label: cfg.mountpoint.display().to_string(),
                 },
             )
             .map_err(|e| (2, e))?;
         }
-        let readahead = ReadAhead::new(
-            cfg.readahead.clone(),
-            Arc::clone(&reader),
-            Arc::clone(&ns),
-            rt.handle().clone(),
-        );
         let control_socket = crate::control::socket_path(&cfg.dataset_dir);
         crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(
             |e| {
