@@ -10,6 +10,7 @@ pub mod lock;
 pub mod logging;
 pub mod mount;
 pub mod namespace;
+pub mod peer;
 pub mod reader;
 pub mod source;
 pub mod stats;

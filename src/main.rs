@@ -11,5 +11,15 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Mount(args) => locafs::mount::main(*args),
         Command::Stats(args) => locafs::cli_stats::main(args),
+        Command::Secret => match locafs::peer::tls::generate_secret() {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("locafs: {e}");
+                ExitCode::from(1)
+            }
+        },
     }
 }

@@ -157,6 +157,31 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         })?,
     );
     let cache: Arc<dyn BlockCache> = Arc::new(cache);
+    let peer_node = match &cfg.peer {
+        None => None,
+        Some(pc) => {
+            let node = crate::peer::PeerNode::start(
+                pc.clone(),
+                &cfg.dataset_name,
+                cfg.block_size,
+                Arc::clone(&stats),
+                rt.handle(),
+            )
+            .map_err(|e| (2, format!("--listen {}: {}", pc.listen, short_io(&e))))?;
+            info!(
+                "peer cache: listening on {} (cluster {}), peers {}",
+                pc.listen,
+                pc.identity.cluster_id(),
+                pc.peers.join(",")
+            );
+            let m = Arc::clone(node.membership());
+            stats.peers.set(Arc::new(move || m.snapshot()));
+            Some(node)
+        }
+    };
+    let peers: Option<Arc<dyn crate::reader::PeerTier>> = peer_node
+        .as_ref()
+        .map(|n| Arc::new(n.client()) as Arc<dyn crate::reader::PeerTier>);
     let reader = Reader::new(
         ReaderConfig {
             block_size: cfg.block_size,
@@ -165,10 +190,13 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         },
         Arc::clone(&cache),
         Arc::clone(&source),
-        None,
+        peers,
         rt.handle().clone(),
         Arc::clone(&stats),
     );
+    if let Some(node) = &peer_node {
+        node.serve(Arc::clone(&reader), Arc::clone(&source), rt.handle());
+    }
     let ttl = match cfg.revalidate {
         None => Duration::from_secs(24 * 3600),
         Some(d) => d,
@@ -268,6 +296,9 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
         let _ = session.join();
     }
     info!("unmounted {}", mountpoint.display());
+    if let Some(node) = &peer_node {
+        node.close();
+    }
     drop(lock);
     rt.shutdown_timeout(Duration::from_secs(2));
     Ok(())
