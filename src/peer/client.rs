@@ -113,10 +113,10 @@ impl PeerClient {
                 .await
                 .map_err(|e| Miss::Failed(e.to_string()))?;
             let _ = send.finish();
-            let raw = recv
-                .read_to_end(limit)
-                .await
-                .map_err(|e| Miss::Lied(format!("bad reply stream: {e}")))?;
+            let raw = recv.read_to_end(limit).await.map_err(|e| match e {
+                quinn::ReadToEndError::TooLong => Miss::Lied("reply longer than the block".into()),
+                e => Miss::Failed(e.to_string()),
+            })?;
             let mut buf = BytesMut::from(&raw[..]);
             codec::decode_eof(&mut buf).map_err(|e| Miss::Lied(format!("bad reply: {e}")))
         };
