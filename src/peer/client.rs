@@ -23,7 +23,7 @@ use futures::future::{BoxFuture, FutureExt};
 use tracing::{debug, warn};
 
 use super::codec::{self, Frame, WireVersion};
-use super::membership::{Member, Membership};
+use super::membership::{Member, Membership, MAX_BACKOFF};
 use super::placement::block_key;
 use crate::cache::{ChecksummedBytes, FileVersion};
 use crate::reader::PeerTier;

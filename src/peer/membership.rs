@@ -209,6 +209,12 @@ impl Membership {
 
     /// Takes a member out of placement after a failure; it is retried later.
     pub fn mark_down(&self, m: &Member, why: &str) {
+        self.mark_down_for(m, why, None)
+    }
+
+    /// Like [`Membership::mark_down`], with a fixed retry delay (a peer that
+    /// sent a bad block waits [`MAX_BACKOFF`]).
+    pub fn mark_down_for(&self, m: &Member, why: &str, delay: Option<Duration>) {
         let was_up = {
             let mut st = m.state.lock();
             let was_up = st.conn.is_some();
@@ -221,7 +227,7 @@ impl Membership {
             } else {
                 st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
             }
-            st.next_try = Instant::now() + st.backoff;
+            st.next_try = Instant::now() + delay.unwrap_or(st.backoff);
             was_up
         };
         if was_up {
