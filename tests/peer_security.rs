@@ -106,7 +106,7 @@ fn a_lying_peer_is_caught_and_reads_stay_byte_exact() {
     // A liar is put aside for a while after each lie: wait for it to be
     // back before each read until it has lied in all three ways.
     for (rel, data) in &c.files {
-        if asked.load(Relaxed) < 3 {
+        if node.stats().peer_bad_blocks < 3 {
             node.wait_peers_up(&ports);
         }
         node.read_check(rel, data);

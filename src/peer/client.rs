@@ -189,8 +189,11 @@ impl PeerClient {
                     m.bad_blocks.fetch_add(1, Relaxed);
                     self.stats.peer_bad_blocks.fetch_add(1, Relaxed);
                     warn!(peer = %m.id, file = %file.rel.display(), block = index, "peer sent a bad block ({why}); ignoring it");
-                    self.membership
-                        .mark_down(&m, &format!("sent a bad block: {why}"));
+                    self.membership.mark_down_for(
+                        &m,
+                        &format!("sent a bad block: {why}"),
+                        Some(MAX_BACKOFF),
+                    );
                 }
             }
         }
