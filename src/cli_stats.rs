@@ -149,6 +149,12 @@ mod tests {
             read_errors: 0,
             uptime_s: 0.0,
             read_ahead: Default::default(),
+            peer_served_bytes: 0,
+            peer_bad_blocks: 0,
+            peer_failures: 0,
+            peer_bad_requests: 0,
+            peer_refused_connections: 0,
+            peers: Vec::new(),
         }
     }
 

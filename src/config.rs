@@ -50,6 +50,9 @@ pub enum Command {
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
     /// path per line).
     Plan(crate::cli_control::PlanArgs),
+    /// Print a new random cluster secret (32 bytes in hex) for
+    /// --cluster-secret-file: `locafs secret > /etc/locafs/secret`.
+    Secret,
 }
 
 #[derive(Args, Debug, Default)]
@@ -147,6 +150,24 @@ pub struct MountFlags {
     /// 127.0.0.1:9100 or :9100 (all interfaces). [default: off]
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Serve and ask other nodes of the job on this UDP address (QUIC), e.g.
+    /// 0.0.0.0:7070. Needs --peers and --cluster-secret-file.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The nodes of the job, comma separated host:port entries (IPs or DNS
+    /// names; a name with several addresses, like a Kubernetes headless
+    /// service, counts each; names are resolved again every few seconds).
+    /// This node may be in the list. In -o: peers=a:7070,b:7070.
+    #[arg(long, value_name = "LIST")]
+    pub peers: Option<String>,
+    /// File holding the cluster secret shared by all nodes of the job
+    /// (make one with `locafs secret > FILE`); nodes without it get nothing.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Longest wait for one peer on one block before trying the next node or
+    /// the source. [default: 2s]
+    #[arg(long, value_name = "DURATION")]
+    pub peer_timeout: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -202,6 +223,11 @@ pub struct MountConfig {
     pub log_file: Option<PathBuf>,
     /// Where to serve Prometheus metrics; None: off.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The data set's name (--dataset-id or derived from the source path);
+    /// also the data set id peers must agree on.
+    pub dataset_name: String,
+    /// The peer cache, if --listen/--peers/--cluster-secret-file were given.
+    pub peer: Option<crate::peer::PeerConfig>,
 }
 
 impl MountFlags {
@@ -226,6 +252,10 @@ impl MountFlags {
             log_format: self.log_format.or(other.log_format),
             log_file: self.log_file.or(other.log_file),
             metrics: self.metrics.or(other.metrics),
+            listen: self.listen.or(other.listen),
+            peers: self.peers.or(other.peers),
+            cluster_secret_file: self.cluster_secret_file.or(other.cluster_secret_file),
+            peer_timeout: self.peer_timeout.or(other.peer_timeout),
         }
     }
 }
@@ -261,9 +291,18 @@ fn ignored_mount_option(k: &str) -> bool {
 /// Parses `-o a=b,c` options into flags.
 pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
     let mut table = toml::Table::new();
+    let mut last_key = String::new();
     for opt in options.iter().flat_map(|o| o.split(',')) {
         let opt = opt.trim();
         if opt.is_empty() || ignored_mount_option(opt) {
+            continue;
+        }
+        // peers=a:7070,b:7070: the entries after the first have no '='.
+        if last_key == "peers" && !opt.contains('=') && opt.contains(':') {
+            if let Some(toml::Value::String(list)) = table.get_mut("peers") {
+                list.push(',');
+                list.push_str(opt);
+            }
             continue;
         }
         if opt == "rw" {
@@ -281,6 +320,7 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
             ),
             _ => v,
         };
+        last_key = k.clone();
         table.insert(k, v);
     }
     MountFlags::deserialize(toml::Value::Table(table))
@@ -535,6 +575,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
             cache_dir.display()
         )));
     }
+    let id_for_peers = id.clone();
     let dataset_dir = cache_dir.join(id);
     std::fs::create_dir_all(&dataset_dir).map_err(|e| {
         usage(format!(
@@ -553,7 +594,11 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     })?;
     let _ = std::fs::remove_file(&probe);
 
+    let peer = resolve_peer(&f)?;
+
     Ok(MountConfig {
+        dataset_name: id_for_peers,
+        peer,
         source,
         mountpoint,
         cache_dir,
@@ -571,6 +616,78 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         log_file: f.log_file,
         metrics,
     })
+}
+
+/// Splits a --peers list into host:port entries, checking their syntax.
+pub fn parse_peer_list(list: &str) -> Result<Vec<String>, UsageError> {
+    let mut out = Vec::new();
+    for p in list.split([',', ' ', '\n', '\t']).map(str::trim) {
+        if p.is_empty() {
+            continue;
+        }
+        let bad = || usage(format!("--peers: {p:?} is not host:port"));
+        let (host, port) = p.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || port == 0 || host.chars().any(|c| c.is_whitespace() || c == '/') {
+            return Err(bad());
+        }
+        out.push(p.to_owned());
+    }
+    if out.is_empty() {
+        return Err(usage("--peers: empty list"));
+    }
+    Ok(out)
+}
+
+/// The peer options, all or none.
+fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, UsageError> {
+    if f.listen.is_none()
+        && f.peers.is_none()
+        && f.cluster_secret_file.is_none()
+        && f.peer_timeout.is_none()
+    {
+        return Ok(None);
+    }
+    let (Some(listen), Some(peers), Some(secret_file)) =
+        (&f.listen, &f.peers, &f.cluster_secret_file)
+    else {
+        return Err(usage(
+            "the peer cache needs --listen, --peers and --cluster-secret-file together",
+        ));
+    };
+    let listen: std::net::SocketAddr = listen.trim().parse().map_err(|_| {
+        usage(format!(
+            "--listen {listen:?}: expected IP:PORT, e.g. 0.0.0.0:7070"
+        ))
+    })?;
+    let peers = parse_peer_list(peers)?;
+    let secret = std::fs::read(secret_file).map_err(|e| {
+        usage(format!(
+            "--cluster-secret-file {}: {}",
+            secret_file.display(),
+            short_io(&e)
+        ))
+    })?;
+    let identity = crate::peer::tls::ClusterIdentity::from_secret(&secret).map_err(|e| {
+        usage(format!(
+            "--cluster-secret-file {}: {e}",
+            secret_file.display()
+        ))
+    })?;
+    let timeout = match &f.peer_timeout {
+        Some(s) => parse_duration(s).map_err(|e| usage(format!("--peer-timeout: {e}")))?,
+        None => Duration::from_secs(2),
+    };
+    if timeout.is_zero() || timeout > Duration::from_secs(600) {
+        return Err(usage("--peer-timeout: must be between 1ms and 10min"));
+    }
+    Ok(Some(crate::peer::PeerConfig {
+        listen,
+        peers,
+        identity,
+        timeout,
+    }))
 }
 
 /// An io::Error without the "(os error N)" suffix.
@@ -595,6 +712,41 @@ mod tests {
         assert_eq!(f.fuse_threads, Some(4));
         assert!(parse_o(&["bogus=1".into()]).is_err());
         assert!(parse_o(&["rw".into()]).is_err());
+    }
+
+    #[test]
+    fn peer_options() {
+        let f = parse_o(&["peers=a:7070,10.0.0.2:7070,cache_size=1G,listen=0.0.0.0:7070".into()])
+            .unwrap();
+        assert_eq!(f.peers.as_deref(), Some("a:7070,10.0.0.2:7070"));
+        assert_eq!(f.listen.as_deref(), Some("0.0.0.0:7070"));
+        assert_eq!(f.cache_size.as_deref(), Some("1G"));
+        assert_eq!(
+            parse_peer_list("a:1, [::1]:7070 ,svc.ns.svc:7070").unwrap(),
+            ["a:1", "[::1]:7070", "svc.ns.svc:7070"]
+        );
+        for bad in ["a", "a:", ":7070", "a:0", "a:99999", "", "a:b"] {
+            assert!(parse_peer_list(bad).is_err(), "{bad}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let weak = d.path().join("weak");
+        std::fs::write(&weak, "hunter2\n").unwrap();
+        let mut f = MountFlags {
+            listen: Some("127.0.0.1:7070".into()),
+            peers: Some("127.0.0.1:7070".into()),
+            cluster_secret_file: Some(weak.clone()),
+            ..Default::default()
+        };
+        assert!(resolve_peer(&f).unwrap_err().0.contains("too weak"));
+        f.cluster_secret_file = Some(d.path().join("missing"));
+        assert!(resolve_peer(&f).is_err());
+        std::fs::write(&weak, crate::peer::tls::generate_secret().unwrap()).unwrap();
+        f.cluster_secret_file = Some(weak);
+        assert!(resolve_peer(&f).unwrap().is_some());
+        f.listen = Some("nowhere:7070".into());
+        assert!(resolve_peer(&f).unwrap_err().0.contains("--listen"));
+        f.listen = None;
+        assert!(resolve_peer(&f).is_err());
     }
 
     #[test]

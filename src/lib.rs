@@ -15,6 +15,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod mount;
 pub mod namespace;
+pub mod peer;
 pub mod prefetch;
 pub mod reader;
 pub mod source;

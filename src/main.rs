@@ -13,5 +13,15 @@ fn main() -> ExitCode {
         Command::Stats(args) => locafs::cli_stats::main(args),
         Command::Warm(args) => locafs::cli_control::warm(args),
         Command::Plan(args) => locafs::cli_control::plan(args),
+        Command::Secret => match locafs::peer::tls::generate_secret() {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("locafs: {e}");
+                ExitCode::from(1)
+            }
+        },
     }
 }

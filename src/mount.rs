@@ -170,6 +170,7 @@ pub struct Mount {
     /// One line on what was mounted and the cache it uses.
     pub summary: String,
     saver: Arc<ManifestSaver>,
+    peer_node: Option<Arc<crate::peer::PeerNode>>,
     mountpoint: PathBuf,
     control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
@@ -252,6 +253,31 @@ impl Mount {
         let cache_capacity = cache.capacity();
         let disk = Arc::new(cache);
         let cache: Arc<dyn BlockCache> = Arc::clone(&disk) as Arc<dyn BlockCache>;
+        let peer_node = match &cfg.peer {
+            None => None,
+            Some(pc) => {
+                let node = crate::peer::PeerNode::start(
+                    pc.clone(),
+                    &cfg.dataset_name,
+                    cfg.block_size,
+                    Arc::clone(&stats),
+                    rt.handle(),
+                )
+                .map_err(|e| (2, format!("--listen {}: {}", pc.listen, short_io(&e))))?;
+                info!(
+                    "peer cache: listening on {} (cluster {}), peers {}",
+                    pc.listen,
+                    pc.identity.cluster_id(),
+                    pc.peers.join(",")
+                );
+                let m = Arc::clone(node.membership());
+                stats.peers.set(Arc::new(move || m.snapshot()));
+                Some(node)
+            }
+        };
+        let peers: Option<Arc<dyn crate::reader::PeerTier>> = peer_node
+            .as_ref()
+            .map(|n| Arc::new(n.client()) as Arc<dyn crate::reader::PeerTier>);
         let reader = Reader::new(
             ReaderConfig {
                 block_size: cfg.block_size,
@@ -261,10 +287,13 @@ impl Mount {
             },
             Arc::clone(&cache),
             Arc::clone(&source),
-            None,
+            peers,
             rt.handle().clone(),
             Arc::clone(&stats),
         );
+        if let Some(node) = &peer_node {
+            node.serve(Arc::clone(&reader), Arc::clone(&source), rt.handle());
+        }
         let readahead = ReadAhead::new(
             cfg.readahead.clone(),
             Arc::clone(&reader),
@@ -365,6 +394,7 @@ impl Mount {
             });
         }
         Ok(Mount {
+            peer_node,
             saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
@@ -445,6 +475,9 @@ impl Mount {
         }
         info!("unmounted {}", self.mountpoint.display());
         self.saver.save();
+        if let Some(node) = &self.peer_node {
+            node.close();
+        }
         let _ = std::fs::remove_file(&self.control_socket);
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));

@@ -348,9 +348,13 @@ impl Reader {
         // cache) even if every reader waiting on it gives up.
         let task = self.rt.spawn(async move {
             let res = me.fetch_uncached(&file, index, ask_peers).await;
+            // Into memory before leaving the single flight, so that a request
+            // arriving in between finds the block instead of fetching again.
+            if let Ok((block, _)) = &res {
+                me.memory.insert(id, block.clone());
+            }
             me.inflight.lock().remove(&id);
             if let Ok((block, from_peer)) = &res {
-                me.memory.insert(id, block.clone());
                 // Written after the waiters got their bytes, if the write
                 // queue has room (else the block lives in memory only).
                 let kib = (block.data().len() as u64).div_ceil(1024) as u32;

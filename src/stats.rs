@@ -3,6 +3,7 @@
 //! the read path; nothing here allocates or locks per read.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,61 @@ pub struct Stats {
     /// Handles open now (a gauge: up at open, down at release).
     pub open_handles: AtomicU64,
     pub read_errors: AtomicU64,
+    /// Bytes this node sent to peers that asked it as owner.
+    pub peer_served_bytes: AtomicU64,
+    /// Blocks from peers that did not match their checksum or length.
+    pub peer_bad_blocks: AtomicU64,
+    /// Peer requests that failed (timeout, down, busy, not found, error).
+    pub peer_failures: AtomicU64,
+    /// Malformed requests received from peers.
+    pub peer_bad_requests: AtomicU64,
+    /// Incoming peer connections refused at the handshake.
+    pub peer_refused_connections: AtomicU64,
+    /// The peer module's view of each member, when peers are configured.
+    pub peers: PeerViewSlot,
+}
+
+/// Where the peer module plugs its view in (set once at mount).
+#[derive(Default)]
+pub struct PeerViewSlot(OnceLock<PeerView>);
+
+impl PeerViewSlot {
+    pub fn set(&self, view: PeerView) {
+        let _ = self.0.set(view);
+    }
+
+    fn get(&self) -> Vec<PeerSnapshot> {
+        self.0.get().map(|f| f()).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for PeerViewSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerViewSlot")
+    }
+}
+
+/// Produces the per-peer part of a snapshot.
+pub type PeerView = Arc<dyn Fn() -> Vec<PeerSnapshot> + Send + Sync>;
+
+/// One member of the peer list as `locafs stats` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PeerSnapshot {
+    /// The member id (resolved ip:port).
+    pub address: String,
+    /// The --peers entry it came from.
+    pub name: String,
+    /// "up", "down" or "self".
+    pub state: String,
+    /// Seconds in this state.
+    pub since_s: f64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub requests: u64,
+    pub failures: u64,
+    pub bad_blocks: u64,
+    /// Mean latency of recent successful requests.
+    pub latency_ms: Option<f64>,
 }
 
 impl Default for Stats {
@@ -45,6 +101,12 @@ impl Default for Stats {
             opens: AtomicU64::new(0),
             open_handles: AtomicU64::new(0),
             read_errors: AtomicU64::new(0),
+            peer_served_bytes: AtomicU64::new(0),
+            peer_bad_blocks: AtomicU64::new(0),
+            peer_failures: AtomicU64::new(0),
+            peer_bad_requests: AtomicU64::new(0),
+            peer_refused_connections: AtomicU64::new(0),
+            peers: PeerViewSlot::default(),
         }
     }
 }
@@ -75,6 +137,19 @@ pub struct StatsSnapshot {
     pub passthrough_opens: u64,
     pub read_errors: u64,
     pub uptime_s: f64,
+    #[serde(default)]
+    pub peer_served_bytes: u64,
+    #[serde(default)]
+    pub peer_bad_blocks: u64,
+    #[serde(default)]
+    pub peer_failures: u64,
+    #[serde(default)]
+    pub peer_bad_requests: u64,
+    #[serde(default)]
+    pub peer_refused_connections: u64,
+    /// Empty without --peers.
+    #[serde(default)]
+    pub peers: Vec<PeerSnapshot>,
     /// Read-ahead and epoch state (filled in by the mount).
     #[serde(flatten, default)]
     pub read_ahead: crate::prefetch::ReadAheadSnapshot,
@@ -103,6 +178,12 @@ impl Stats {
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             read_errors: self.read_errors.load(Relaxed),
             uptime_s: self.started.elapsed().as_secs_f64(),
+            peer_served_bytes: self.peer_served_bytes.load(Relaxed),
+            peer_bad_blocks: self.peer_bad_blocks.load(Relaxed),
+            peer_failures: self.peer_failures.load(Relaxed),
+            peer_bad_requests: self.peer_bad_requests.load(Relaxed),
+            peer_refused_connections: self.peer_refused_connections.load(Relaxed),
+            peers: self.peers.get(),
             read_ahead: Default::default(),
         }
     }
@@ -138,7 +219,7 @@ impl StatsSnapshot {
 
     /// The short human table of `locafs stats`.
     pub fn table(&self) -> String {
-        let rows: Vec<(&str, String)> = vec![
+        let mut rows: Vec<(&str, String)> = vec![
             ("mount", format!("{} <- {}", self.mountpoint, self.source)),
             ("uptime", format!("{:.0} s", self.uptime_s)),
             (
@@ -203,6 +284,48 @@ impl StatsSnapshot {
                 ),
             ),
         ];
+        if !self.peers.is_empty() {
+            rows.push((
+                "peer traffic",
+                format!(
+                    "{} served to peers, {} bad blocks caught, {} failed requests, \
+                     {} malformed requests, {} refused connections",
+                    format_size(self.peer_served_bytes),
+                    self.peer_bad_blocks,
+                    self.peer_failures,
+                    self.peer_bad_requests,
+                    self.peer_refused_connections
+                ),
+            ));
+        }
+        let peer_rows: Vec<String> = self
+            .peers
+            .iter()
+            .map(|p| {
+                if p.state == "self" {
+                    return format!("{} (this node)", p.address);
+                }
+                format!(
+                    "{} ({}): {} for {:.0} s, received {}, sent {}, {} requests, {} failed, \
+                     {} bad blocks, latency {}",
+                    p.address,
+                    p.name,
+                    p.state,
+                    p.since_s,
+                    format_size(p.bytes_received),
+                    format_size(p.bytes_sent),
+                    p.requests,
+                    p.failures,
+                    p.bad_blocks,
+                    p.latency_ms
+                        .map(|l| format!("{l:.2} ms"))
+                        .unwrap_or_else(|| "-".into())
+                )
+            })
+            .collect();
+        for r in peer_rows {
+            rows.push(("peer", r));
+        }
         let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         rows.iter()
             .map(|(k, v)| format!("{k:<w$}  {v}\n"))

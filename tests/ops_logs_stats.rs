@@ -64,6 +64,21 @@ fn stats_json_schema_and_watch() {
         "open_handles",
         "passthrough_opens",
         "read_errors",
+        "peer_served_bytes",
+        "peer_bad_blocks",
+        "peer_failures",
+        "peer_bad_requests",
+        "peer_refused_connections",
+        "epoch",
+        "epoch_files_read",
+        "epoch_files_total",
+        "plan_position",
+        "plan_length",
+        "prefetch_sequential_blocks",
+        "prefetch_background_files",
+        "prefetch_background_bytes",
+        "prefetch_memory_used",
+        "prefetch_memory_limit",
     ];
     for k in strings {
         assert!(obj[k].is_string(), "{k}: {v}");
@@ -72,10 +87,12 @@ fn stats_json_schema_and_watch() {
         assert!(obj.get(k).is_some_and(|x| x.is_u64()), "{k}: {v}");
     }
     assert!(obj["cache_writable"].is_boolean());
+    assert!(obj["plan_active"].is_boolean());
+    assert!(obj["peers"].as_array().is_some_and(|p| p.is_empty()));
     assert!(obj["uptime_s"].is_f64());
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 2,
+        strings.len() + counts.len() + 4,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();

@@ -12,6 +12,12 @@
 //! the slots are read back; every block is verified when it is served (and a
 //! whole file before its first passthrough open).
 //!
+//! A block owned by another node (fetched from a peer) carries a different
+//! presence marker: it is a guest. The policy keeps the guests of each file
+//! version as an entry of their own, admitted only into spare room and
+//! evicted (by punching their blocks out) before any of this node's own
+//! blocks.
+//!
 //! Disk use is bounded by the configured size counting data (in 4 KiB
 //! allocation units), meta files and directory overhead. A cache disk that
 //! fails a write (full, read-only, I/O error) turns writes off for a while
@@ -32,7 +38,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use super::policy::{Admission, Policy};
+use super::policy::{Admission, Policy, Tier};
 use super::{BlockCache, CacheUsage, ChecksummedBytes, FileVersion, VersionKey};
 use crate::source::SourceVersion;
 use crate::stats::Stats;
@@ -42,6 +48,8 @@ const FORMAT: u32 = 1;
 const HEADER_FIXED: usize = 60;
 const SLOT: u64 = 40;
 const PRESENT: u32 = 0x5052_4553;
+/// Presence marker of a guest block (owned by another node).
+const PRESENT_GUEST: u32 = 0x4755_4553;
 const ALLOC: u64 = 4096;
 /// Directory blocks and the like, reserved once per cache directory.
 pub const FIXED_OVERHEAD: u64 = 2 << 20;
@@ -72,11 +80,37 @@ enum Slot {
     Present([u8; 32]),
 }
 
+/// One policy entry: the own or the guest blocks of one file version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Part {
+    key: VersionKey,
+    guest: bool,
+}
+
+impl Part {
+    fn own(key: VersionKey) -> Self {
+        Part { key, guest: false }
+    }
+    fn guest(key: VersionKey) -> Self {
+        Part { key, guest: true }
+    }
+    fn both(key: VersionKey) -> [Part; 2] {
+        [Part::own(key), Part::guest(key)]
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     path_hash: u64,
     size: u64,
     slots: Vec<Slot>,
+    /// Which blocks are guests (meaningful where the slot is present or
+    /// being written).
+    guest: Vec<bool>,
+    /// Whether the meta file's bytes are charged to the guest part.
+    meta_on_guest: bool,
+    /// Offset of the slot table in the meta file.
+    table: u64,
     verified: Vec<bool>,
     present: u64,
     /// Whether the .meta and .data files exist on disk.
@@ -94,7 +128,7 @@ impl Entry {
 struct State {
     entries: HashMap<VersionKey, Entry>,
     by_path: HashMap<u64, Vec<VersionKey>>,
-    policy: Policy<VersionKey>,
+    policy: Policy<Part>,
     files_complete: u64,
 }
 
@@ -111,8 +145,29 @@ impl State {
                 }
             }
         }
-        self.policy.remove(key);
+        for p in Part::both(*key) {
+            self.policy.remove(&p);
+        }
     }
+
+    fn touch(&mut self, key: VersionKey) {
+        for p in Part::both(key) {
+            self.policy.touch(p);
+        }
+    }
+}
+
+/// What to do on disk for one evicted policy entry.
+enum Eviction {
+    /// The whole file version goes.
+    File(VersionKey),
+    /// Only these blocks (index, length) go: the guests, or the own blocks,
+    /// of a file whose other part stays.
+    Blocks {
+        key: VersionKey,
+        table: u64,
+        blocks: Vec<(u64, u64)>,
+    },
 }
 
 /// The block cache of one data set on local disk.
@@ -198,19 +253,14 @@ impl DiskCache {
             let cap = ((avail + rec.bytes) as f64 * DEFAULT_SHARE_OF_DISK) as u64;
             let cap = cap.max(FIXED_OVERHEAD * 2);
             cache.capacity = cap;
-            let victims = {
+            let work = {
                 let mut st = cache.state.lock();
                 st.policy.set_capacity(cap - FIXED_OVERHEAD);
                 let v = st.policy.shrink_to_capacity();
-                for k in &v {
-                    st.forget(k);
-                }
-                v
+                rec.evicted += v.len() as u64;
+                cache.plan_evictions(&mut st, &v)
             };
-            rec.evicted += victims.len() as u64;
-            for k in &victims {
-                cache.unlink(k);
-            }
+            cache.evict(work);
         }
         Ok((cache, rec))
     }
@@ -220,30 +270,30 @@ impl DiskCache {
     /// The reservation is never evicted.
     pub fn reserve_aux(&self, bytes: u64) -> bool {
         let bytes = round_alloc(bytes);
-        let mut victims = Vec::new();
-        {
+        let aux = Part {
+            key: AUX_KEY,
+            guest: false,
+        };
+        let work = {
             let mut st = self.state.lock();
             let st = &mut *st;
-            let cur = *self.aux_bytes.lock();
-            if bytes <= cur {
-                st.policy.shrink(&AUX_KEY, cur - bytes);
-            } else {
-                match st.policy.admit(AUX_KEY, bytes - cur) {
-                    Admission::Reject => return false,
-                    Admission::Admit { evict } => victims = evict,
-                }
-                if cur == 0 {
-                    st.policy.pin(&AUX_KEY);
-                }
-                for v in &victims {
-                    st.forget(v);
-                }
+            let mut cur = self.aux_bytes.lock();
+            if bytes <= *cur {
+                st.policy.shrink(&aux, *cur - bytes);
+                *cur = bytes;
+                return true;
             }
-            *self.aux_bytes.lock() = bytes;
-        }
-        for v in &victims {
-            self.unlink(v);
-        }
+            let victims = match st.policy.admit_as(aux, bytes - *cur, Tier::Own) {
+                Admission::Reject => return false,
+                Admission::Admit { evict } => evict,
+            };
+            if *cur == 0 {
+                st.policy.pin(&aux);
+            }
+            *cur = bytes;
+            self.plan_evictions(st, &victims)
+        };
+        self.evict(work);
         true
     }
 
@@ -297,16 +347,24 @@ impl DiskCache {
                 }
                 match self.load_meta(&p) {
                     Ok(Some((key, entry))) => {
-                        let bytes = self.entry_bytes(&entry);
+                        let own = self.part_bytes(&entry, false);
+                        let guest = self.part_bytes(&entry, true);
                         rec.files += 1;
                         rec.blocks += entry.present;
-                        rec.bytes += bytes;
+                        rec.bytes += own + guest;
                         if entry.complete() {
                             st.files_complete += 1;
                         }
                         st.by_path.entry(entry.path_hash).or_default().push(key);
+                        let meta_on_guest = entry.meta_on_guest;
                         st.entries.insert(key, entry);
-                        st.policy.insert_existing(key, bytes);
+                        if !meta_on_guest || own > 0 {
+                            st.policy.insert_existing_as(Part::own(key), own, Tier::Own);
+                        }
+                        if meta_on_guest || guest > 0 {
+                            st.policy
+                                .insert_existing_as(Part::guest(key), guest, Tier::Guest);
+                        }
                     }
                     Err(e) if e.to_string() == BLOCK_SIZE_CHANGED => {
                         let _ = fs::remove_file(&p);
@@ -325,20 +383,88 @@ impl DiskCache {
         }
         let victims = st.policy.shrink_to_capacity();
         rec.evicted = victims.len() as u64;
-        for k in &victims {
-            st.forget(k);
-        }
+        let work = self.plan_evictions(&mut st, &victims);
         drop(st);
-        for k in &victims {
-            self.unlink(k);
-        }
+        self.evict(work);
         Ok(rec)
     }
 
-    fn entry_bytes(&self, e: &Entry) -> u64 {
-        let mut b = e.meta_bytes + PER_FILE_OVERHEAD;
+    /// Takes evicted policy entries off the books of `st`; returns the disk
+    /// work to do once the lock is released.
+    fn plan_evictions(&self, st: &mut State, victims: &[Part]) -> Vec<Eviction> {
+        let mut work = Vec::new();
+        for v in victims {
+            let other = Part {
+                key: v.key,
+                guest: !v.guest,
+            };
+            if !st.policy.contains(&other) {
+                st.forget(&v.key);
+                work.push(Eviction::File(v.key));
+                continue;
+            }
+            // Only this part's blocks go; the meta file stays with the other.
+            let Some(e) = st.entries.get_mut(&v.key) else {
+                continue;
+            };
+            let was_complete = e.complete();
+            let mut blocks = Vec::new();
+            for i in 0..e.slots.len() {
+                if matches!(e.slots[i], Slot::Present(_)) && e.guest[i] == v.guest {
+                    e.slots[i] = Slot::Empty;
+                    e.verified[i] = false;
+                    e.present -= 1;
+                    let len = e
+                        .size
+                        .saturating_sub(i as u64 * self.block_size)
+                        .min(self.block_size);
+                    blocks.push((i as u64, len));
+                }
+            }
+            let moved_meta = e.meta_on_guest == v.guest;
+            if moved_meta {
+                e.meta_on_guest = !v.guest;
+            }
+            let meta = e.meta_bytes + PER_FILE_OVERHEAD;
+            let table = e.table;
+            if was_complete && !e.complete() {
+                st.files_complete -= 1;
+            }
+            if moved_meta {
+                let tier = if other.guest { Tier::Guest } else { Tier::Own };
+                st.policy.insert_existing_as(other, meta, tier);
+            }
+            work.push(Eviction::Blocks {
+                key: v.key,
+                table,
+                blocks,
+            });
+        }
+        work
+    }
+
+    /// Does the disk part of evictions (outside the lock).
+    fn evict(&self, work: Vec<Eviction>) {
+        for w in work {
+            match w {
+                Eviction::File(k) => self.unlink(&k),
+                Eviction::Blocks { key, table, blocks } => {
+                    self.punch_blocks(&key, table, &blocks);
+                }
+            }
+        }
+    }
+
+    /// The bytes one part of an entry holds: its blocks, plus the meta file
+    /// if it carries it.
+    fn part_bytes(&self, e: &Entry, guest: bool) -> u64 {
+        let mut b = if e.meta_on_guest == guest {
+            e.meta_bytes + PER_FILE_OVERHEAD
+        } else {
+            0
+        };
         for (i, s) in e.slots.iter().enumerate() {
-            if matches!(s, Slot::Present(_)) {
+            if matches!(s, Slot::Present(_)) && e.guest[i] == guest {
                 let len = e
                     .size
                     .saturating_sub(i as u64 * self.block_size)
@@ -387,6 +513,7 @@ impl DiskCache {
         let nblocks = version.size.div_ceil(self.block_size);
         let (table, meta_len) = self.meta_layout(rel, nblocks);
         let mut slots = vec![Slot::Empty; nblocks as usize];
+        let mut guest = vec![false; nblocks as usize];
         let mut present = 0;
         for (i, slot) in slots.iter_mut().enumerate() {
             let o = (table + i as u64 * SLOT) as usize;
@@ -398,18 +525,29 @@ impl DiskCache {
                 .size
                 .saturating_sub(i as u64 * self.block_size)
                 .min(self.block_size);
-            if u32_at(o + 36) == PRESENT && len == want {
+            let marker = u32_at(o + 36);
+            if (marker == PRESENT || marker == PRESENT_GUEST) && len == want {
+                guest[i] = marker == PRESENT_GUEST;
                 let mut sum = [0u8; 32];
                 sum.copy_from_slice(&raw[o..o + 32]);
                 *slot = Slot::Present(sum);
                 present += 1;
             }
         }
+        // The meta file goes with the own blocks if there are any.
+        let meta_on_guest = present > 0
+            && slots
+                .iter()
+                .zip(&guest)
+                .all(|(s, g)| !matches!(s, Slot::Present(_)) || *g);
         Ok(Some((
             key,
             Entry {
                 path_hash: path_hash(rel),
                 size: version.size,
+                guest,
+                meta_on_guest,
+                table,
                 verified: vec![false; slots.len()],
                 slots,
                 present,
@@ -425,6 +563,22 @@ impl DiskCache {
         // Meta first: a data file without meta is discarded at recovery.
         let _ = fs::remove_file(meta);
         let _ = fs::remove_file(data);
+    }
+
+    /// Drops evicted blocks of a file that stays: slot first, then data.
+    fn punch_blocks(&self, key: &VersionKey, table: u64, blocks: &[(u64, u64)]) {
+        self.readers.invalidate(key);
+        let (data, meta) = self.paths(key);
+        if let Ok(m) = OpenOptions::new().write(true).open(meta) {
+            for (i, _) in blocks {
+                let _ = m.write_all_at(&[0u8; SLOT as usize], table + i * SLOT);
+            }
+        }
+        if let Ok(d) = OpenOptions::new().write(true).open(data) {
+            for (i, len) in blocks {
+                let _ = crate::sys::punch_hole(&d, i * self.block_size, *len);
+            }
+        }
     }
 
     fn writes_allowed(&self) -> bool {
@@ -482,6 +636,7 @@ impl DiskCache {
         file: &FileVersion,
         index: u64,
         block: &ChecksummedBytes,
+        guest: bool,
     ) -> io::Result<()> {
         let (data, meta) = self.paths(&file.key);
         let nblocks = file.block_count(self.block_size);
@@ -491,7 +646,8 @@ impl DiskCache {
         let mut slot = [0u8; SLOT as usize];
         slot[..32].copy_from_slice(block.checksum());
         slot[32..36].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
-        slot[36..40].copy_from_slice(&PRESENT.to_le_bytes());
+        let marker = if guest { PRESENT_GUEST } else { PRESENT };
+        slot[36..40].copy_from_slice(&marker.to_le_bytes());
         let m = OpenOptions::new().write(true).open(&meta)?;
         m.write_all_at(&slot, table + index * SLOT)?;
         Ok(())
@@ -515,10 +671,14 @@ impl DiskCache {
             *slot = Slot::Empty;
             e.verified[index as usize] = false;
             e.present -= 1;
+            let part = Part {
+                key: file.key,
+                guest: e.guest[index as usize],
+            };
             if was_complete {
                 st.files_complete -= 1;
             }
-            st.policy.shrink(&file.key, round_alloc(len));
+            st.policy.shrink(&part, round_alloc(len));
         }
         if corrupt {
             self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
@@ -532,6 +692,140 @@ impl DiskCache {
         }
         if let Ok(d) = OpenOptions::new().write(true).open(data) {
             let _ = crate::sys::punch_hole(&d, index * self.block_size, len);
+        }
+    }
+
+    /// Writes one block as an own block or a guest.
+    fn store(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes, guest: bool) -> bool {
+        let nblocks = file.block_count(self.block_size);
+        if index >= nblocks || block.data().len() != file.block_len(index, self.block_size) {
+            return false;
+        }
+        if !self.writes_allowed() {
+            return false;
+        }
+        let len = round_alloc(block.data().len() as u64);
+        let part = Part {
+            key: file.key,
+            guest,
+        };
+        // Another writer of the same block (a warm-up racing a read): wait
+        // for its outcome rather than report a failure that did not happen.
+        let mut waited = 0;
+        loop {
+            let writing = {
+                let st = self.state.lock();
+                match st.entries.get(&file.key).map(|e| e.slots[index as usize]) {
+                    Some(Slot::Present(_)) => return true,
+                    Some(Slot::Writing) => true,
+                    _ => false,
+                }
+            };
+            if !writing || waited >= 5000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            waited += 1;
+        }
+        let (victims, new, bytes) = {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            st.policy
+                .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
+            let new = !st.entries.contains_key(&file.key);
+            if let Some(e) = st.entries.get(&file.key) {
+                if e.slots[index as usize] != Slot::Empty {
+                    return matches!(e.slots[index as usize], Slot::Present(_));
+                }
+            }
+            let meta_bytes = round_alloc(self.meta_layout(&file.rel, nblocks).1);
+            let bytes = len
+                + if new {
+                    meta_bytes + PER_FILE_OVERHEAD
+                } else {
+                    0
+                };
+            let tier = if guest { Tier::Guest } else { Tier::Own };
+            let victims = match st.policy.admit_as(part, bytes, tier) {
+                Admission::Reject => return false,
+                Admission::Admit { evict } => evict,
+            };
+            let work = self.plan_evictions(st, &victims);
+            let table = self.meta_layout(&file.rel, nblocks).0;
+            let e = st.entries.entry(file.key).or_insert_with(|| Entry {
+                path_hash: path_hash(&file.rel),
+                size: file.version.size,
+                slots: vec![Slot::Empty; nblocks as usize],
+                guest: vec![false; nblocks as usize],
+                meta_on_guest: guest,
+                table,
+                verified: vec![false; nblocks as usize],
+                present: 0,
+                created: false,
+                meta_bytes,
+            });
+            e.slots[index as usize] = Slot::Writing;
+            e.guest[index as usize] = guest;
+            if new {
+                st.by_path
+                    .entry(path_hash(&file.rel))
+                    .or_default()
+                    .push(file.key);
+            }
+            // Writing entries are pinned: an eviction must not unlink files
+            // that a write is about to recreate.
+            st.policy.pin(&part);
+            (work, new, bytes)
+        };
+        self.evict(victims);
+        let mut result = Ok(());
+        let needs_create = {
+            let st = self.state.lock();
+            st.entries.get(&file.key).is_some_and(|e| !e.created)
+        };
+        if needs_create {
+            // Two writers of a new version race here only with single flight
+            // off; creating twice with truncation loses at most a block slot.
+            result = self.create_files(file, nblocks);
+            if result.is_ok() {
+                if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+                    e.created = true;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = self.write_block(file, index, block, guest);
+        }
+        let mut st = self.state.lock();
+        st.policy.unpin(&part);
+        match result {
+            Ok(()) => {
+                let Some(e) = st.entries.get_mut(&file.key) else {
+                    return false;
+                };
+                e.slots[index as usize] = Slot::Present(*block.checksum());
+                e.verified[index as usize] = true;
+                e.present += 1;
+                if e.complete() {
+                    st.files_complete += 1;
+                }
+                true
+            }
+            Err(err) => {
+                if new {
+                    st.forget(&file.key);
+                    drop(st);
+                    self.unlink(&file.key);
+                } else {
+                    if let Some(e) = st.entries.get_mut(&file.key) {
+                        e.slots[index as usize] = Slot::Empty;
+                    }
+                    st.policy.shrink(&part, bytes);
+                    drop(st);
+                }
+                self.write_failed("writing a block", &err);
+                false
+            }
         }
     }
 
@@ -588,135 +882,16 @@ impl BlockCache for DiskCache {
                 *v = true;
             }
         }
-        st.policy.touch(file.key);
+        st.touch(file.key);
         Some(block)
     }
 
     fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        let nblocks = file.block_count(self.block_size);
-        if index >= nblocks || block.data().len() != file.block_len(index, self.block_size) {
-            return false;
-        }
-        if !self.writes_allowed() {
-            return false;
-        }
-        let len = round_alloc(block.data().len() as u64);
-        // Another writer of the same block (a warm-up racing a read): wait
-        // for its outcome rather than report a failure that did not happen.
-        let mut waited = 0;
-        loop {
-            let writing = {
-                let st = self.state.lock();
-                match st.entries.get(&file.key).map(|e| e.slots[index as usize]) {
-                    Some(Slot::Present(_)) => return true,
-                    Some(Slot::Writing) => true,
-                    _ => false,
-                }
-            };
-            if !writing || waited >= 5000 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-            waited += 1;
-        }
-        let (victims, new, bytes) = {
-            let mut st = self.state.lock();
-            let st = &mut *st;
-            st.policy
-                .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
-            let new = !st.entries.contains_key(&file.key);
-            if let Some(e) = st.entries.get(&file.key) {
-                if e.slots[index as usize] != Slot::Empty {
-                    return matches!(e.slots[index as usize], Slot::Present(_));
-                }
-            }
-            let meta_bytes = round_alloc(self.meta_layout(&file.rel, nblocks).1);
-            let bytes = len
-                + if new {
-                    meta_bytes + PER_FILE_OVERHEAD
-                } else {
-                    0
-                };
-            let victims = match st.policy.admit(file.key, bytes) {
-                Admission::Reject => return false,
-                Admission::Admit { evict } => evict,
-            };
-            for v in &victims {
-                st.forget(v);
-            }
-            let e = st.entries.entry(file.key).or_insert_with(|| Entry {
-                path_hash: path_hash(&file.rel),
-                size: file.version.size,
-                slots: vec![Slot::Empty; nblocks as usize],
-                verified: vec![false; nblocks as usize],
-                present: 0,
-                created: false,
-                meta_bytes,
-            });
-            e.slots[index as usize] = Slot::Writing;
-            if new {
-                st.by_path
-                    .entry(path_hash(&file.rel))
-                    .or_default()
-                    .push(file.key);
-            }
-            // Writing entries are pinned: an eviction must not unlink files
-            // that a write is about to recreate.
-            st.policy.pin(&file.key);
-            (victims, new, bytes)
-        };
-        for v in &victims {
-            self.unlink(v);
-        }
-        let mut result = Ok(());
-        let needs_create = {
-            let st = self.state.lock();
-            st.entries.get(&file.key).is_some_and(|e| !e.created)
-        };
-        if needs_create {
-            // Two writers of a new version race here only with single flight
-            // off; creating twice with truncation loses at most a block slot.
-            result = self.create_files(file, nblocks);
-            if result.is_ok() {
-                if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
-                    e.created = true;
-                }
-            }
-        }
-        if result.is_ok() {
-            result = self.write_block(file, index, block);
-        }
-        let mut st = self.state.lock();
-        st.policy.unpin(&file.key);
-        match result {
-            Ok(()) => {
-                let Some(e) = st.entries.get_mut(&file.key) else {
-                    return false;
-                };
-                e.slots[index as usize] = Slot::Present(*block.checksum());
-                e.verified[index as usize] = true;
-                e.present += 1;
-                if e.complete() {
-                    st.files_complete += 1;
-                }
-                true
-            }
-            Err(err) => {
-                if new {
-                    st.forget(&file.key);
-                    drop(st);
-                    self.unlink(&file.key);
-                } else {
-                    if let Some(e) = st.entries.get_mut(&file.key) {
-                        e.slots[index as usize] = Slot::Empty;
-                    }
-                    st.policy.shrink(&file.key, bytes);
-                    drop(st);
-                }
-                self.write_failed("writing a block", &err);
-                false
-            }
-        }
+        self.store(file, index, block, false)
+    }
+
+    fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
+        self.store(file, index, block, true)
     }
 
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
@@ -752,12 +927,14 @@ impl BlockCache for DiskCache {
                     _ => None,
                 })
                 .collect();
-            st.policy.pin(&file.key);
+            for p in Part::both(file.key) {
+                st.policy.pin(&p);
+            }
             todo
         };
         let (data, _) = self.paths(&file.key);
         let fail = || {
-            self.state.lock().policy.unpin(&file.key);
+            self.unpin(file);
             None
         };
         let Ok(f) = File::open(&data) else {
@@ -774,12 +951,15 @@ impl BlockCache for DiskCache {
                 e.verified[*i as usize] = true;
             }
         }
-        st.policy.touch(file.key);
+        st.touch(file.key);
         Some(f)
     }
 
     fn unpin(&self, file: &FileVersion) {
-        self.state.lock().policy.unpin(&file.key);
+        let mut st = self.state.lock();
+        for p in Part::both(file.key) {
+            st.policy.unpin(&p);
+        }
     }
 
     fn note_current(&self, file: &FileVersion) {
@@ -788,7 +968,8 @@ impl BlockCache for DiskCache {
         if let Some(keys) = st.by_path.get(&path_hash(&file.rel)) {
             for k in keys {
                 if *k != file.key {
-                    st.policy.mark_stale(k);
+                    st.policy.mark_stale(&Part::own(*k));
+                    st.policy.mark_stale(&Part::guest(*k));
                 }
             }
         }
@@ -797,7 +978,7 @@ impl BlockCache for DiskCache {
     fn record_access(&self, file: &FileVersion, bytes: u64) {
         let mut st = self.state.lock();
         st.policy.record_read(bytes);
-        st.policy.touch(file.key);
+        st.touch(file.key);
     }
 
     fn usage(&self) -> CacheUsage {
@@ -809,5 +990,116 @@ impl BlockCache for DiskCache {
             evictions: st.policy.evictions(),
             writable: self.writes_off_until.lock().is_none(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::SourceVersion;
+
+    const BS: u64 = 4096;
+    /// Meta file and directory entries of a small new file.
+    const NEW_FILE: u64 = 4096 + PER_FILE_OVERHEAD;
+
+    fn file(name: &str, blocks: u64) -> FileVersion {
+        FileVersion::new(
+            Arc::from(Path::new(name)),
+            SourceVersion {
+                size: blocks * BS,
+                mtime_ns: 1,
+                ino: name.len() as u64,
+            },
+        )
+    }
+
+    fn block(f: &FileVersion, i: u64) -> ChecksummedBytes {
+        let mut d = vec![0u8; BS as usize];
+        d[..8].copy_from_slice(&i.to_le_bytes());
+        d[8] = f.rel.as_os_str().len() as u8;
+        ChecksummedBytes::from_source(Bytes::from(d))
+    }
+
+    /// A cache with `room` bytes for entries (below the smallest size a
+    /// user may configure, to keep the test small).
+    fn open(dir: &Path, room: u64) -> DiskCache {
+        let c = DiskCache::open(dir, Some(FIXED_OVERHEAD * 2), BS, Arc::default())
+            .unwrap()
+            .0;
+        let mut st = c.state.lock();
+        st.policy.set_capacity(room);
+        let v = st.policy.shrink_to_capacity();
+        let work = c.plan_evictions(&mut st, &v);
+        drop(st);
+        c.evict(work);
+        c
+    }
+
+    #[test]
+    fn guests_fill_spare_room_and_give_way_to_own_blocks() {
+        let d = tempfile::tempdir().unwrap();
+        // Room for two small files and six blocks.
+        let c = open(d.path(), 2 * NEW_FILE + 6 * BS);
+        let g = file("guest", 4);
+        let m = file("mixed", 4);
+        let o = file("own", 4);
+        for i in 0..4 {
+            assert!(c.put_guest(&g, i, &block(&g, i)));
+        }
+        c.record_access(&m, 1); // "guest" is now the oldest entry
+                                // A mixed file: one own block, then guests until the room is full;
+                                // a guest never evicts anything.
+        assert!(c.put(&m, 0, &block(&m, 0)));
+        assert!(c.put_guest(&m, 1, &block(&m, 1)));
+        assert!(
+            !c.put_guest(&m, 2, &block(&m, 2)),
+            "a guest evicted something"
+        );
+        // Own blocks evict guests, oldest first: all of "guest" (the whole
+        // file goes), then the guest block of "mixed" but not its own one.
+        for i in 0..4 {
+            assert!(c.put(&o, i, &block(&o, i)), "own block {i} refused");
+        }
+        assert!(c.put(&m, 3, &block(&m, 3)));
+        assert!((0..4).all(|i| c.get(&g, i).is_none()));
+        let (gdata, gmeta) = c.paths(&g.key);
+        assert!(
+            !gdata.exists() && !gmeta.exists(),
+            "evicted file left on disk"
+        );
+        assert_eq!(c.get(&m, 0).unwrap().data(), block(&m, 0).data());
+        assert_eq!(c.get(&m, 3).unwrap().data(), block(&m, 3).data());
+        assert!(c.get(&m, 1).is_none() && c.get(&m, 2).is_none());
+        assert!(c.paths(&m.key).0.exists());
+        assert!((0..4).all(|i| c.get(&o, i).is_some()));
+        let st = c.state.lock();
+        assert!(st.policy.used() <= st.policy.capacity());
+        drop(st);
+        // Own blocks are not churned for other own blocks.
+        let more = file("more", 1);
+        assert!(!c.put(&more, 0, &block(&more, 0)));
+    }
+
+    #[test]
+    fn guest_marks_survive_a_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let room = NEW_FILE * 2 + 3 * BS;
+        let q = file("q-guest", 2);
+        let r = file("r-own", 1);
+        let used = {
+            let c = open(d.path(), room);
+            assert!(c.put_guest(&q, 0, &block(&q, 0)));
+            assert!(c.put_guest(&q, 1, &block(&q, 1)));
+            assert!(c.put(&r, 0, &block(&r, 0)));
+            c.usage().used_bytes
+        };
+        let c = open(d.path(), room);
+        assert_eq!(c.usage().used_bytes, used);
+        assert!(c.get(&q, 1).is_some() && c.get(&r, 0).is_some());
+        // The recovered guests still go first.
+        let s = file("s-own", 1);
+        assert!(c.put(&s, 0, &block(&s, 0)));
+        assert!(c.get(&q, 0).is_none());
+        assert!(c.get(&r, 0).is_some() && c.get(&s, 0).is_some());
     }
 }

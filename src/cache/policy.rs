@@ -6,6 +6,14 @@
 //! evicts only stale versions and entries that nobody has read for two full
 //! passes over the data set (a working set that moved on).
 //!
+//! With a peer cache, entries come in two tiers: this node's own blocks, and
+//! guests (blocks owned by another node, kept because this node read them).
+//! Guests live only in spare room: a guest is admitted only into free space
+//! (or space of stale and abandoned entries), never by evicting anything
+//! else, and own entries evict guests, oldest first, before anything of the
+//! current data set, so the caches of a cluster together hold as much of the
+//! data set as they can.
+//!
 //! Pure bookkeeping: no I/O, no clocks, no threads. The caller owns the lock
 //! and does the unlinking; the simulation test drives this exact code.
 
@@ -21,9 +29,19 @@ pub enum Admission<K> {
     Reject,
 }
 
+/// Which tier an entry belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// This node's own blocks (or a node without peers).
+    Own,
+    /// Blocks owned by another node: only in spare room, evicted first.
+    Guest,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     bytes: u64,
+    tier: Tier,
     /// The read clock at the last access.
     last: u64,
     pins: u32,
@@ -42,6 +60,8 @@ pub struct Policy<K: Copy + Ord + Hash> {
     dataset_bytes: u64,
     entries: HashMap<K, Entry>,
     by_last: BTreeSet<(u64, K)>,
+    /// The guest entries, by last access.
+    guests: BTreeSet<(u64, K)>,
     stale: HashSet<K>,
     evictions: u64,
 }
@@ -55,6 +75,7 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             dataset_bytes: 0,
             entries: HashMap::new(),
             by_last: BTreeSet::new(),
+            guests: BTreeSet::new(),
             stale: HashSet::new(),
             evictions: 0,
         }
@@ -108,41 +129,68 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     pub fn touch(&mut self, key: K) {
         if let Some(e) = self.entries.get_mut(&key) {
             self.by_last.remove(&(e.last, key));
+            if e.tier == Tier::Guest {
+                self.guests.remove(&(e.last, key));
+                self.guests.insert((self.clock, key));
+            }
             e.last = self.clock;
             self.by_last.insert((e.last, key));
         }
+    }
+
+    /// The tier of an entry, if it is on the books.
+    pub fn tier(&self, key: &K) -> Option<Tier> {
+        self.entries.get(key).map(|e| e.tier)
     }
 
     /// Takes an entry found on disk at start-up onto the books, as if last
     /// read before this mount (clock 0). Never refused: call
     /// [`Policy::shrink_to_capacity`] afterwards.
     pub fn insert_existing(&mut self, key: K, bytes: u64) {
-        self.grow(key, bytes);
+        self.grow(key, bytes, Tier::Own);
     }
 
-    fn grow(&mut self, key: K, bytes: u64) {
+    /// [`Policy::insert_existing`] for an entry of a given tier. Also adds
+    /// bytes to an entry without asking (the caller moves bytes between
+    /// entries it already holds).
+    pub fn insert_existing_as(&mut self, key: K, bytes: u64, tier: Tier) {
+        self.grow(key, bytes, tier);
+    }
+
+    fn grow(&mut self, key: K, bytes: u64, tier: Tier) {
         let clock = self.clock;
         let e = self.entries.entry(key).or_insert_with(|| Entry {
             bytes: 0,
+            tier,
             last: clock,
             pins: 0,
             stale: false,
         });
         e.bytes += bytes;
-        let last = e.last;
+        let (last, tier) = (e.last, e.tier);
         self.by_last.insert((last, key));
+        if tier == Tier::Guest {
+            self.guests.insert((last, key));
+        }
         self.used += bytes;
     }
 
-    /// Asks to add `bytes` to entry `key` (creating it if needed).
+    /// Asks to add `bytes` to own entry `key` (creating it if needed).
     pub fn admit(&mut self, key: K, bytes: u64) -> Admission<K> {
+        self.admit_as(key, bytes, Tier::Own)
+    }
+
+    /// Asks to add `bytes` to entry `key` of tier `tier` (an existing entry
+    /// keeps its tier).
+    pub fn admit_as(&mut self, key: K, bytes: u64, tier: Tier) -> Admission<K> {
+        let tier = self.tier(&key).unwrap_or(tier);
         let need = (self.used + bytes).saturating_sub(self.capacity);
         if need == 0 {
-            self.grow(key, bytes);
+            self.grow(key, bytes, tier);
             self.touch(key);
             return Admission::Admit { evict: Vec::new() };
         }
-        let victims = self.victims(need, Some(key), false);
+        let victims = self.victims(need, Some(key), false, tier == Tier::Own);
         if victims.is_empty() {
             return Admission::Reject;
         }
@@ -150,15 +198,16 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             self.remove(v);
             self.evictions += 1;
         }
-        self.grow(key, bytes);
+        self.grow(key, bytes, tier);
         self.touch(key);
         Admission::Admit { evict: victims }
     }
 
-    /// Entries to remove to free `need` bytes: stale versions first, then
-    /// entries abandoned for a whole horizon (oldest first); with `force`,
-    /// then any unpinned entry, oldest first. Empty if that is not enough.
-    fn victims(&self, need: u64, spare: Option<K>, force: bool) -> Vec<K> {
+    /// Entries to remove to free `need` bytes: stale versions first; for an
+    /// own entry (`evict_guests`), then guests, oldest first; then entries
+    /// abandoned for a whole horizon (oldest first); with `force`, then any
+    /// unpinned entry, oldest first. Empty if that is not enough.
+    fn victims(&self, need: u64, spare: Option<K>, force: bool, evict_guests: bool) -> Vec<K> {
         let mut out = Vec::new();
         let mut freed = 0;
         let usable = |k: &K, e: &Entry| e.pins == 0 && Some(*k) != spare;
@@ -172,6 +221,18 @@ impl<K: Copy + Ord + Hash> Policy<K> {
                 freed += e.bytes;
             }
         }
+        if evict_guests {
+            for (_, k) in &self.guests {
+                if freed >= need {
+                    break;
+                }
+                let e = &self.entries[k];
+                if usable(k, e) && !e.stale {
+                    out.push(*k);
+                    freed += e.bytes;
+                }
+            }
+        }
         let horizon = self.horizon();
         for (last, k) in &self.by_last {
             if freed >= need {
@@ -181,7 +242,8 @@ impl<K: Copy + Ord + Hash> Policy<K> {
                 break;
             }
             let e = &self.entries[k];
-            if usable(k, e) && !e.stale {
+            let taken = evict_guests && e.tier == Tier::Guest;
+            if usable(k, e) && !e.stale && !taken {
                 out.push(*k);
                 freed += e.bytes;
             }
@@ -200,7 +262,7 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         if need == 0 {
             return Vec::new();
         }
-        let victims = self.victims(need, None, true);
+        let victims = self.victims(need, None, true, true);
         for v in &victims {
             self.remove(v);
             self.evictions += 1;
@@ -213,6 +275,7 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         match self.entries.remove(key) {
             Some(e) => {
                 self.by_last.remove(&(e.last, *key));
+                self.guests.remove(&(e.last, *key));
                 self.stale.remove(key);
                 self.used -= e.bytes;
                 e.bytes
@@ -376,6 +439,77 @@ mod tests {
         assert_eq!(p.used(), 5);
         assert_eq!(p.remove(&1), 5);
         assert_eq!(p.used(), 0);
+    }
+
+    #[test]
+    fn guests_use_only_spare_room_and_go_first() {
+        let mut p: Policy<u32> = Policy::new(10);
+        p.set_dataset_bytes(100);
+        assert!(matches!(
+            p.admit_as(100, 3, Tier::Guest),
+            Admission::Admit { .. }
+        ));
+        assert!(matches!(
+            p.admit_as(101, 3, Tier::Guest),
+            Admission::Admit { .. }
+        ));
+        assert!(matches!(p.admit(1, 3), Admission::Admit { .. }));
+        // Full (9 of 10): a guest never evicts anything of the data set in
+        // use, not even another guest.
+        assert_eq!(p.admit_as(102, 3, Tier::Guest), Admission::Reject);
+        // An own entry evicts guests, oldest first, and only as many as needed.
+        p.record_read(1);
+        p.touch(100);
+        assert_eq!(p.admit(2, 3), Admission::Admit { evict: vec![101] });
+        assert_eq!(p.admit(3, 4), Admission::Admit { evict: vec![100] });
+        assert_eq!(p.tier(&3), Some(Tier::Own));
+        assert_eq!(p.tier(&100), None);
+        // Own entries are not churned for each other.
+        assert_eq!(p.admit(4, 1), Admission::Reject);
+        assert!(p.used() <= p.capacity());
+        // Pinned guests stay; an existing entry keeps its tier.
+        let mut q: Policy<u32> = Policy::new(6);
+        assert!(matches!(
+            q.admit_as(7, 3, Tier::Guest),
+            Admission::Admit { .. }
+        ));
+        q.pin(&7);
+        assert!(matches!(q.admit(8, 3), Admission::Admit { .. }));
+        assert_eq!(q.admit(9, 3), Admission::Reject);
+        q.unpin(&7);
+        assert!(matches!(
+            q.admit_as(7, 0, Tier::Own),
+            Admission::Admit { .. }
+        ));
+        assert_eq!(q.tier(&7), Some(Tier::Guest));
+        assert_eq!(q.admit(9, 3), Admission::Admit { evict: vec![7] });
+    }
+
+    /// Two nodes' caches, each half the data set, under a peer cache: each
+    /// keeps its own half and the guests of the other half never push it out.
+    #[test]
+    fn own_blocks_survive_a_stream_of_guests() {
+        let n = 1000u32;
+        let mut p: Policy<u32> = Policy::new(500);
+        p.set_dataset_bytes(n as u64);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let mut order: Vec<u32> = (0..n).collect();
+        for _ in 0..4 {
+            order.shuffle(&mut rng);
+            for &k in &order {
+                p.record_read(1);
+                if p.contains(&k) {
+                    p.touch(k);
+                } else if k % 2 == 0 {
+                    let _ = p.admit(k, 1);
+                } else {
+                    let _ = p.admit_as(k, 1, Tier::Guest);
+                }
+            }
+        }
+        let own = (0..n).filter(|k| k % 2 == 0 && p.contains(k)).count();
+        assert_eq!(own, 500, "every own block is kept");
+        assert!(p.used() <= p.capacity());
     }
 
     #[test]

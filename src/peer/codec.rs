@@ -23,7 +23,10 @@
 //!
 //! Bodies (all integers big-endian):
 //! `GetBlock` = dataset `[u8;16]`, version `[u8;16]`, block `u64`,
-//! block_size `u32` (exactly 44 bytes); `Block` = blake3 checksum `[u8;32]`
+//! block_size `u32`, then the file version the key was computed from: size
+//! `u64`, mtime_ns `i64`, inode `u64`, path length `u16` and the path relative
+//! to the data set root (1..=[`MAX_PATH_LEN`] bytes, no NUL, not absolute, no
+//! `.` or `..` component, no empty component); `Block` = blake3 checksum `[u8;32]`
 //! then the data (at most [`MAX_BLOCK_LEN`] bytes); `NotFound` and `Busy` are
 //! empty; `Error` = code `u16` then a UTF-8 message of at most
 //! [`MAX_ERROR_MESSAGE`] bytes.
@@ -33,7 +36,10 @@
 //! allocate more than [`MAX_FRAME`] bytes), and never panic on any input. It
 //! does not verify a `Block`'s checksum: that is the reader's job (invariant
 //! 1), done with [`block_checksum`] on the same bytes it will cache. A peer
-//! can only name data by data set id and version key, never by path.
+//! names data by data set id and version key; the path and version it sends
+//! along only let an owner that never saw the file find it, and the owner
+//! accepts them only if they hash to that version key and are still the
+//! current version at its source (see `peer::server`).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
@@ -59,7 +65,11 @@ pub const MAX_ERROR_MESSAGE: usize = 256;
 /// [`MAX_BLOCK_LEN`] bytes. The decoder never buffers more than this.
 pub const MAX_FRAME: usize = HEADER_LEN + BLOCK_PREFIX_LEN + MAX_BLOCK_LEN;
 
-const GET_BLOCK_BODY_LEN: usize = 16 + 16 + 8 + 4;
+/// Longest relative path a `GetBlock` may carry.
+pub const MAX_PATH_LEN: usize = 4096;
+
+/// `GetBlock` body without the path bytes.
+const GET_BLOCK_FIXED_LEN: usize = 16 + 16 + 8 + 4 + 8 + 8 + 8 + 2;
 const BLOCK_PREFIX_LEN: usize = 32;
 const ERROR_PREFIX_LEN: usize = 2;
 
@@ -67,12 +77,15 @@ const ERROR_PREFIX_LEN: usize = 2;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// Ask for block `block` (of `block_size` bytes per block, in
-    /// `1..=MAX_BLOCK_LEN`) of one version of one data set.
+    /// `1..=MAX_BLOCK_LEN`) of one version of one data set. `path` and
+    /// `file` say which file version `version` is the key of.
     GetBlock {
         dataset: [u8; 16],
         version: [u8; 16],
         block: u64,
         block_size: u32,
+        file: WireVersion,
+        path: Bytes,
     },
     /// The bytes of the asked block, with the blake3 hash the sender claims
     /// for them.
@@ -83,6 +96,15 @@ pub enum Frame {
     Busy,
     /// The serving node failed; `code` is for programs, `message` for people.
     Error { code: u16, message: String },
+}
+
+/// The source version of a file as it travels in a `GetBlock`: the fields
+/// of `source::SourceVersion`, kept separate so this module stays pure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WireVersion {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ino: u64,
 }
 
 /// Names a frame type without its contents, for error messages and metrics.
@@ -116,6 +138,8 @@ pub enum CodecError {
     },
     #[error("block size {0} out of range 1..={MAX_BLOCK_LEN}")]
     BlockSizeOutOfRange(u32),
+    #[error("bad path in request: {0}")]
+    BadPath(&'static str),
     #[error("error message is not UTF-8")]
     MessageNotUtf8,
     #[error("stream ended inside a frame: have {have} bytes, frame needs {need}")]
@@ -147,7 +171,7 @@ impl FrameKind {
     /// Allowed body lengths for this frame type, inclusive.
     fn body_bounds(self, max_block_len: usize) -> (usize, usize) {
         match self {
-            FrameKind::GetBlock => (GET_BLOCK_BODY_LEN, GET_BLOCK_BODY_LEN),
+            FrameKind::GetBlock => (GET_BLOCK_FIXED_LEN + 1, GET_BLOCK_FIXED_LEN + MAX_PATH_LEN),
             FrameKind::Block => (BLOCK_PREFIX_LEN, BLOCK_PREFIX_LEN + max_block_len),
             FrameKind::NotFound | FrameKind::Busy => (0, 0),
             FrameKind::Error => (ERROR_PREFIX_LEN, ERROR_PREFIX_LEN + MAX_ERROR_MESSAGE),
@@ -192,7 +216,7 @@ impl Frame {
     pub fn encoded_len(&self) -> usize {
         HEADER_LEN
             + match self {
-                Frame::GetBlock { .. } => GET_BLOCK_BODY_LEN,
+                Frame::GetBlock { path, .. } => GET_BLOCK_FIXED_LEN + path.len(),
                 Frame::Block { data, .. } => BLOCK_PREFIX_LEN + data.len(),
                 Frame::NotFound | Frame::Busy => 0,
                 Frame::Error { message, .. } => ERROR_PREFIX_LEN + message.len(),
@@ -221,8 +245,12 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
             max,
         });
     }
-    if let Frame::GetBlock { block_size, .. } = frame {
+    if let Frame::GetBlock {
+        block_size, path, ..
+    } = frame
+    {
         check_block_size(*block_size)?;
+        check_path(path)?;
     }
 
     dst.reserve(HEADER_LEN + body_len);
@@ -238,11 +266,19 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
             version,
             block,
             block_size,
+            file,
+            path,
         } => {
             dst.put_slice(dataset);
             dst.put_slice(version);
             dst.put_u64(*block);
             dst.put_u32(*block_size);
+            dst.put_u64(file.size);
+            dst.put_i64(file.mtime_ns);
+            dst.put_u64(file.ino);
+            // check_path bounded it to MAX_PATH_LEN.
+            dst.put_u16(path.len() as u16);
+            dst.put_slice(path);
         }
         Frame::Block { checksum, data } => {
             dst.put_slice(checksum);
@@ -372,11 +408,23 @@ fn parse_body(kind: FrameKind, mut body: &[u8]) -> Result<Frame, CodecError> {
             let block = body.get_u64();
             let block_size = body.get_u32();
             check_block_size(block_size)?;
+            let file = WireVersion {
+                size: body.get_u64(),
+                mtime_ns: body.get_i64(),
+                ino: body.get_u64(),
+            };
+            let plen = body.get_u16() as usize;
+            if plen != body.len() {
+                return Err(CodecError::BadPath("length field disagrees with the frame"));
+            }
+            check_path(body)?;
             Frame::GetBlock {
                 dataset,
                 version,
                 block,
                 block_size,
+                file,
+                path: Bytes::copy_from_slice(body),
             }
         }
         FrameKind::Block => {
@@ -399,6 +447,31 @@ fn parse_body(kind: FrameKind, mut body: &[u8]) -> Result<Frame, CodecError> {
     })
 }
 
+/// A path a peer may name: relative to the data set root, made of plain
+/// components only, so it can never leave the data set.
+pub fn check_path(path: &[u8]) -> Result<(), CodecError> {
+    if path.is_empty() {
+        return Err(CodecError::BadPath("empty"));
+    }
+    if path.len() > MAX_PATH_LEN {
+        return Err(CodecError::BadPath("too long"));
+    }
+    if path.contains(&0) {
+        return Err(CodecError::BadPath("contains NUL"));
+    }
+    if path[0] == b'/' {
+        return Err(CodecError::BadPath("absolute"));
+    }
+    for c in path.split(|b| *b == b'/') {
+        match c {
+            b"" => return Err(CodecError::BadPath("empty component")),
+            b"." | b".." => return Err(CodecError::BadPath("dot component")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn check_block_size(block_size: u32) -> Result<(), CodecError> {
     if block_size == 0 || block_size as usize > MAX_BLOCK_LEN {
         return Err(CodecError::BlockSizeOutOfRange(block_size));
@@ -417,14 +490,27 @@ mod tests {
                 any::<[u8; 16]>(),
                 any::<[u8; 16]>(),
                 any::<u64>(),
-                1..=MAX_BLOCK_LEN as u32
+                1..=MAX_BLOCK_LEN as u32,
+                any::<(u64, i64, u64)>(),
+                "[a-z0-9_]{1,12}(/[a-zA-Z0-9_.-]{1,12}){0,3}"
+                    .prop_filter("no dot components", |p| check_path(p.as_bytes()).is_ok()),
             )
-                .prop_map(|(dataset, version, block, block_size)| Frame::GetBlock {
-                    dataset,
-                    version,
-                    block,
-                    block_size,
-                }),
+                .prop_map(
+                    |(dataset, version, block, block_size, (size, mtime_ns, ino), path)| {
+                        Frame::GetBlock {
+                            dataset,
+                            version,
+                            block,
+                            block_size,
+                            file: WireVersion {
+                                size,
+                                mtime_ns,
+                                ino,
+                            },
+                            path: Bytes::from(path),
+                        }
+                    }
+                ),
             (
                 any::<[u8; 32]>(),
                 prop::collection::vec(any::<u8>(), 0..4096)
@@ -581,8 +667,11 @@ mod tests {
     #[test]
     fn fixed_size_frames_reject_other_lengths() {
         for (kind, len) in [
-            (FrameKind::GetBlock, 43),
-            (FrameKind::GetBlock, 45),
+            (FrameKind::GetBlock, GET_BLOCK_FIXED_LEN as u32),
+            (
+                FrameKind::GetBlock,
+                (GET_BLOCK_FIXED_LEN + MAX_PATH_LEN + 1) as u32,
+            ),
             (FrameKind::NotFound, 1),
             (FrameKind::Busy, 1),
             (FrameKind::Error, 1),
@@ -673,26 +762,93 @@ mod tests {
     #[test]
     fn get_block_with_bad_block_size_is_rejected_both_ways() {
         for block_size in [0, MAX_BLOCK_LEN as u32 + 1] {
-            let frame = Frame::GetBlock {
-                dataset: [1; 16],
-                version: [2; 16],
-                block: 3,
-                block_size,
-            };
+            let frame = get_block(block_size, b"a/b");
             let mut out = BytesMut::new();
             assert_eq!(
                 encode(&frame, &mut out),
                 Err(CodecError::BlockSizeOutOfRange(block_size))
             );
             assert!(out.is_empty());
-            let mut wire = header_bytes(FrameKind::GetBlock.wire(), 44);
+            let mut wire = header_bytes(FrameKind::GetBlock.wire(), GET_BLOCK_FIXED_LEN as u32 + 1);
             wire.put_slice(&[0; 40]);
             wire.put_u32(block_size);
+            wire.put_slice(&[0; 24]);
+            wire.put_u16(1);
+            wire.put_u8(b'a');
             assert_eq!(
                 decode(&mut wire),
                 Err(CodecError::BlockSizeOutOfRange(block_size))
             );
         }
+    }
+
+    fn get_block(block_size: u32, path: &[u8]) -> Frame {
+        Frame::GetBlock {
+            dataset: [1; 16],
+            version: [2; 16],
+            block: 3,
+            block_size,
+            file: WireVersion {
+                size: 10,
+                mtime_ns: -5,
+                ino: 7,
+            },
+            path: Bytes::copy_from_slice(path),
+        }
+    }
+
+    /// The wire bytes of a GetBlock with `path`, bypassing encode's checks.
+    fn raw_get_block(path: &[u8], plen: u16) -> BytesMut {
+        let mut wire = header_bytes(
+            FrameKind::GetBlock.wire(),
+            (GET_BLOCK_FIXED_LEN + path.len()) as u32,
+        );
+        wire.put_slice(&[0; 40]);
+        wire.put_u32(4096);
+        wire.put_slice(&[0; 24]);
+        wire.put_u16(plen);
+        wire.put_slice(path);
+        wire
+    }
+
+    #[test]
+    fn paths_that_could_leave_the_data_set_are_rejected_both_ways() {
+        let nul: &[u8] = b"a\0b";
+        let long = vec![b'x'; MAX_PATH_LEN + 1];
+        for bad in [
+            &b"/etc/passwd"[..],
+            b"..",
+            b"../x",
+            b"a/../../x",
+            b"a/./b",
+            b"a//b",
+            b"a/",
+            nul,
+            &long,
+        ] {
+            assert!(
+                check_path(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+            assert!(encode(&get_block(4096, bad), &mut BytesMut::new()).is_err());
+            if bad.len() <= MAX_PATH_LEN {
+                let mut wire = raw_get_block(bad, bad.len() as u16);
+                assert!(
+                    matches!(decode(&mut wire), Err(CodecError::BadPath(_))),
+                    "{:?}",
+                    String::from_utf8_lossy(bad)
+                );
+            }
+        }
+        for good in [&b"a"[..], b"train/n0144/img_1.JPEG", b"...x", b"a/.hidden"] {
+            assert!(check_path(good).is_ok());
+            let mut buf = encoded(&get_block(4096, good));
+            assert_eq!(decode(&mut buf).unwrap(), Some(get_block(4096, good)));
+        }
+        // A path length field that disagrees with the frame length.
+        let mut wire = raw_get_block(b"abc", 2);
+        assert!(matches!(decode(&mut wire), Err(CodecError::BadPath(_))));
     }
 
     #[test]

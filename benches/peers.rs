@@ -1,0 +1,458 @@
+//! The peer cache against private caches, on 4 real `locafs mount` processes
+//! over loopback QUIC, with a data set twice one node's cache and 3 epochs of
+//! a DistributedSampler-like workload (a new permutation per epoch, cut in 4
+//! disjoint shares, each node reading its share with 4 threads).
+//!
+//! 1. bytes read from the source over the 3 epochs / data set size;
+//! 2. wall time of epochs 2 and 3 with the source capped at 100 MB/s for the
+//!    whole cluster: all 4 daemons run in one blkio cgroup (v1) whose read
+//!    bandwidth on the source's disk is limited, the cache dirs are on tmpfs
+//!    (not limited) and the page cache is dropped before each epoch, so every
+//!    source read really goes through the cap. Peer traffic runs on loopback
+//!    (not shaped to 1 Gbit/s; we report what the peer bytes would take at
+//!    1 Gbit/s per node beside it);
+//! 3. latency (p50, p99) and throughput of fetching one block from a peer,
+//!    against reading and verifying the same block from the local cache file.
+//!
+//! Needs root, /dev/fuse and the blkio cgroup; prints SKIPPED otherwise.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use locafs::cache::VersionKey;
+use locafs::peer::codec::{self, Frame, WireVersion};
+use locafs::peer::placement::{block_key, MemberId, Placement};
+use locafs::peer::tls::{ClusterIdentity, PEER_SERVER_NAME};
+use locafs::source::{SourceAttr, SourceVersion};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+const NODES: usize = 4;
+const BLOCK: u64 = 1 << 20;
+const FILES: usize = 320;
+const CAP_BPS: u64 = 100_000_000;
+const CGROUP: &str = "/sys/fs/cgroup/blkio/locafs-bench-peers";
+
+struct Node {
+    child: Child,
+    mnt: PathBuf,
+    cache: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+fn disk_of(p: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(p).ok()?.dev();
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    // A partition's parent disk: the throttle is set on the whole disk.
+    let sys = format!("/sys/dev/block/{maj}:{min}");
+    let part = Path::new(&sys).join("partition").exists();
+    if part {
+        let parent = std::fs::read_to_string(Path::new(&sys).join("../dev")).ok()?;
+        return Some(parent.trim().to_owned());
+    }
+    Some(format!("{maj}:{min}"))
+}
+
+fn start(
+    i: usize,
+    work: &Path,
+    src: &Path,
+    cache_size: u64,
+    peers: Option<(&[u16], &Path)>,
+) -> Node {
+    let base = work.join(format!("node{i}"));
+    let mnt = base.join("mnt");
+    let cache = Path::new("/dev/shm").join(format!(
+        "locafs-bench-{}-{i}-{}",
+        std::process::id(),
+        peers.is_some()
+    ));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    let mut args: Vec<String> = vec![
+        "mount".into(),
+        src.display().to_string(),
+        mnt.display().to_string(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+        "--cache-size".into(),
+        cache_size.to_string(),
+        "--log-file".into(),
+        base.join("log").display().to_string(),
+        "--fuse-threads".into(),
+        "8".into(),
+    ];
+    if let Some((ports, secret)) = peers {
+        let list: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        args.extend([
+            "--listen".into(),
+            format!("127.0.0.1:{}", ports[i]),
+            "--peers".into(),
+            list.join(","),
+            "--cluster-secret-file".into(),
+            secret.display().to_string(),
+        ]);
+    }
+    // Into the capped cgroup, then become locafs.
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {CGROUP}/cgroup.procs && exec \"$0\" \"$@\""
+        ))
+        .arg(env!("CARGO_BIN_EXE_locafs"))
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while locafs::cli_stats::fetch(&mnt).is_err() {
+        assert!(Instant::now() < deadline, "node {i} did not mount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Node { child, mnt, cache }
+}
+
+fn drop_caches() {
+    let _ = Command::new("sync").status();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}
+
+/// Runs one epoch on all nodes; returns its wall time.
+fn epoch(nodes: &[Node], files: &[String], epoch: u64) -> Duration {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + epoch);
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    order.shuffle(&mut rng);
+    drop_caches();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for (n, node) in nodes.iter().enumerate() {
+            let share: Vec<usize> = order.iter().copied().skip(n).step_by(NODES).collect();
+            let share = Arc::new(share);
+            for w in 0..4 {
+                let share = Arc::clone(&share);
+                let mnt = &node.mnt;
+                s.spawn(move || {
+                    for &f in share.iter().skip(w).step_by(4) {
+                        let data = std::fs::read(mnt.join(&files[f])).expect("read");
+                        std::hint::black_box(data);
+                    }
+                });
+            }
+        }
+    });
+    t.elapsed()
+}
+
+struct Run {
+    source_bytes: u64,
+    epoch_times: Vec<Duration>,
+    peer_bytes_max_node: u64,
+}
+
+fn run(
+    work: &Path,
+    src: &Path,
+    files: &[String],
+    cache_size: u64,
+    secret: Option<&Path>,
+) -> (Run, Vec<Node>, Vec<u16>) {
+    let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+    let nodes: Vec<Node> = (0..NODES)
+        .map(|i| start(i, work, src, cache_size, secret.map(|s| (&ports[..], s))))
+        .collect();
+    if secret.is_some() {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for n in &nodes {
+            while !locafs::cli_stats::fetch(&n.mnt)
+                .map(|s| s.peers.iter().all(|p| p.state != "down"))
+                .unwrap_or(false)
+            {
+                assert!(Instant::now() < deadline, "peers did not come up");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let mut times = Vec::new();
+    let mut peer_max = 0;
+    for e in 0..3 {
+        let before: Vec<u64> = nodes
+            .iter()
+            .map(|n| locafs::cli_stats::fetch(&n.mnt).unwrap().peer_bytes)
+            .collect();
+        times.push(epoch(&nodes, files, e));
+        if e > 0 {
+            for (n, b) in nodes.iter().zip(before) {
+                let now = locafs::cli_stats::fetch(&n.mnt).unwrap().peer_bytes;
+                peer_max = peer_max.max(now - b);
+            }
+        }
+    }
+    let source_bytes = nodes
+        .iter()
+        .map(|n| locafs::cli_stats::fetch(&n.mnt).unwrap().source_bytes)
+        .sum();
+    (
+        Run {
+            source_bytes,
+            epoch_times: times,
+            peer_bytes_max_node: peer_max,
+        },
+        nodes,
+        ports,
+    )
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: peers bench needs root and /dev/fuse");
+        return;
+    }
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    let src = work.path().join("source");
+    let Some(disk) = disk_of(work.path()) else {
+        eprintln!("SKIPPED: cannot find the source disk");
+        return;
+    };
+    if std::fs::create_dir_all(CGROUP).is_err()
+        || std::fs::write(
+            format!("{CGROUP}/blkio.throttle.read_bps_device"),
+            format!("{disk} {CAP_BPS}"),
+        )
+        .is_err()
+    {
+        eprintln!("SKIPPED: no blkio cgroup (v1) to cap the source");
+        return;
+    }
+    std::fs::create_dir_all(src.join("train")).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for i in 0..FILES {
+        let len = rng.random_range(BLOCK as usize / 2..=3 * BLOCK as usize / 2);
+        let mut d = vec![0u8; len];
+        rng.fill(&mut d[..]);
+        let rel = format!("train/s{i:04}.bin");
+        std::fs::write(src.join(&rel), &d).unwrap();
+        files.push(rel);
+        total += len as u64;
+    }
+    // Half the data set per node, plus the cache's fixed and per-file overhead.
+    let cache_size = total / 2 + (4 << 20) + FILES as u64 * 8192;
+    let secret = work.path().join("secret");
+    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    println!(
+        "peers bench: {NODES} nodes, data set {:.0} MiB in {FILES} files, cache {:.0} MiB per node, \
+         source capped at {} MB/s for the cluster (blkio cgroup on {disk}), caches on tmpfs",
+        total as f64 / 1048576.0,
+        cache_size as f64 / 1048576.0,
+        CAP_BPS / 1_000_000
+    );
+
+    let (private, nodes, _) = run(work.path(), &src, &files, cache_size, None);
+    drop(nodes);
+    let (peers, nodes, ports) = run(work.path(), &src, &files, cache_size, Some(&secret));
+
+    let r = |b: u64| b as f64 / total as f64;
+    println!("\n1. source bytes over 3 epochs / data set size (goal with peers <= 1.05)");
+    println!(
+        "   peers {:.3}   private caches {:.3}   ratio private/peers {:.2}x",
+        r(peers.source_bytes),
+        r(private.source_bytes),
+        private.source_bytes as f64 / peers.source_bytes.max(1) as f64
+    );
+    println!("\n2. epoch wall time, source capped at 100 MB/s (goal: epochs 2-3 >= 3x faster)");
+    for e in 0..3 {
+        println!(
+            "   epoch {}: peers {:>7.2} s   private {:>7.2} s   speed-up {:.1}x",
+            e + 1,
+            peers.epoch_times[e].as_secs_f64(),
+            private.epoch_times[e].as_secs_f64(),
+            private.epoch_times[e].as_secs_f64() / peers.epoch_times[e].as_secs_f64()
+        );
+    }
+    let p23: f64 = peers.epoch_times[1..].iter().map(|d| d.as_secs_f64()).sum();
+    let v23: f64 = private.epoch_times[1..]
+        .iter()
+        .map(|d| d.as_secs_f64())
+        .sum();
+    println!(
+        "   epochs 2+3: peers {p23:.2} s   private {v23:.2} s   speed-up {:.1}x",
+        v23 / p23
+    );
+    println!(
+        "   (peer links not shaped: the busiest node received {:.0} MiB from peers in epochs 2-3, \
+         {:.2} s at 1 Gbit/s)",
+        peers.peer_bytes_max_node as f64 / 1048576.0,
+        peers.peer_bytes_max_node as f64 * 8.0 / 1e9
+    );
+
+    latency(&nodes, &ports, &src, &files, &secret);
+    drop(nodes);
+    let _ = std::fs::remove_dir(CGROUP);
+}
+
+/// Figure 3: one block from a peer (over QUIC, from the owner's cache)
+/// against the same block read and verified from the local cache file.
+fn latency(nodes: &[Node], ports: &[u16], src: &Path, files: &[String], secret: &Path) {
+    let canon = std::fs::canonicalize(src).unwrap();
+    let ds_name = locafs::config::dataset_id(&canon);
+    let dataset = locafs::peer::wire_dataset_id(&ds_name);
+    let placement = Placement::new(
+        ports
+            .iter()
+            .map(|p| MemberId::new(format!("127.0.0.1:{p}")))
+            .collect(),
+    );
+    let owner0 = MemberId::new(format!("127.0.0.1:{}", ports[0]));
+    // Whole blocks that node 0 owns (and so holds in its cache).
+    let mut blocks: Vec<(String, SourceVersion, u64)> = Vec::new();
+    for rel in files {
+        let v = SourceAttr::from_metadata(&std::fs::metadata(src.join(rel)).unwrap()).version();
+        let key = VersionKey::new(Path::new(rel), &v);
+        for b in 0..v.size / BLOCK {
+            if placement.owner(&block_key(&dataset, &key.0, b, BLOCK as u32)) == Some(&owner0) {
+                blocks.push((rel.clone(), v, b));
+            }
+        }
+    }
+    let identity = ClusterIdentity::from_secret(&std::fs::read(secret).unwrap()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut peer_lat, peer_tput) = rt.block_on(async {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(identity.client_config());
+        let addr: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
+        let conn = ep.connect(addr, PEER_SERVER_NAME).unwrap().await.unwrap();
+        let req = |i: usize| {
+            let (rel, v, b) = &blocks[i % blocks.len()];
+            let f = Frame::GetBlock {
+                dataset,
+                version: VersionKey::new(Path::new(rel), v).0,
+                block: *b,
+                block_size: BLOCK as u32,
+                file: WireVersion {
+                    size: v.size,
+                    mtime_ns: v.mtime_ns,
+                    ino: v.ino,
+                },
+                path: Bytes::copy_from_slice(rel.as_bytes()),
+            };
+            let mut out = BytesMut::new();
+            codec::encode(&f, &mut out).unwrap();
+            out
+        };
+        let one = |conn: quinn::Connection, raw: BytesMut| async move {
+            let (mut s, mut r) = conn.open_bi().await.unwrap();
+            s.write_all(&raw).await.unwrap();
+            s.finish().unwrap();
+            let reply = r.read_to_end(codec::MAX_FRAME).await.unwrap();
+            match codec::decode_eof(&mut BytesMut::from(&reply[..])).unwrap() {
+                Some(Frame::Block { checksum, data }) => {
+                    assert_eq!(codec::block_checksum(&data), checksum);
+                    data.len()
+                }
+                other => panic!("unexpected reply {other:?}"),
+            }
+        };
+        let mut lat = Vec::new();
+        for i in 0..400 {
+            let t = Instant::now();
+            one(conn.clone(), req(i)).await;
+            lat.push(t.elapsed());
+        }
+        // Throughput: 16 requests in flight for 3 s.
+        let t = Instant::now();
+        let mut bytes = 0usize;
+        let mut i = 0;
+        while t.elapsed() < Duration::from_secs(3) {
+            let batch: Vec<_> = (0..16)
+                .map(|k| tokio::spawn(one(conn.clone(), req(i + k))))
+                .collect();
+            i += 16;
+            for b in batch {
+                bytes += b.await.unwrap();
+            }
+        }
+        (lat, bytes as f64 / t.elapsed().as_secs_f64())
+    });
+    // The local tier: pread of the block from the cache file and blake3.
+    let cache_dir = nodes[0].cache.join(&ds_name).join("blocks");
+    let mut local_lat = Vec::new();
+    let mut buf = vec![0u8; BLOCK as usize];
+    let mut local_bytes = 0usize;
+    for i in 0..2000 {
+        let (rel, v, b) = &blocks[i % blocks.len()];
+        let hex = VersionKey::new(Path::new(rel), v).hex();
+        let f = std::fs::File::open(cache_dir.join(&hex[..2]).join(format!("{hex}.data"))).unwrap();
+        let t = Instant::now();
+        f.read_exact_at(&mut buf, b * BLOCK).unwrap();
+        std::hint::black_box(blake3::hash(&buf));
+        local_lat.push(t.elapsed());
+        local_bytes += buf.len();
+    }
+    let local_tput = local_bytes as f64 / local_lat.iter().sum::<Duration>().as_secs_f64();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (pp50, pp99) = (pct(&mut peer_lat, 0.5), pct(&mut peer_lat, 0.99));
+    let (lp50, lp99) = (pct(&mut local_lat, 0.5), pct(&mut local_lat, 0.99));
+    println!(
+        "\n3. one 1 MiB block ({} blocks owned by node 0)",
+        blocks.len()
+    );
+    println!(
+        "   peer (QUIC, loopback)   p50 {:.3} ms  p99 {:.3} ms   throughput {:.0} MB/s (16 in flight)",
+        ms(pp50),
+        ms(pp99),
+        peer_tput / 1e6
+    );
+    println!(
+        "   local cache (pread+b3)  p50 {:.3} ms  p99 {:.3} ms   throughput {:.0} MB/s (1 thread)",
+        ms(lp50),
+        ms(lp99),
+        local_tput / 1e6
+    );
+    println!(
+        "   peer / local: p50 {:.1}x  p99 {:.1}x  throughput {:.2}",
+        ms(pp50) / ms(lp50),
+        ms(pp99) / ms(lp99),
+        peer_tput / local_tput
+    );
+}

@@ -1,0 +1,221 @@
+//! The asking side of the peer cache: the [`PeerTier`] the reader consults
+//! between its local cache and the source.
+//!
+//! For a block this node does not own, it asks the owner (over the pooled
+//! QUIC connection that membership keeps to each live member), then the next
+//! member in the block's ranking (the owner-to-be if the owner is gone),
+//! never more than [`MAX_ATTEMPTS`] members, each within `--peer-timeout`;
+//! after that the reader goes to the source. Every block received is checked
+//! against its checksum and its expected length before anyone sees it; a
+//! peer that sends a wrong block is counted as lying and marked down, like a
+//! peer that times out or fails.
+//!
+//! It must never make a read fail or wait without a deadline: any fault is
+//! `None`, and the caller reads the source.
+
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, FutureExt};
+use tracing::{debug, warn};
+
+use super::codec::{self, Frame, WireVersion};
+use super::membership::{Member, Membership, MAX_BACKOFF};
+use super::placement::block_key;
+use crate::cache::{ChecksummedBytes, FileVersion};
+use crate::reader::PeerTier;
+use crate::stats::Stats;
+
+/// Members asked for one block before giving up on peers.
+pub const MAX_ATTEMPTS: usize = 2;
+
+/// How one request to a peer ended, when it did not give us the block.
+#[derive(Debug)]
+enum Miss {
+    /// Timeout, transport error, `Busy`, `Error`, `NotFound`: try elsewhere.
+    Failed(String),
+    /// A block that does not match its checksum or length.
+    Lied(String),
+}
+
+/// The peer tier of one mount (cheap to clone: a request future owns one).
+#[derive(Clone)]
+pub struct PeerClient {
+    membership: Arc<Membership>,
+    dataset: [u8; 16],
+    block_size: u32,
+    timeout: Duration,
+    stats: Arc<Stats>,
+}
+
+impl PeerClient {
+    pub fn new(
+        membership: Arc<Membership>,
+        dataset: [u8; 16],
+        block_size: u32,
+        timeout: Duration,
+        stats: Arc<Stats>,
+    ) -> Self {
+        PeerClient {
+            membership,
+            dataset,
+            block_size,
+            timeout,
+            stats,
+        }
+    }
+
+    fn key(&self, file: &FileVersion, index: u64) -> [u8; 44] {
+        block_key(&self.dataset, &file.key.0, index, self.block_size)
+    }
+
+    /// One request to one member, within the deadline.
+    async fn ask(
+        &self,
+        m: &Member,
+        file: &FileVersion,
+        index: u64,
+        len: usize,
+    ) -> Result<ChecksummedBytes, Miss> {
+        let conn = m
+            .connection()
+            .ok_or_else(|| Miss::Failed("not connected".into()))?;
+        let frame = Frame::GetBlock {
+            dataset: self.dataset,
+            version: file.key.0,
+            block: index,
+            block_size: self.block_size,
+            file: WireVersion {
+                size: file.version.size,
+                mtime_ns: file.version.mtime_ns,
+                ino: file.version.ino,
+            },
+            path: Bytes::copy_from_slice(file.rel.as_os_str().as_bytes()),
+        };
+        let mut req = BytesMut::new();
+        codec::encode(&frame, &mut req).map_err(|e| Miss::Failed(format!("cannot ask: {e}")))?;
+        let limit = codec::HEADER_LEN + 32 + len.max(codec::MAX_ERROR_MESSAGE);
+        let started = Instant::now();
+        let exchange = async {
+            let _slot = m
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| Miss::Failed("closed".into()))?;
+            let (mut send, mut recv) = conn
+                .open_bi()
+                .await
+                .map_err(|e| Miss::Failed(e.to_string()))?;
+            send.write_all(&req)
+                .await
+                .map_err(|e| Miss::Failed(e.to_string()))?;
+            let _ = send.finish();
+            let raw = recv.read_to_end(limit).await.map_err(|e| match e {
+                quinn::ReadToEndError::TooLong => Miss::Lied("reply longer than the block".into()),
+                e => Miss::Failed(e.to_string()),
+            })?;
+            let mut buf = BytesMut::from(&raw[..]);
+            codec::decode_eof(&mut buf).map_err(|e| Miss::Lied(format!("bad reply: {e}")))
+        };
+        let reply = match tokio::time::timeout(self.timeout, exchange).await {
+            Err(_) => return Err(Miss::Failed(format!("no answer within {:?}", self.timeout))),
+            Ok(r) => r?,
+        };
+        match reply {
+            Some(Frame::Block { checksum, data }) => {
+                if data.len() != len {
+                    return Err(Miss::Lied(format!(
+                        "sent {} bytes for a block of {len}",
+                        data.len()
+                    )));
+                }
+                let block = ChecksummedBytes::verified(data, checksum)
+                    .ok_or_else(|| Miss::Lied("block does not match its checksum".into()))?;
+                m.record_latency(started.elapsed());
+                Ok(block)
+            }
+            Some(Frame::NotFound) => Err(Miss::Failed("not found".into())),
+            Some(Frame::Busy) => Err(Miss::Failed("busy".into())),
+            Some(Frame::Error { code, message }) => {
+                Err(Miss::Failed(format!("error {code}: {message}")))
+            }
+            Some(Frame::GetBlock { .. }) | None => Err(Miss::Lied("not a reply".into())),
+        }
+    }
+
+    async fn fetch_inner(
+        self,
+        file: Arc<FileVersion>,
+        index: u64,
+        len: usize,
+    ) -> Option<ChecksummedBytes> {
+        let placement = self.membership.placement();
+        let me = self.membership.me();
+        let key = self.key(&file, index);
+        let mut attempts = 0;
+        for id in placement.owners(&key) {
+            if attempts >= MAX_ATTEMPTS || Some(id) == me.as_ref() {
+                // This node is next in line: it reads the source itself.
+                break;
+            }
+            let Some(m) = self.membership.member(id) else {
+                continue;
+            };
+            if !m.is_up() {
+                continue;
+            }
+            attempts += 1;
+            m.requests.fetch_add(1, Relaxed);
+            match self.ask(&m, &file, index, len).await {
+                Ok(block) => {
+                    m.bytes_received.fetch_add(len as u64, Relaxed);
+                    return Some(block);
+                }
+                Err(Miss::Failed(why)) => {
+                    m.failures.fetch_add(1, Relaxed);
+                    self.stats.peer_failures.fetch_add(1, Relaxed);
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer request failed: {why}");
+                    // A peer that merely lacks the block or is busy stays up;
+                    // one that does not answer goes down.
+                    if !(why == "not found" || why == "busy" || why.starts_with("error ")) {
+                        self.membership.mark_down(&m, &why);
+                    }
+                }
+                Err(Miss::Lied(why)) => {
+                    m.failures.fetch_add(1, Relaxed);
+                    m.bad_blocks.fetch_add(1, Relaxed);
+                    self.stats.peer_bad_blocks.fetch_add(1, Relaxed);
+                    warn!(peer = %m.id, file = %file.rel.display(), block = index, "peer sent a bad block ({why}); ignoring it");
+                    self.membership.mark_down_for(
+                        &m,
+                        &format!("sent a bad block: {why}"),
+                        Some(MAX_BACKOFF),
+                    );
+                }
+            }
+        }
+        None
+    }
+}
+
+impl PeerTier for PeerClient {
+    fn owns(&self, file: &FileVersion, index: u64) -> bool {
+        let p = self.membership.placement();
+        match p.owner(&self.key(file, index)) {
+            None => true,
+            Some(owner) => self.membership.me().as_ref() == Some(owner),
+        }
+    }
+
+    fn fetch(
+        &self,
+        file: Arc<FileVersion>,
+        index: u64,
+        len: usize,
+    ) -> BoxFuture<'static, Option<ChecksummedBytes>> {
+        self.clone().fetch_inner(file, index, len).boxed()
+    }
+}

@@ -1,0 +1,459 @@
+//! Who the other nodes of the job are and which of them are reachable now.
+//!
+//! The member list comes from `--peers` (host:port entries, IP literals or DNS
+//! names; a name may resolve to several addresses, as a Kubernetes headless
+//! service does), re-resolved every [`RESOLVE_EVERY`], so members join and
+//! leave without a restart. A member's stable id is its resolved `ip:port`,
+//! the same string on every node, which is what placement hashes.
+//!
+//! A node recognises itself in the list by its `--listen` address (exact
+//! match, or the listen port on one of its own IPs when it listens on
+//! 0.0.0.0/::), and, as a last resort, by meeting its own certificate when it
+//! connects to an address (each start makes a fresh leaf certificate, which
+//! serves as the node id exchanged at connect).
+//!
+//! Each other member is up (a live QUIC connection) or down since some time;
+//! a down member is retried with a backoff from [`MIN_BACKOFF`] to
+//! [`MAX_BACKOFF`], at once when it connects to us. Placement is computed
+//! over this node and the members that are up. The module keeps per-member
+//! counters (bytes each way, requests, failures, lies, latency) for `stats`.
+//!
+//! It must never block a read: lookups are a lock and an `Arc` clone, and all
+//! connecting and resolving happens in its own task with deadlines.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{Notify, Semaphore};
+use tracing::{debug, info, warn};
+
+use super::placement::{MemberId, Placement};
+use super::tls::PEER_SERVER_NAME;
+use crate::stats::PeerSnapshot;
+
+/// How often `--peers` names are resolved again.
+pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+/// First retry delay after a member goes down.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(250);
+/// Longest delay between two connection attempts to a down member.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Requests in flight to one member at a time; more wait (within the request
+/// deadline) for a slot.
+pub const STREAMS_PER_PEER: usize = 32;
+
+/// One other node of the job and what we know about it.
+pub struct Member {
+    pub id: MemberId,
+    pub addr: SocketAddr,
+    /// The `--peers` entry it was resolved from.
+    pub name: String,
+    state: Mutex<LinkState>,
+    /// Bounds the requests in flight to this member.
+    pub slots: Semaphore,
+    pub bytes_received: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    pub bad_blocks: AtomicU64,
+    /// Exponentially weighted mean of successful request latency, in µs.
+    latency_us: AtomicU64,
+}
+
+struct LinkState {
+    conn: Option<quinn::Connection>,
+    since: Instant,
+    backoff: Duration,
+    next_try: Instant,
+    connecting: bool,
+}
+
+impl Member {
+    fn new(id: MemberId, addr: SocketAddr, name: String) -> Self {
+        Member {
+            id,
+            addr,
+            name,
+            state: Mutex::new(LinkState {
+                conn: None,
+                since: Instant::now(),
+                backoff: MIN_BACKOFF,
+                next_try: Instant::now(),
+                connecting: false,
+            }),
+            slots: Semaphore::new(STREAMS_PER_PEER),
+            bytes_received: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            bad_blocks: AtomicU64::new(0),
+            latency_us: AtomicU64::new(0),
+        }
+    }
+
+    /// The live connection, if the member is up.
+    pub fn connection(&self) -> Option<quinn::Connection> {
+        self.state.lock().conn.clone()
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state.lock().conn.is_some()
+    }
+
+    /// Notes a successful request's latency.
+    pub fn record_latency(&self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        let old = self.latency_us.load(Relaxed);
+        let new = if old == 0 { us } else { (old * 7 + us) / 8 };
+        self.latency_us.store(new.max(1), Relaxed);
+    }
+}
+
+/// The member list of this node, its liveness view and the placement over it.
+pub struct Membership {
+    names: Vec<String>,
+    listen: SocketAddr,
+    own_cert: Vec<u8>,
+    endpoint: quinn::Endpoint,
+    connect_timeout: Duration,
+    /// This node's member id, once found in the list.
+    me: RwLock<Option<MemberId>>,
+    members: RwLock<HashMap<SocketAddr, Arc<Member>>>,
+    /// Addresses found to be this node by certificate.
+    self_addrs: Mutex<Vec<SocketAddr>>,
+    placement: RwLock<Arc<Placement>>,
+    wake: Notify,
+}
+
+/// Whether `ip` is an address of this machine (in this network namespace).
+fn is_local_ip(ip: IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
+impl Membership {
+    pub fn new(
+        names: Vec<String>,
+        listen: SocketAddr,
+        own_cert: Vec<u8>,
+        endpoint: quinn::Endpoint,
+        connect_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Membership {
+            names,
+            listen,
+            own_cert,
+            endpoint,
+            connect_timeout,
+            me: RwLock::new(None),
+            members: RwLock::new(HashMap::new()),
+            self_addrs: Mutex::new(Vec::new()),
+            placement: RwLock::new(Arc::new(Placement::new(Vec::new()))),
+            wake: Notify::new(),
+        })
+    }
+
+    /// Whether `addr` (from the peer list) is this node.
+    fn is_me(&self, addr: &SocketAddr) -> bool {
+        if *addr == self.listen || self.self_addrs.lock().contains(addr) {
+            return true;
+        }
+        self.listen.ip().is_unspecified()
+            && addr.port() == self.listen.port()
+            && is_local_ip(addr.ip())
+    }
+
+    /// This node's member id, if it is in the list.
+    pub fn me(&self) -> Option<MemberId> {
+        self.me.read().clone()
+    }
+
+    /// The placement over this node and the members that are up now.
+    pub fn placement(&self) -> Arc<Placement> {
+        Arc::clone(&self.placement.read())
+    }
+
+    pub fn member(&self, id: &MemberId) -> Option<Arc<Member>> {
+        let addr: SocketAddr = id.as_str().parse().ok()?;
+        self.members.read().get(&addr).cloned()
+    }
+
+    /// The member that connects from `addr`, if any (connections come from
+    /// each node's listening endpoint, so this is its peer-list address on
+    /// flat networks).
+    pub fn member_at(&self, addr: &SocketAddr) -> Option<Arc<Member>> {
+        let members = self.members.read();
+        if let Some(m) = members.get(addr) {
+            return Some(Arc::clone(m));
+        }
+        // An IPv4 peer seen through a dual-stack socket.
+        let canon = SocketAddr::new(addr.ip().to_canonical(), addr.port());
+        members.get(&canon).cloned()
+    }
+
+    fn rebuild_placement(&self) {
+        let mut ids: Vec<MemberId> = self
+            .members
+            .read()
+            .values()
+            .filter(|m| m.is_up())
+            .map(|m| m.id.clone())
+            .collect();
+        if let Some(me) = self.me() {
+            ids.push(me);
+        }
+        *self.placement.write() = Arc::new(Placement::new(ids));
+    }
+
+    /// Takes a member out of placement after a failure; it is retried later.
+    pub fn mark_down(&self, m: &Member, why: &str) {
+        self.mark_down_for(m, why, None)
+    }
+
+    /// Like [`Membership::mark_down`], with a fixed retry delay (a peer that
+    /// sent a bad block waits [`MAX_BACKOFF`]).
+    pub fn mark_down_for(&self, m: &Member, why: &str, delay: Option<Duration>) {
+        let was_up = {
+            let mut st = m.state.lock();
+            let was_up = st.conn.is_some();
+            if let Some(c) = st.conn.take() {
+                c.close(1u32.into(), b"marked down");
+            }
+            if was_up {
+                st.since = Instant::now();
+                st.backoff = MIN_BACKOFF;
+            } else {
+                st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
+            }
+            st.next_try = Instant::now() + delay.unwrap_or(st.backoff);
+            was_up
+        };
+        if was_up {
+            warn!(peer = %m.id, "peer down: {why}");
+            self.rebuild_placement();
+        }
+    }
+
+    /// A connection came in from `addr`: if that is a member we think is
+    /// down, try it now instead of waiting for its backoff.
+    pub fn note_incoming(&self, addr: SocketAddr) {
+        if let Some(m) = self.member_at(&addr) {
+            let mut st = m.state.lock();
+            if st.conn.is_none() {
+                st.next_try = Instant::now();
+                drop(st);
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    /// Resolves the peer list once, updating the members.
+    async fn resolve(self: &Arc<Self>) {
+        let mut found: HashMap<SocketAddr, String> = HashMap::new();
+        let mut failed = false;
+        for name in &self.names {
+            let lookup = tokio::net::lookup_host(name.as_str());
+            match tokio::time::timeout(Duration::from_secs(5), lookup).await {
+                Ok(Ok(addrs)) => {
+                    for a in addrs {
+                        let a = SocketAddr::new(a.ip().to_canonical(), a.port());
+                        found.entry(a).or_insert_with(|| name.clone());
+                    }
+                }
+                Ok(Err(e)) => {
+                    failed = true;
+                    debug!("peer list: cannot resolve {name}: {e}");
+                }
+                Err(_) => {
+                    failed = true;
+                    debug!("peer list: resolving {name} timed out");
+                }
+            }
+        }
+        let mut changed = false;
+        {
+            let mut members = self.members.write();
+            for (addr, name) in &found {
+                if self.is_me(addr) {
+                    let mut me = self.me.write();
+                    if me.is_none() {
+                        info!("peer list: this node is {addr}");
+                        *me = Some(MemberId::new(addr.to_string()));
+                        changed = true;
+                    }
+                    if let Some(m) = members.remove(addr) {
+                        if let Some(c) = m.state.lock().conn.take() {
+                            c.close(0u32.into(), b"self");
+                        }
+                    }
+                    continue;
+                }
+                if !members.contains_key(addr) {
+                    debug!("peer list: member {addr} ({name})");
+                    members.insert(
+                        *addr,
+                        Arc::new(Member::new(
+                            MemberId::new(addr.to_string()),
+                            *addr,
+                            name.clone(),
+                        )),
+                    );
+                }
+            }
+            // A name that failed to resolve keeps its old members: a DNS
+            // hiccup must not empty the cluster.
+            if !failed {
+                members.retain(|addr, m| {
+                    let keep = found.contains_key(addr);
+                    if !keep {
+                        info!(peer = %m.id, "peer left the peer list");
+                        if let Some(c) = m.state.lock().conn.take() {
+                            c.close(0u32.into(), b"left");
+                            changed = true;
+                        }
+                    }
+                    keep
+                });
+            }
+        }
+        if changed {
+            self.rebuild_placement();
+        }
+    }
+
+    /// One connection attempt to a down member.
+    async fn connect(self: Arc<Self>, m: Arc<Member>) {
+        let attempt = async {
+            let connecting = self
+                .endpoint
+                .connect(m.addr, PEER_SERVER_NAME)
+                .map_err(|e| e.to_string())?;
+            connecting.await.map_err(|e| e.to_string())
+        };
+        let res = match tokio::time::timeout(self.connect_timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err("connect timed out".to_owned()),
+        };
+        m.state.lock().connecting = false;
+        match res {
+            Ok(conn) => {
+                let own = conn
+                    .peer_identity()
+                    .and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer>>().ok())
+                    .is_some_and(|c| c.first().is_some_and(|c| c.as_ref() == self.own_cert));
+                if own {
+                    info!("peer list: {} is this node (same certificate)", m.addr);
+                    conn.close(0u32.into(), b"self");
+                    self.self_addrs.lock().push(m.addr);
+                    self.members.write().remove(&m.addr);
+                    let mut me = self.me.write();
+                    if me.is_none() {
+                        *me = Some(m.id.clone());
+                    }
+                    drop(me);
+                    self.rebuild_placement();
+                    return;
+                }
+                {
+                    let mut st = m.state.lock();
+                    st.conn = Some(conn.clone());
+                    st.since = Instant::now();
+                    st.backoff = MIN_BACKOFF;
+                }
+                info!(peer = %m.id, "peer up");
+                self.rebuild_placement();
+                // Watch the connection: closed by the peer, idle timeout, or
+                // our own mark_down.
+                let me = Arc::clone(&self);
+                tokio::spawn(async move {
+                    let why = conn.closed().await;
+                    let current = m
+                        .state
+                        .lock()
+                        .conn
+                        .as_ref()
+                        .is_some_and(|c| c.stable_id() == conn.stable_id());
+                    if current {
+                        me.mark_down(&m, &format!("connection lost: {why}"));
+                    }
+                });
+            }
+            Err(e) => {
+                debug!(peer = %m.id, "peer connect failed: {e}");
+                self.mark_down(&m, &e);
+            }
+        }
+    }
+
+    /// Resolves, connects and retries forever; run as one task.
+    pub async fn run(self: Arc<Self>) {
+        let mut next_resolve = Instant::now();
+        loop {
+            if Instant::now() >= next_resolve {
+                self.resolve().await;
+                next_resolve = Instant::now() + RESOLVE_EVERY;
+            }
+            let now = Instant::now();
+            let due: Vec<Arc<Member>> = self
+                .members
+                .read()
+                .values()
+                .filter(|m| {
+                    let mut st = m.state.lock();
+                    let due = st.conn.is_none() && !st.connecting && st.next_try <= now;
+                    if due {
+                        st.connecting = true;
+                    }
+                    due
+                })
+                .cloned()
+                .collect();
+            for m in due {
+                tokio::spawn(Arc::clone(&self).connect(m));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// What `locafs stats` shows about each member.
+    pub fn snapshot(&self) -> Vec<PeerSnapshot> {
+        let mut out: Vec<PeerSnapshot> = Vec::new();
+        if let Some(me) = self.me() {
+            out.push(PeerSnapshot {
+                address: me.to_string(),
+                name: "(this node)".into(),
+                state: "self".into(),
+                since_s: 0.0,
+                bytes_received: 0,
+                bytes_sent: 0,
+                requests: 0,
+                failures: 0,
+                bad_blocks: 0,
+                latency_ms: None,
+            });
+        }
+        for m in self.members.read().values() {
+            let st = m.state.lock();
+            let lat = m.latency_us.load(Relaxed);
+            out.push(PeerSnapshot {
+                address: m.id.to_string(),
+                name: m.name.clone(),
+                state: if st.conn.is_some() { "up" } else { "down" }.into(),
+                since_s: st.since.elapsed().as_secs_f64(),
+                bytes_received: m.bytes_received.load(Relaxed),
+                bytes_sent: m.bytes_sent.load(Relaxed),
+                requests: m.requests.load(Relaxed),
+                failures: m.failures.load(Relaxed),
+                bad_blocks: m.bad_blocks.load(Relaxed),
+                latency_ms: (lat > 0).then(|| lat as f64 / 1000.0),
+            });
+        }
+        out.sort_by(|a, b| a.address.cmp(&b.address));
+        out
+    }
+}

@@ -1,0 +1,161 @@
+//! The peer cache: the nodes of one job act as one cache, so that each block
+//! leaves the source once per cluster instead of once per node per epoch.
+//!
+//! Pieces, from the wire up: `codec` (frames, pure), `placement` (rendezvous
+//! hashing, pure), `tls` (mutual authentication from the cluster secret),
+//! `membership` (the `--peers` list, liveness, one pooled QUIC connection per
+//! member), `client` (the [`crate::reader::PeerTier`] the reader asks:
+//! owner first, then the next in line, verified, bounded in time) and
+//! `server` (answers other nodes from `Reader::fetch_for_peer`). [`PeerNode`]
+//! binds the one QUIC endpoint that both serves and connects (so a peer's
+//! connections come from its listening address) and starts the tasks.
+//!
+//! Nothing here may fail a read or hold one without a deadline: every fault
+//! of a peer ends in the reader going to the source.
+
+pub mod client;
+pub mod codec;
+pub mod membership;
+pub mod placement;
+pub mod server;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+
+use crate::reader::Reader;
+use crate::source::Source;
+use crate::stats::Stats;
+
+use self::client::PeerClient;
+use self::membership::Membership;
+use self::server::PeerServer;
+use self::tls::ClusterIdentity;
+
+/// What `--listen`, `--peers`, `--cluster-secret-file` and `--peer-timeout`
+/// resolve to.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    pub listen: SocketAddr,
+    /// `host:port` entries as given (names are resolved again periodically).
+    pub peers: Vec<String>,
+    pub identity: ClusterIdentity,
+    pub timeout: Duration,
+}
+
+/// The 16-byte data set id on the wire, from the `--dataset-id` name (or the
+/// default derived from the source path): nodes must agree on it.
+pub fn wire_dataset_id(name: &str) -> [u8; 16] {
+    let k = blake3::derive_key("locafs dataset id v1", name.as_bytes());
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&k[..16]);
+    id
+}
+
+/// The running peer cache of one mount.
+pub struct PeerNode {
+    endpoint: quinn::Endpoint,
+    membership: Arc<Membership>,
+    client: PeerClient,
+    cfg: PeerConfig,
+    dataset: [u8; 16],
+    block_size: u64,
+    stats: Arc<Stats>,
+}
+
+impl PeerNode {
+    /// Binds the endpoint and starts membership; fails if the address cannot
+    /// be bound. Must be called inside the runtime `rt`.
+    pub fn start(
+        cfg: PeerConfig,
+        dataset_name: &str,
+        block_size: u64,
+        stats: Arc<Stats>,
+        rt: &Handle,
+    ) -> std::io::Result<Arc<PeerNode>> {
+        let _guard = rt.enter();
+        let mut transport = quinn::TransportConfig::default();
+        let window = (block_size * 4).max(8 << 20);
+        transport
+            .max_concurrent_bidi_streams(server::STREAMS_PER_CONNECTION.into())
+            .max_concurrent_uni_streams(0u32.into())
+            .stream_receive_window(quinn::VarInt::from_u64(window).unwrap_or(quinn::VarInt::MAX))
+            .receive_window(quinn::VarInt::from_u64(window * 8).unwrap_or(quinn::VarInt::MAX))
+            .send_window(window * 8)
+            .keep_alive_interval(Some(Duration::from_secs(1)))
+            .max_idle_timeout(Some(
+                quinn::IdleTimeout::try_from(Duration::from_secs(5))
+                    .map_err(std::io::Error::other)?,
+            ));
+        let transport = Arc::new(transport);
+        let mut server_cfg = cfg.identity.server_config();
+        server_cfg.transport_config(Arc::clone(&transport));
+        let mut client_cfg = cfg.identity.client_config();
+        client_cfg.transport_config(transport);
+        let mut endpoint = quinn::Endpoint::server(server_cfg, cfg.listen)?;
+        endpoint.set_default_client_config(client_cfg);
+        let dataset = wire_dataset_id(dataset_name);
+        let membership = Membership::new(
+            cfg.peers.clone(),
+            endpoint.local_addr()?,
+            cfg.identity.leaf_certificate().to_vec(),
+            endpoint.clone(),
+            cfg.timeout.max(Duration::from_secs(1)),
+        );
+        rt.spawn(Arc::clone(&membership).run());
+        let client = PeerClient::new(
+            Arc::clone(&membership),
+            dataset,
+            block_size as u32,
+            cfg.timeout,
+            Arc::clone(&stats),
+        );
+        Ok(Arc::new(PeerNode {
+            endpoint,
+            membership,
+            client,
+            cfg,
+            dataset,
+            block_size,
+            stats,
+        }))
+    }
+
+    /// The tier the reader asks.
+    pub fn client(&self) -> PeerClient {
+        self.client.clone()
+    }
+
+    pub fn membership(&self) -> &Arc<Membership> {
+        &self.membership
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.endpoint.local_addr().ok()
+    }
+
+    /// Starts answering other nodes from `reader`.
+    pub fn serve(&self, reader: Arc<Reader>, source: Arc<dyn Source>, rt: &Handle) {
+        let slots = ((128u64 << 20) / self.block_size).clamp(4, 256) as usize;
+        let server = Arc::new(PeerServer {
+            dataset: self.dataset,
+            block_size: self.block_size,
+            timeout: self.cfg.timeout,
+            reader,
+            source,
+            membership: Arc::clone(&self.membership),
+            stats: Arc::clone(&self.stats),
+            slots: Arc::new(Semaphore::new(slots)),
+        });
+        rt.spawn(server.run(self.endpoint.clone()));
+    }
+
+    /// Closes every connection (at unmount).
+    pub fn close(&self) {
+        self.endpoint.close(0u32.into(), b"unmount");
+    }
+}

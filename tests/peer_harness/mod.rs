@@ -1,0 +1,266 @@
+//! A small harness for the peer tests: a shared source directory, and real
+//! `locafs mount` processes on loopback, each with its own cache dir,
+//! mountpoint and UDP port, talking QUIC to each other.
+#![allow(dead_code)]
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use locafs::stats::StatsSnapshot;
+use rand::{Rng, SeedableRng};
+
+pub const BLOCK: u64 = 64 * 1024;
+
+/// Prints SKIPPED and returns false if this machine cannot run the tests.
+pub fn can_run() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: /dev/fuse is missing");
+        return false;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: mounting needs root here");
+        return false;
+    }
+    true
+}
+
+/// A free UDP port on 127.0.0.1 (free when asked; good enough on a test box).
+pub fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("a free UDP port")
+}
+
+pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A test directory holding the source, the secret and one dir per node.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub files: Vec<(String, Vec<u8>)>,
+    pub secret: PathBuf,
+}
+
+impl Cluster {
+    /// `n` files of random sizes between `min` and `max` bytes.
+    pub fn new(n: usize, min: usize, max: usize, seed: u64) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("source");
+        std::fs::create_dir_all(src.join("train")).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut files = Vec::new();
+        for i in 0..n {
+            let len = rng.random_range(min..=max);
+            let mut data = vec![0u8; len];
+            rng.fill(&mut data[..]);
+            let rel = format!("train/f{i:04}.bin");
+            std::fs::write(src.join(&rel), &data).unwrap();
+            files.push((rel, data));
+        }
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, random_secret(&mut rng)).unwrap();
+        Cluster { dir, files, secret }
+    }
+
+    pub fn source(&self) -> PathBuf {
+        self.dir.path().join("source")
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+
+    /// A second secret, for a node that must not get in.
+    pub fn other_secret(&self) -> PathBuf {
+        let p = self.dir.path().join("other-secret");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+        std::fs::write(&p, random_secret(&mut rng)).unwrap();
+        p
+    }
+}
+
+fn random_secret(rng: &mut impl Rng) -> String {
+    (0..32)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect()
+}
+
+/// One running `locafs mount` process.
+pub struct Node {
+    pub name: String,
+    pub port: u16,
+    pub mountpoint: PathBuf,
+    pub cache: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct NodeOpts<'a> {
+    pub peers: &'a [u16],
+    pub secret: &'a Path,
+    pub cache_size: &'a str,
+    pub peer_timeout: &'a str,
+}
+
+impl Node {
+    /// Starts a node and waits until its mount answers.
+    pub fn start(c: &Cluster, name: &str, port: u16, o: NodeOpts) -> Node {
+        let base = c.dir.path().join(name);
+        let mountpoint = base.join("mnt");
+        let cache = base.join("cache");
+        std::fs::create_dir_all(&mountpoint).unwrap();
+        std::fs::create_dir_all(&cache).unwrap();
+        let log = base.join("log");
+        let peers: Vec<String> = o.peers.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let child = Command::new(env!("CARGO_BIN_EXE_locafs"))
+            .arg("mount")
+            .arg(c.source())
+            .arg(&mountpoint)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["--cache-size", o.cache_size])
+            .args(["--block-size", &BLOCK.to_string()])
+            .arg("--no-passthrough")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--peers", &peers.join(",")])
+            .arg("--cluster-secret-file")
+            .arg(o.secret)
+            .args(["--peer-timeout", o.peer_timeout])
+            .arg("--log-file")
+            .arg(&log)
+            .env("RUST_LOG", "locafs=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start locafs");
+        let mut node = Node {
+            name: name.to_owned(),
+            port,
+            mountpoint,
+            cache,
+            log,
+            child: Some(child),
+        };
+        let start = Instant::now();
+        loop {
+            if locafs::cli_stats::fetch(&node.mountpoint).is_ok() {
+                break;
+            }
+            if let Some(Ok(Some(st))) = node.child.as_mut().map(|c| c.try_wait()) {
+                panic!("{name} exited with {st}:\n{}", node.log_text());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{name} did not mount"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        node
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        locafs::cli_stats::fetch(&self.mountpoint)
+            .unwrap_or_else(|e| panic!("stats of {}: {e}", self.name))
+    }
+
+    /// The peer entry for the node listening on `port`, as this node sees it.
+    pub fn peer_state(&self, port: u16) -> Option<String> {
+        let want = format!("127.0.0.1:{port}");
+        self.stats()
+            .peers
+            .into_iter()
+            .find(|p| p.address == want)
+            .map(|p| p.state)
+    }
+
+    /// Waits until this node sees every node of `ports` up (itself: self).
+    pub fn wait_peers_up(&self, ports: &[u16]) {
+        wait_until(
+            &format!("{} to see {ports:?} up", self.name),
+            Duration::from_secs(20),
+            || {
+                ports
+                    .iter()
+                    .all(|p| matches!(self.peer_state(*p).as_deref(), Some("up") | Some("self")))
+            },
+        );
+    }
+
+    /// Reads a file through the mount and checks every byte.
+    pub fn read_check(&self, rel: &str, want: &[u8]) {
+        let got = std::fs::read(self.mountpoint.join(rel))
+            .unwrap_or_else(|e| panic!("{}: read {rel}: {e}", self.name));
+        assert!(got == want, "{}: {rel}: wrong bytes", self.name);
+    }
+
+    /// SIGKILL, then detach the dead mount.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.mountpoint)
+            .status();
+    }
+
+    /// Unmounts cleanly and waits for the process to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("umount").arg(&self.mountpoint).status();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(&self.mountpoint)
+                .status();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop();
+        }
+    }
+}
+
+/// A DistributedSampler-like split: a new permutation of the file indices
+/// per epoch, cut into `n` disjoint shares.
+pub fn shares(files: usize, n: usize, epoch: u64, seed: u64) -> Vec<Vec<usize>> {
+    use rand::seq::SliceRandom;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + epoch);
+    let mut order: Vec<usize> = (0..files).collect();
+    order.shuffle(&mut rng);
+    let mut out = vec![Vec::new(); n];
+    for (i, f) in order.into_iter().enumerate() {
+        out[i % n].push(f);
+    }
+    out
+}

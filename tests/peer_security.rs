@@ -1,0 +1,339 @@
+//! What a hostile member can do to a real node: a peer that answers with
+//! wrong blocks is caught (the reads stay byte-exact and a counter shows
+//! it), and malformed, oversized, escaping or stale requests are refused
+//! while the node keeps serving its peers and its mount.
+
+mod peer_harness;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use locafs::cache::VersionKey;
+use locafs::peer::codec::{self, Frame, WireVersion};
+use locafs::peer::tls::{ClusterIdentity, PEER_SERVER_NAME};
+use locafs::source::{SourceAttr, SourceVersion};
+use peer_harness::*;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A member that holds the cluster secret but answers every request with a
+/// wrong block, in turn: garbage under a wrong checksum, a short block under
+/// its own (valid) checksum, and a reply longer than any block.
+async fn lying_peer(endpoint: quinn::Endpoint, asked: Arc<AtomicU64>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let asked = Arc::clone(&asked);
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                let n = asked.fetch_add(1, Relaxed);
+                let Ok(raw) = recv.read_to_end(1 << 16).await else {
+                    continue;
+                };
+                let Ok(Some(Frame::GetBlock {
+                    block,
+                    block_size,
+                    file,
+                    ..
+                })) = codec::decode_eof(&mut BytesMut::from(&raw[..]))
+                else {
+                    continue;
+                };
+                let len = file
+                    .size
+                    .saturating_sub(block * block_size as u64)
+                    .min(block_size as u64) as usize;
+                let reply = match n % 3 {
+                    0 => Frame::Block {
+                        checksum: [7; 32],
+                        data: Bytes::from(vec![0xAA; len]),
+                    },
+                    1 => Frame::block(Bytes::from(vec![0x55; len.saturating_sub(1)])),
+                    _ => Frame::block(Bytes::from(vec![0x11; len + 4096])),
+                };
+                let mut out = BytesMut::new();
+                codec::encode(&reply, &mut out).unwrap();
+                let _ = send.write_all(&out).await;
+                let _ = send.finish();
+            }
+        });
+    }
+}
+
+#[test]
+fn a_lying_peer_is_caught_and_reads_stay_byte_exact() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(40, 1_000, 250_000, 10);
+    let rt = runtime();
+    let identity =
+        ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).expect("identity");
+    let liar = {
+        let _g = rt.enter();
+        quinn::Endpoint::server(
+            identity.server_config(),
+            "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+        )
+        .unwrap()
+    };
+    let liar_port = liar.local_addr().unwrap().port();
+    let asked = Arc::new(AtomicU64::new(0));
+    rt.spawn(lying_peer(liar, Arc::clone(&asked)));
+
+    let port = free_port();
+    let ports = [port, liar_port];
+    let node = Node::start(
+        &c,
+        "honest",
+        port,
+        NodeOpts {
+            peers: &ports,
+            secret: &c.secret,
+            cache_size: "256M",
+            peer_timeout: "1s",
+        },
+    );
+    node.wait_peers_up(&ports);
+    // A liar is put aside for a while after each lie: wait for it to be
+    // back before each read until it has lied in all three ways.
+    for (rel, data) in &c.files {
+        if node.stats().peer_bad_blocks < 3 {
+            node.wait_peers_up(&ports);
+        }
+        node.read_check(rel, data);
+    }
+    let s = node.stats();
+    eprintln!(
+        "liar asked {} times; bad blocks {}",
+        asked.load(Relaxed),
+        s.peer_bad_blocks
+    );
+    assert!(asked.load(Relaxed) >= 3, "the liar was never asked");
+    assert!(
+        s.peer_bad_blocks >= 3,
+        "lies not counted: {}",
+        s.peer_bad_blocks
+    );
+    assert_eq!(s.read_errors, 0);
+    assert_eq!(s.peer_bytes, 0, "bytes from the liar were accepted");
+    assert_eq!(s.source_bytes, c.total_bytes());
+    let p = s
+        .peers
+        .iter()
+        .find(|p| p.address == format!("127.0.0.1:{liar_port}"))
+        .expect("liar listed");
+    assert!(p.bad_blocks >= 3, "{p:?}");
+    // Nothing wrong was cached either: a second pass is still exact.
+    for (rel, data) in &c.files {
+        node.read_check(rel, data);
+    }
+}
+
+/// One raw request on its own stream; the reply frame, or None if the node
+/// reset or closed the stream.
+async fn exchange(conn: &quinn::Connection, raw: &[u8]) -> Option<Frame> {
+    let (mut send, mut recv) = conn.open_bi().await.ok()?;
+    let _ = send.write_all(raw).await;
+    let _ = send.finish();
+    let reply = tokio::time::timeout(Duration::from_secs(10), recv.read_to_end(codec::MAX_FRAME))
+        .await
+        .ok()?
+        .ok()?;
+    codec::decode_eof(&mut BytesMut::from(&reply[..])).ok()?
+}
+
+fn get_block(dataset: [u8; 16], rel: &str, v: SourceVersion, block: u64) -> Frame {
+    Frame::GetBlock {
+        dataset,
+        version: VersionKey::new(std::path::Path::new(rel), &v).0,
+        block,
+        block_size: BLOCK as u32,
+        file: WireVersion {
+            size: v.size,
+            mtime_ns: v.mtime_ns,
+            ino: v.ino,
+        },
+        path: Bytes::copy_from_slice(rel.as_bytes()),
+    }
+}
+
+fn encoded(f: &Frame) -> BytesMut {
+    let mut b = BytesMut::new();
+    codec::encode(f, &mut b).unwrap();
+    b
+}
+
+/// A GetBlock on the wire with any path, bypassing the encoder's checks.
+fn raw_get_block(dataset: [u8; 16], path: &[u8], v: SourceVersion) -> BytesMut {
+    let key = VersionKey::new(
+        std::path::Path::new(std::ffi::OsStr::new(
+            std::str::from_utf8(path).unwrap_or("x"),
+        )),
+        &v,
+    );
+    let mut b = BytesMut::new();
+    b.put_slice(&codec::MAGIC);
+    b.put_u16(codec::PROTOCOL_VERSION);
+    b.put_u8(1);
+    b.put_u8(0);
+    b.put_u32((16 + 16 + 8 + 4 + 26 + path.len()) as u32);
+    b.put_slice(&dataset);
+    b.put_slice(&key.0);
+    b.put_u64(0);
+    b.put_u32(BLOCK as u32);
+    b.put_u64(v.size);
+    b.put_i64(v.mtime_ns);
+    b.put_u64(v.ino);
+    b.put_u16(path.len() as u16);
+    b.put_slice(path);
+    b
+}
+
+fn version_of(p: &std::path::Path) -> SourceVersion {
+    SourceAttr::from_metadata(&std::fs::metadata(p).unwrap()).version()
+}
+
+#[test]
+fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serving() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(10, 100_000, 200_000, 11);
+    // A directory symlink in the data set that leads out of it.
+    std::os::unix::fs::symlink("/etc", c.source().join("train/escape")).unwrap();
+    let port = free_port();
+    let node = Node::start(
+        &c,
+        "target",
+        port,
+        NodeOpts {
+            peers: &[port],
+            secret: &c.secret,
+            cache_size: "256M",
+            peer_timeout: "1s",
+        },
+    );
+    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
+        &std::fs::canonicalize(c.source()).unwrap(),
+    ));
+    let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();
+    let rt = runtime();
+    let (rel, data) = c.files[3].clone();
+    let v = version_of(&c.source().join(&rel));
+    rt.block_on(async {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(identity.client_config());
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let conn = ep.connect(addr, PEER_SERVER_NAME).unwrap().await.unwrap();
+
+        // Streams that never finish their request must not hold anything up.
+        let mut idle = Vec::new();
+        for _ in 0..8 {
+            let (mut s, r) = conn.open_bi().await.unwrap();
+            s.write_all(&codec::MAGIC).await.unwrap();
+            idle.push((s, r));
+        }
+
+        let is_error = |f: Option<Frame>| matches!(f, Some(Frame::Error { .. }) | None);
+        // Not the protocol at all.
+        assert!(is_error(exchange(&conn, b"GET / HTTP/1.1\r\n\r\n").await));
+        // A header announcing a 4 GiB frame.
+        let mut huge = BytesMut::new();
+        huge.put_slice(&codec::MAGIC);
+        huge.put_u16(codec::PROTOCOL_VERSION);
+        huge.put_u8(2);
+        huge.put_u8(0);
+        huge.put_u32(u32::MAX);
+        assert!(is_error(exchange(&conn, &huge).await));
+        // Really oversized: a valid request followed by 1 MiB more.
+        let mut big = encoded(&get_block(dataset, &rel, v, 0));
+        big.put_slice(&vec![0u8; 1 << 20]);
+        assert!(is_error(exchange(&conn, &big).await));
+        // Two frames where one is allowed.
+        let mut two = encoded(&get_block(dataset, &rel, v, 0));
+        two.extend_from_slice(&encoded(&get_block(dataset, &rel, v, 1)));
+        assert!(is_error(exchange(&conn, &two).await));
+        // A reply frame sent as a request.
+        assert!(is_error(
+            exchange(&conn, &encoded(&Frame::block(Bytes::from_static(b"x")))).await
+        ));
+        // Paths that leave the data set.
+        let passwd = version_of(std::path::Path::new("/etc/passwd"));
+        for bad in [
+            &b"../../../../etc/passwd"[..],
+            b"/etc/passwd",
+            b"train/../../x",
+        ] {
+            let reply = exchange(&conn, &raw_get_block(dataset, bad, passwd)).await;
+            assert!(is_error(reply), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // Through a symlinked directory inside the data set.
+        let escape = get_block(dataset, "train/escape/passwd", passwd, 0);
+        assert_eq!(
+            exchange(&conn, &encoded(&escape)).await,
+            Some(Frame::NotFound)
+        );
+        // A version key that is not the hash of the path and version.
+        let mut forged = get_block(dataset, &rel, v, 0);
+        if let Frame::GetBlock { version, .. } = &mut forged {
+            version[0] ^= 1;
+        }
+        assert!(matches!(
+            exchange(&conn, &encoded(&forged)).await,
+            Some(Frame::Error { .. })
+        ));
+        // A version that is not the current one at the source.
+        let stale = SourceVersion {
+            mtime_ns: v.mtime_ns - 1,
+            ..v
+        };
+        assert_eq!(
+            exchange(&conn, &encoded(&get_block(dataset, &rel, stale, 0))).await,
+            Some(Frame::NotFound)
+        );
+        // Another data set; a block past the end.
+        assert_eq!(
+            exchange(&conn, &encoded(&get_block([9; 16], &rel, v, 0))).await,
+            Some(Frame::NotFound)
+        );
+        assert_eq!(
+            exchange(&conn, &encoded(&get_block(dataset, &rel, v, 1000))).await,
+            Some(Frame::NotFound)
+        );
+
+        // And a proper request is still served, with the right bytes.
+        match exchange(&conn, &encoded(&get_block(dataset, &rel, v, 1))).await {
+            Some(Frame::Block {
+                checksum,
+                data: got,
+            }) => {
+                let want = &data[BLOCK as usize..(2 * BLOCK as usize).min(data.len())];
+                assert_eq!(&got[..], want);
+                assert_eq!(checksum, codec::block_checksum(want));
+            }
+            other => panic!("valid request answered with {other:?}"),
+        }
+        drop(idle);
+        conn.close(0u32.into(), b"done");
+    });
+    let s = node.stats();
+    assert!(
+        s.peer_bad_requests >= 6,
+        "bad requests counted: {}",
+        s.peer_bad_requests
+    );
+    // The mount itself is unharmed.
+    for (rel, data) in &c.files {
+        node.read_check(rel, data);
+    }
+    assert_eq!(node.stats().read_errors, 0);
+}
