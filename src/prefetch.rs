@@ -476,6 +476,12 @@ impl ReadAhead {
             }
             let bs = self.reader.block_size();
             for i in 0..file.block_count(bs) {
+                // With peers, each node fills the cluster's cache with the
+                // blocks it owns; others' blocks come from their owners when
+                // the loader (or a plan) asks for them.
+                if !planned && !self.reader.owns(&file, i) {
+                    continue;
+                }
                 let len = file.block_len(i, bs) as u64;
                 bucket.take(len).await;
                 let Ok(job) = Arc::clone(&jobs).acquire_owned().await else {

@@ -261,6 +261,12 @@ impl Reader {
         Ok(out)
     }
 
+    /// Whether this node reads this block from the source itself (always,
+    /// without peers).
+    pub fn owns(&self, file: &FileVersion, index: u64) -> bool {
+        self.peers.as_ref().is_none_or(|p| p.owns(file, index))
+    }
+
     /// Loader reads currently waiting on fetches.
     pub fn demand_inflight(&self) -> u64 {
         self.demand.load(Relaxed)

@@ -182,6 +182,8 @@ pub struct DiskCache {
     dataset_bytes: Arc<AtomicU64>,
     /// Bytes booked by `reserve_aux`.
     aux_bytes: Mutex<u64>,
+    /// Held while the files of a new version are created.
+    create_lock: Mutex<()>,
     stats: Arc<Stats>,
 }
 
@@ -243,6 +245,7 @@ impl DiskCache {
             writes_off_until: Mutex::new(None),
             dataset_bytes: Arc::new(AtomicU64::new(0)),
             aux_bytes: Mutex::new(0),
+            create_lock: Mutex::new(()),
             stats,
         };
         let mut cache = cache;
@@ -779,17 +782,21 @@ impl DiskCache {
         };
         self.evict(victims);
         let mut result = Ok(());
-        let needs_create = {
-            let st = self.state.lock();
-            st.entries.get(&file.key).is_some_and(|e| !e.created)
+        let created = |me: &Self| {
+            let st = me.state.lock();
+            st.entries.get(&file.key).is_none_or(|e| e.created)
         };
-        if needs_create {
-            // Two writers of a new version race here only with single flight
-            // off; creating twice with truncation loses at most a block slot.
-            result = self.create_files(file, nblocks);
-            if result.is_ok() {
-                if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
-                    e.created = true;
+        if !created(self) {
+            // Writers of different blocks of a new version (read-ahead asks
+            // for several at once) must not each create, and so truncate,
+            // the files: creation is serialized and checked again inside.
+            let _creating = self.create_lock.lock();
+            if !created(self) {
+                result = self.create_files(file, nblocks);
+                if result.is_ok() {
+                    if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+                        e.created = true;
+                    }
                 }
             }
         }
@@ -1033,6 +1040,30 @@ mod tests {
         drop(st);
         c.evict(work);
         c
+    }
+
+    #[test]
+    fn concurrent_writers_of_a_new_file_never_clobber_each_other() {
+        // Read-ahead writes several blocks of a new file at once; each must
+        // survive, since blocks written in this mount are trusted by
+        // passthrough without being read back.
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let c = open(dir.path(), 1 << 20);
+            let f = file(&format!("r{round}"), 16);
+            std::thread::scope(|s| {
+                for i in 0..16 {
+                    let (c, f) = (&c, &f);
+                    s.spawn(move || assert!(c.put(f, i, &block(f, i))));
+                }
+            });
+            let back = c.open_complete(&f).expect("complete");
+            for i in 0..16 {
+                let mut b = vec![0u8; BS as usize];
+                back.read_exact_at(&mut b, i * BS).unwrap();
+                assert_eq!(&b[..], &block(&f, i).data()[..], "round {round} block {i}");
+            }
+        }
     }
 
     #[test]
