@@ -464,8 +464,7 @@ impl ReadAhead {
             // Only while the cache has room: never churn the cache for
             // read-ahead (a plan is followed regardless: its blocks are read
             // next and can live in memory meanwhile).
-            let usage = cache.usage();
-            if !planned && usage.used_bytes + file.version.size > usage.capacity_bytes {
+            if !planned && !cache.has_room_for(&file) {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }

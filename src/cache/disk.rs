@@ -988,6 +988,19 @@ impl BlockCache for DiskCache {
         st.touch(file.key);
     }
 
+    fn has_room_for(&self, file: &FileVersion) -> bool {
+        let nblocks = file.block_count(self.block_size);
+        let data = (nblocks.saturating_sub(1)) * round_alloc(self.block_size)
+            + round_alloc(file.block_len(nblocks.saturating_sub(1), self.block_size) as u64);
+        let need = data + round_alloc(self.meta_layout(&file.rel, nblocks).1) + PER_FILE_OVERHEAD;
+        let st = self.state.lock();
+        let have = st
+            .entries
+            .get(&file.key)
+            .map_or(0, |e| self.part_bytes(e, false) + self.part_bytes(e, true));
+        st.policy.used() + need.saturating_sub(have) <= st.policy.capacity()
+    }
+
     fn usage(&self) -> CacheUsage {
         let st = self.state.lock();
         CacheUsage {

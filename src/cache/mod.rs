@@ -147,4 +147,7 @@ pub trait BlockCache: Send + Sync + 'static {
     /// The loader read `bytes` of this file (advances the policy's clock).
     fn record_access(&self, file: &FileVersion, bytes: u64);
     fn usage(&self) -> CacheUsage;
+    /// Whether the whole file would fit in free room now, without evicting
+    /// anything (read-ahead only fills free room).
+    fn has_room_for(&self, file: &FileVersion) -> bool;
 }
