@@ -36,7 +36,7 @@ fn read_all(sc: &Scratch) {
 #[test]
 fn stats_json_schema_and_watch() {
     let sc = scratch();
-    let _d = Daemon::start(&sc.mnt, &mount_args(&sc, &[]));
+    let _d = Daemon::start(&sc.mnt, &mount_args(&sc, &["--revalidate", "1s"]));
     read_all(&sc);
     let out = Command::new(bin())
         .args(["stats", "--json"])
@@ -119,7 +119,9 @@ fn stats_json_schema_and_watch() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     std::fs::write(sc.src.join("late.bin"), vec![7u8; 2 << 20]).unwrap();
-    // New files show up after --revalidate (60 s); open by name works now.
+    // New files show up within --revalidate (1 s here): read-ahead has
+    // listed the root, so until then the name is not known.
+    std::thread::sleep(Duration::from_millis(1100));
     let got = std::fs::read(sc.mnt.join("late.bin")).unwrap();
     assert_eq!(got.len(), 2 << 20);
     std::thread::sleep(Duration::from_millis(2300));
