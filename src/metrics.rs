@@ -263,7 +263,7 @@ fn update(src: &MetricsSources) {
     let ra = src.readahead.snapshot();
     gauge!("locafs_epoch").set(ra.epoch as f64);
     gauge!("locafs_epoch_files_read").set(ra.epoch_files_read as f64);
-    gauge!("locafs_epoch_files_total").set(ra.epoch_files_total as f64);
+    gauge!("locafs_dataset_files").set(ra.epoch_files_total as f64);
     gauge!("locafs_prefetch_memory_bytes").set(ra.prefetch_memory_used as f64);
     gauge!("locafs_prefetch_memory_limit_bytes").set(ra.prefetch_memory_limit as f64);
     counter!("locafs_prefetch_blocks_total", "kind" => "sequential")
@@ -351,7 +351,10 @@ fn describe() {
         "locafs_epoch_files_read",
         "Files read in the current epoch."
     );
-    describe_gauge!("locafs_epoch_files_total", "Files in the data set.");
+    describe_gauge!(
+        "locafs_dataset_files",
+        "Files in the data set (as listed for read-ahead)."
+    );
     describe_gauge!("locafs_prefetch_memory_bytes", "Prefetch buffers in use.");
     describe_gauge!(
         "locafs_prefetch_memory_limit_bytes",

@@ -163,7 +163,7 @@ fn prefetch_memory_budget_holds_with_many_handles() {
             "--prefetch-memory",
             "16MiB",
             "--memory-cache",
-            "16MiB",
+            "4MiB",
         ],
     );
     cfg.readahead.epoch = false;
