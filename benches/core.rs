@@ -16,6 +16,8 @@
 //!   (0.1 for a quick check).
 //! - `LOCAFS_BENCH_ONLY` (default all): figures to run, e.g. `1,3` (`1` means
 //!   1 and 1b; `1b` alone means only 1b).
+//! - `LOCAFS_BENCH_TOOLS` (default all): columns to measure, e.g.
+//!   `direct,locafs` (names: direct, locafs, locafs-nopt, bindfs, rclone).
 //! - `LOCAFS_BENCH_RUNS` (default 3): timed passes per warm figure (median).
 //! - `LOCAFS_BENCH_DIR` (default /var/tmp/locafs-bench): generated data (kept
 //!   and reused across runs), mountpoints, caches and daemon logs.
@@ -40,6 +42,7 @@ const CLASSES: usize = 100;
 struct Settings {
     scale: f64,
     only: Option<BTreeSet<String>>,
+    tools: Option<BTreeSet<String>>,
     runs: usize,
     root: PathBuf,
 }
@@ -72,6 +75,19 @@ impl Settings {
                 }
             }
         }
+        let tools = var("LOCAFS_BENCH_TOOLS").map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_ascii_lowercase())
+                .filter(|s| !s.is_empty())
+                .collect::<BTreeSet<_>>()
+        });
+        if let Some(set) = &tools {
+            for t in set {
+                if !TOOLS.iter().any(|x| x.tag() == t) {
+                    return Err(format!("LOCAFS_BENCH_TOOLS: no tool {t:?}"));
+                }
+            }
+        }
         let runs = match var("LOCAFS_BENCH_RUNS") {
             Some(v) => v
                 .trim()
@@ -87,6 +103,7 @@ impl Settings {
         Ok(Settings {
             scale,
             only,
+            tools,
             runs,
             root,
         })
@@ -97,6 +114,10 @@ impl Settings {
             None => true,
             Some(set) => set.contains(row) || set.contains(row.trim_end_matches('b')),
         }
+    }
+
+    fn uses(&self, t: Tool) -> bool {
+        self.tools.as_ref().is_none_or(|set| set.contains(t.tag()))
     }
 
     fn count(&self, n: u64) -> u64 {
@@ -776,6 +797,10 @@ struct Bench {
     sz: Sizes,
     data: PathBuf,
     cells: BTreeMap<(String, Tool), Cell>,
+    /// Median of the per-pair ratios to direct, per row and tool.
+    ratios: BTreeMap<(String, Tool), f64>,
+    /// The direct cold pass paired with the next tool's figure 4.
+    direct_cold: Option<f64>,
 }
 
 impl Bench {
@@ -811,6 +836,56 @@ impl Bench {
         }
     }
 
+    /// Runs `f` `runs` times on `base` (the tool's view) and records the
+    /// median. For a mounted tool, each run is paired with a run of the same
+    /// workload on the source directly just before it, and the ratio
+    /// reported is the median of the per-pair ratios: the machine's drift
+    /// (other builds, the VM's memory reclaim) hits both sides of a pair.
+    fn paired(
+        &mut self,
+        row: &str,
+        tool: Tool,
+        unit: Unit,
+        base: &Path,
+        drop: bool,
+        mut f: impl FnMut(&Path, u64) -> io::Result<f64>,
+    ) {
+        let data = self.data.clone();
+        let mut vals = Vec::new();
+        let mut ratios = Vec::new();
+        let mut one = |i: u64| -> io::Result<()> {
+            let d = if tool == Tool::Direct {
+                None
+            } else {
+                if drop {
+                    drop_caches()?;
+                }
+                Some(f(&data, i)?)
+            };
+            if drop {
+                drop_caches()?;
+            }
+            let v = f(base, i)?;
+            vals.push(v);
+            if let Some(d) = d {
+                ratios.push(v / d);
+            }
+            Ok(())
+        };
+        let runs = if row == "4" { 1 } else { self.s.runs };
+        let r = (0..runs as u64).try_for_each(&mut one);
+        if !ratios.is_empty() {
+            let parts: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            eprintln!(
+                "  [{row}] {}: paired ratios {}",
+                tool.name(),
+                parts.join(", ")
+            );
+            self.ratios.insert((row.to_string(), tool), median(&ratios));
+        }
+        self.record(row, tool, r.map(|_| vals), unit);
+    }
+
     /// Figures 1-4 for one tool, on one mount of the data directory.
     fn main_figures(&mut self, tool: Tool) {
         let rows = ["1", "1b", "2", "2b", "3", "4"];
@@ -818,11 +893,23 @@ impl Bench {
             return;
         }
         eprintln!("== {} ==", tool.name());
-        let mount = if tool == Tool::Direct {
-            None
-        } else if tool.program().is_none() {
+        if tool != Tool::Direct && tool.program().is_none() {
             self.mark_all(&rows, tool, "SKIPPED (not installed)");
             return;
+        }
+        let (_, small) = small_list(&self.sz);
+        let (_, large) = large_list(&self.sz);
+        let data = self.data.clone();
+        if self.s.wants("4") && tool != Tool::Direct {
+            // The paired direct cold pass runs before the mount exists.
+            let r = drop_caches().and_then(|_| random_pass(&data, &small, 1));
+            match r {
+                Ok((secs, _)) => self.direct_cold = Some(secs),
+                Err(e) => eprintln!("  direct cold pass failed: {e}"),
+            }
+        }
+        let mount = if tool == Tool::Direct {
+            None
         } else {
             match Mounted::start(tool, &self.data, &self.s.root, "main") {
                 Ok(m) => Some(m),
@@ -837,9 +924,6 @@ impl Bench {
             Some(m) => m.mnt.clone(),
             None => self.data.clone(),
         };
-        let runs = self.s.runs;
-        let (_, small) = small_list(&self.sz);
-        let (_, large) = large_list(&self.sz);
 
         let mut small_passes = 0;
         if self.s.wants("4") {
@@ -847,32 +931,34 @@ impl Bench {
                 .and_then(|_| random_pass(&base, &small, 1))
                 .map(|(secs, _)| vec![secs]);
             small_passes += 1;
+            if let (Ok(v), Some(d)) = (&r, self.direct_cold.take()) {
+                eprintln!("  [4] paired direct cold pass: {d:.2} s");
+                self.ratios.insert(("4".into(), tool), v[0] / d);
+            }
             self.record("4", tool, r, Unit::Seconds);
         }
         if self.s.wants("2") || self.s.wants("2b") {
             // Warm-up: fills the locafs/rclone cache, then a pass that opens
-            // every file from the complete cache (passthrough).
-            let warm: io::Result<()> = (small_passes..2).try_for_each(|i| {
-                eprintln!("  warm-up pass {} over the small files", i + 1);
-                random_pass(&base, &small, 100 + i).map(|_| ())
-            });
+            // every file from the complete cache (passthrough); and one
+            // direct pass for the paired direct runs.
+            let warm: io::Result<()> = (small_passes..2)
+                .try_for_each(|i| {
+                    eprintln!("  warm-up pass {} over the small files", i + 1);
+                    random_pass(&base, &small, 100 + i).map(|_| ())
+                })
+                .and_then(|_| random_pass(&data, &small, 150).map(|_| ()));
             if let Err(e) = warm {
                 self.record("2", tool, Err(e), Unit::FilesPerS);
             } else {
                 if self.s.wants("2") {
-                    let r = (0..runs)
-                        .map(|i| random_pass(&base, &small, 200 + i as u64).map(|x| x.1))
-                        .collect();
-                    self.record("2", tool, r, Unit::FilesPerS);
+                    self.paired("2", tool, Unit::FilesPerS, &base, false, |b, i| {
+                        random_pass(b, &small, 200 + i).map(|x| x.1)
+                    });
                 }
                 if self.s.wants("2b") {
-                    let r = (0..runs)
-                        .map(|i| {
-                            drop_caches()?;
-                            random_pass(&base, &small, 300 + i as u64).map(|x| x.1)
-                        })
-                        .collect();
-                    self.record("2b", tool, r, Unit::FilesPerS);
+                    self.paired("2b", tool, Unit::FilesPerS, &base, true, |b, i| {
+                        random_pass(b, &small, 300 + i).map(|x| x.1)
+                    });
                 }
             }
             if let Some(m) = &mount {
@@ -880,25 +966,24 @@ impl Bench {
             }
         }
         if self.s.wants("1") || self.s.wants("1b") {
-            let warm: io::Result<()> = (0..2).try_for_each(|i| {
-                eprintln!("  warm-up pass {} over the large files", i + 1);
-                seq_pass(&base, &large).map(|_| ())
-            });
+            let warm: io::Result<()> = (0..2)
+                .try_for_each(|i| {
+                    eprintln!("  warm-up pass {} over the large files", i + 1);
+                    seq_pass(&base, &large).map(|_| ())
+                })
+                .and_then(|_| seq_pass(&data, &large).map(|_| ()));
             if let Err(e) = warm {
                 self.record("1", tool, Err(e), Unit::GBps);
             } else {
                 if self.s.wants("1") {
-                    let r = (0..runs).map(|_| seq_pass(&base, &large)).collect();
-                    self.record("1", tool, r, Unit::GBps);
+                    self.paired("1", tool, Unit::GBps, &base, false, |b, _| {
+                        seq_pass(b, &large)
+                    });
                 }
                 if self.s.wants("1b") {
-                    let r = (0..runs)
-                        .map(|_| {
-                            drop_caches()?;
-                            seq_pass(&base, &large)
-                        })
-                        .collect();
-                    self.record("1b", tool, r, Unit::GBps);
+                    self.paired("1b", tool, Unit::GBps, &base, true, |b, _| {
+                        seq_pass(b, &large)
+                    });
                 }
             }
             if let Some(m) = &mount {
@@ -906,14 +991,16 @@ impl Bench {
             }
         }
         if self.s.wants("3") {
-            let dir = base.join(format!("meta-{}", self.sz.meta_files));
+            let name = format!("meta-{}", self.sz.meta_files);
             let expect = self.sz.meta_files + CLASSES as u64;
-            let r = walk_pass(&dir, expect).and_then(|_| {
-                (0..runs)
-                    .map(|_| walk_pass(&dir, expect))
-                    .collect::<io::Result<Vec<f64>>>()
-            });
-            self.record("3", tool, r, Unit::EntriesPerS);
+            let warm = walk_pass(&base.join(&name), expect)
+                .and_then(|_| walk_pass(&data.join(&name), expect));
+            match warm {
+                Err(e) => self.record("3", tool, Err(e), Unit::EntriesPerS),
+                Ok(_) => self.paired("3", tool, Unit::EntriesPerS, &base, false, |b, _| {
+                    walk_pass(&b.join(&name), expect)
+                }),
+            }
         }
         drop(mount);
     }
@@ -966,6 +1053,18 @@ impl Bench {
         drop(m);
     }
 
+    /// The ratio of a tool's figure to direct: the median of the paired
+    /// ratios if there are any, else against the direct column.
+    fn ratio(&self, row: &Row, tool: Tool, v: f64, direct: Option<f64>) -> Option<f64> {
+        if row.unit == Unit::MiB || tool == Tool::Direct {
+            return None;
+        }
+        if let Some(r) = self.ratios.get(&(row.id.to_string(), tool)) {
+            return Some(*r);
+        }
+        direct.filter(|d| *d > 0.0).map(|d| v / d)
+    }
+
     fn table(&self) -> String {
         let mut out = String::new();
         let cols: Vec<Tool> = TOOLS.to_vec();
@@ -1004,9 +1103,9 @@ impl Bench {
                 let (v, ratio) = match cell {
                     Some(Cell::Value(v)) => (
                         fmt_value(row.unit, *v),
-                        match direct {
-                            Some(d) if d > 0.0 && row.unit != Unit::MiB => format!("{:.2}", v / d),
-                            _ => "-".into(),
+                        match self.ratio(row, *t, *v, direct) {
+                            Some(r) => format!("{r:.2}"),
+                            None => "-".into(),
                         },
                     ),
                     Some(Cell::Text(s)) => (s.clone(), "-".into()),
@@ -1022,17 +1121,16 @@ impl Bench {
                 Some(Cell::Value(v)) => Some(*v),
                 _ => None,
             };
-            let goal = match (row.goal, ours, direct) {
+            let ours_ratio = ours.and_then(|v| self.ratio(row, Tool::Locafs, v, direct));
+            let goal = match (row.goal, ours, ours_ratio) {
                 (None, _, _) => "-".to_string(),
-                (Some(Goal::AtLeastRatio(g)), Some(v), Some(d)) if d > 0.0 => format!(
-                    ">= {g:.2} x direct: {} ({:.2})",
-                    if v / d >= g { "met" } else { "NOT met" },
-                    v / d
+                (Some(Goal::AtLeastRatio(g)), _, Some(r)) => format!(
+                    ">= {g:.2} x direct: {} ({r:.2})",
+                    if r >= g { "met" } else { "NOT met" },
                 ),
-                (Some(Goal::AtMostRatio(g)), Some(v), Some(d)) if d > 0.0 => format!(
-                    "<= {g:.2} x direct: {} ({:.2})",
-                    if v / d <= g { "met" } else { "NOT met" },
-                    v / d
+                (Some(Goal::AtMostRatio(g)), _, Some(r)) => format!(
+                    "<= {g:.2} x direct: {} ({r:.2})",
+                    if r <= g { "met" } else { "NOT met" },
                 ),
                 (Some(Goal::Below(g)), Some(v), _) => format!(
                     "< {g:.0} {}: {}",
@@ -1145,6 +1243,8 @@ fn main() {
         sz,
         s,
         cells: BTreeMap::new(),
+        ratios: BTreeMap::new(),
+        direct_cold: None,
     };
     let started = Instant::now();
     let gen = || -> io::Result<PathBuf> {
@@ -1180,11 +1280,12 @@ fn main() {
             std::process::exit(1);
         }
     };
-    for t in TOOLS {
-        b.main_figures(t);
+    let tools: Vec<Tool> = TOOLS.into_iter().filter(|t| b.s.uses(*t)).collect();
+    for t in &tools {
+        b.main_figures(*t);
     }
-    for t in TOOLS {
-        b.rss_figure(t, &tree);
+    for t in &tools {
+        b.rss_figure(*t, &tree);
     }
     let date = Command::new("date")
         .arg("-u")
@@ -1199,7 +1300,11 @@ fn main() {
         b.s.scale,
         started.elapsed().as_secs_f64()
     );
-    println!("ratio = column / direct (higher is better for rates, lower for times).");
+    println!(
+        "ratio = tool / direct, the median of per-run ratios against a direct run made just before \
+         each tool run (higher is better for rates, lower for times); the direct column is the \
+         median of the direct runs of the direct section."
+    );
     println!();
     print!("{}", b.table());
 }
