@@ -1,0 +1,1310 @@
+//! `cargo bench --bench core`: the core speed and memory figures of locafs
+//! (issue 2), each measured side by side with its baselines in the same run
+//! (direct reads of the source, locafs with and without passthrough, bindfs,
+//! rclone) and printed as a markdown table of medians with the ratio to
+//! direct. docs/benchmarks.md says what each figure means.
+//!
+//! It mounts real `locafs`, `bindfs` and `rclone` processes on real FUSE
+//! mounts (root and /dev/fuse needed, otherwise it says SKIPPED and exits).
+//! It asserts nothing and never fails on a slow figure: it measures. It must
+//! never leave a mount behind: every mount is a guard that unmounts on drop
+//! (also while a panic unwinds), and each run first detaches whatever an
+//! interrupted earlier run left mounted under its directory.
+//!
+//! Environment:
+//! - `LOCAFS_BENCH_SCALE` (default 1): multiplies file counts and sizes
+//!   (0.1 for a quick check).
+//! - `LOCAFS_BENCH_ONLY` (default all): figures to run, e.g. `1,3` (`1` means
+//!   1 and 1b; `1b` alone means only 1b).
+//! - `LOCAFS_BENCH_TOOLS` (default all): columns to measure, e.g.
+//!   `direct,locafs` (names: direct, locafs, locafs-nopt, bindfs, rclone).
+//! - `LOCAFS_BENCH_RUNS` (default 3): timed passes per warm figure (median).
+//! - `LOCAFS_BENCH_DIR` (default /var/tmp/locafs-bench): generated data (kept
+//!   and reused across runs), mountpoints, caches and daemon logs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+/// Reader threads of figures 2 and 4 (a data loader's workers).
+const THREADS: usize = 8;
+/// Class directories of the image-folder-like set.
+const CLASSES: usize = 100;
+
+// ---------------------------------------------------------------- settings
+
+struct Settings {
+    scale: f64,
+    only: Option<BTreeSet<String>>,
+    tools: Option<BTreeSet<String>>,
+    runs: usize,
+    root: PathBuf,
+}
+
+impl Settings {
+    fn from_env() -> Result<Settings, String> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let scale = match var("LOCAFS_BENCH_SCALE") {
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| *s > 0.0 && *s <= 10.0)
+                .ok_or_else(|| format!("LOCAFS_BENCH_SCALE={v}: want a number in (0, 10]"))?,
+            None => 1.0,
+        };
+        let only = var("LOCAFS_BENCH_ONLY").map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_ascii_lowercase())
+                .filter(|s| !s.is_empty())
+                .collect::<BTreeSet<_>>()
+        });
+        if let Some(set) = &only {
+            for f in set {
+                if !ROWS
+                    .iter()
+                    .any(|r| r.id == f || r.id.trim_end_matches('b') == f)
+                {
+                    return Err(format!("LOCAFS_BENCH_ONLY: no figure {f:?}"));
+                }
+            }
+        }
+        let tools = var("LOCAFS_BENCH_TOOLS").map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_ascii_lowercase())
+                .filter(|s| !s.is_empty())
+                .collect::<BTreeSet<_>>()
+        });
+        if let Some(set) = &tools {
+            for t in set {
+                if !TOOLS.iter().any(|x| x.tag() == t) {
+                    return Err(format!("LOCAFS_BENCH_TOOLS: no tool {t:?}"));
+                }
+            }
+        }
+        let runs = match var("LOCAFS_BENCH_RUNS") {
+            Some(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| format!("LOCAFS_BENCH_RUNS={v}: want a whole number >= 1"))?,
+            None => 3,
+        };
+        let root = var("LOCAFS_BENCH_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp/locafs-bench"));
+        Ok(Settings {
+            scale,
+            only,
+            tools,
+            runs,
+            root,
+        })
+    }
+
+    fn wants(&self, row: &str) -> bool {
+        match &self.only {
+            None => true,
+            Some(set) => set.contains(row) || set.contains(row.trim_end_matches('b')),
+        }
+    }
+
+    fn uses(&self, t: Tool) -> bool {
+        self.tools.as_ref().is_none_or(|set| set.contains(t.tag()))
+    }
+
+    fn count(&self, n: u64) -> u64 {
+        ((n as f64 * self.scale).round() as u64).max(1)
+    }
+}
+
+// ------------------------------------------------------------- the figures
+
+#[derive(Clone, Copy, PartialEq)]
+enum Unit {
+    GBps,
+    FilesPerS,
+    EntriesPerS,
+    Seconds,
+    MiB,
+}
+
+#[derive(Clone, Copy)]
+enum Goal {
+    /// locafs (passthrough, the default) at least this fraction of direct.
+    AtLeastRatio(f64),
+    /// locafs at most this multiple of direct (times).
+    AtMostRatio(f64),
+    /// locafs below this value.
+    Below(f64),
+}
+
+struct Row {
+    id: &'static str,
+    unit: Unit,
+    goal: Option<Goal>,
+}
+
+const ROWS: &[Row] = &[
+    Row {
+        id: "1",
+        unit: Unit::GBps,
+        goal: Some(Goal::AtLeastRatio(0.9)),
+    },
+    Row {
+        id: "1b",
+        unit: Unit::GBps,
+        goal: None,
+    },
+    Row {
+        id: "2",
+        unit: Unit::FilesPerS,
+        goal: Some(Goal::AtLeastRatio(0.6)),
+    },
+    Row {
+        id: "2b",
+        unit: Unit::FilesPerS,
+        goal: None,
+    },
+    Row {
+        id: "3",
+        unit: Unit::EntriesPerS,
+        goal: Some(Goal::AtLeastRatio(0.5)),
+    },
+    Row {
+        id: "4",
+        unit: Unit::Seconds,
+        goal: Some(Goal::AtMostRatio(1.3)),
+    },
+    Row {
+        id: "5",
+        unit: Unit::MiB,
+        goal: Some(Goal::Below(300.0)),
+    },
+];
+
+/// The data set sizes of one run (after scaling).
+struct Sizes {
+    large_files: u64,
+    large_size: u64,
+    small_files: u64,
+    meta_files: u64,
+    tree_files: u64,
+    tree_dirs: u64,
+}
+
+impl Sizes {
+    fn new(s: &Settings) -> Sizes {
+        Sizes {
+            large_files: 4,
+            large_size: s.count(512).max(1) * MIB,
+            small_files: s.count(50_000).max(CLASSES as u64),
+            meta_files: s.count(100_000).max(CLASSES as u64),
+            tree_files: s.count(1_000_000).max(1000),
+            tree_dirs: 1000,
+        }
+    }
+
+    fn label(&self, row: &str, runs: usize) -> String {
+        let large = format!(
+            "{} x {} MiB, 1 MiB reads",
+            self.large_files,
+            self.large_size / MIB
+        );
+        let small = format!(
+            "{} files of 4-256 KiB in {CLASSES} dirs, {THREADS} threads",
+            self.small_files
+        );
+        match row {
+            "1" => format!("1 warm seq read, {large}; page cache warm; median of {runs}"),
+            "1b" => format!("1b seq read, {large}; page cache dropped before each pass, locafs/rclone cache warm; median of {runs}"),
+            "2" => format!("2 warm random reads, {small}; page cache warm; median of {runs}"),
+            "2b" => format!("2b random reads, {small}; page cache dropped before each pass, locafs/rclone cache warm; median of {runs}"),
+            "3" => format!("3 warm metadata walk (readdir + lstat), {} files in {CLASSES} dirs; kernel caches warm; median of {runs}", self.meta_files),
+            "4" => format!("4 cold first pass, {small}; page cache dropped, empty cache, fresh mount; 1 run"),
+            "5" => format!("5 daemon peak RSS (VmHWM) after lstat of {} files in {} dirs; fresh mount", self.tree_files, self.tree_dirs),
+            _ => row.to_string(),
+        }
+    }
+}
+
+fn unit_name(u: Unit) -> &'static str {
+    match u {
+        Unit::GBps => "GB/s",
+        Unit::FilesPerS => "files/s",
+        Unit::EntriesPerS => "entries/s",
+        Unit::Seconds => "s",
+        Unit::MiB => "MiB",
+    }
+}
+
+fn fmt_value(u: Unit, v: f64) -> String {
+    match u {
+        Unit::GBps => format!("{v:.2}"),
+        Unit::FilesPerS | Unit::EntriesPerS => format!("{v:.0}"),
+        Unit::Seconds => format!("{v:.2}"),
+        Unit::MiB => format!("{v:.1}"),
+    }
+}
+
+// ------------------------------------------------------------------- tools
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Tool {
+    Direct,
+    Locafs,
+    LocafsNoPt,
+    Bindfs,
+    Rclone,
+}
+
+const TOOLS: [Tool; 5] = [
+    Tool::Direct,
+    Tool::Locafs,
+    Tool::LocafsNoPt,
+    Tool::Bindfs,
+    Tool::Rclone,
+];
+
+impl Tool {
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Direct => "direct",
+            Tool::Locafs => "locafs",
+            Tool::LocafsNoPt => "locafs --no-passthrough",
+            Tool::Bindfs => "bindfs",
+            Tool::Rclone => "rclone",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Tool::Direct => "direct",
+            Tool::Locafs => "locafs",
+            Tool::LocafsNoPt => "locafs-nopt",
+            Tool::Bindfs => "bindfs",
+            Tool::Rclone => "rclone",
+        }
+    }
+
+    /// The program, or None if it is not installed.
+    fn program(self) -> Option<PathBuf> {
+        match self {
+            Tool::Direct => None,
+            Tool::Locafs | Tool::LocafsNoPt => Some(PathBuf::from(env!("CARGO_BIN_EXE_locafs"))),
+            Tool::Bindfs => which("bindfs"),
+            Tool::Rclone => which("rclone"),
+        }
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            fs::metadata(p)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// A live FUSE mount served by a child process. Dropping it unmounts, waits
+/// for (or kills) the process and removes its cache directory.
+struct Mounted {
+    mnt: PathBuf,
+    child: Child,
+    cache: Option<PathBuf>,
+}
+
+impl Mounted {
+    fn start(tool: Tool, source: &Path, root: &Path, tag: &str) -> Result<Mounted, String> {
+        let program = tool.program().ok_or_else(|| "not installed".to_string())?;
+        let mnt = root.join("mnt").join(format!("{}-{tag}", tool.tag()));
+        let cache = root.join("cache").join(format!("{}-{tag}", tool.tag()));
+        let logs = root.join("logs");
+        for d in [&mnt, &logs] {
+            fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        if cache.exists() {
+            fs::remove_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+        }
+        fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+        let log_path = logs.join(format!("{}-{tag}.log", tool.tag()));
+        let log = File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&program);
+        match tool {
+            Tool::Direct => unreachable!("direct reads mount nothing"),
+            Tool::Locafs | Tool::LocafsNoPt => {
+                cmd.arg("mount")
+                    .arg(source)
+                    .arg(&mnt)
+                    .arg("--cache-dir")
+                    .arg(&cache)
+                    .arg("--dataset-id")
+                    .arg("bench");
+                if tool == Tool::LocafsNoPt {
+                    cmd.arg("--no-passthrough");
+                }
+            }
+            Tool::Bindfs => {
+                cmd.arg("-f").arg("-o").arg("ro").arg(source).arg(&mnt);
+            }
+            Tool::Rclone => {
+                cmd.arg("mount")
+                    .arg(source)
+                    .arg(&mnt)
+                    .arg("--read-only")
+                    .arg("--vfs-cache-mode")
+                    .arg("full")
+                    .arg("--cache-dir")
+                    .arg(&cache);
+            }
+        }
+        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+        let mut m = Mounted {
+            mnt,
+            child,
+            cache: Some(cache),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if is_mounted(&m.mnt) {
+                return Ok(m);
+            }
+            if let Ok(Some(st)) = m.child.try_wait() {
+                let tail = fs::read_to_string(&log_path).unwrap_or_default();
+                let tail = tail.lines().last().unwrap_or("").to_string();
+                return Err(format!(
+                    "{} exited ({st}) before mounting: {tail}",
+                    tool.name()
+                ));
+            }
+            if Instant::now() > deadline {
+                // Drop kills the child.
+                m.cache.take();
+                return Err(format!("{} did not mount within 60 s", tool.name()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let mut done = false;
+            for _ in 0..50 {
+                if unmount(&self.mnt, 0).is_ok() {
+                    done = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if !done {
+                eprintln!("  {} busy: detaching it", self.mnt.display());
+                let _ = unmount(&self.mnt, libc::MNT_DETACH);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() > deadline => {
+                    eprintln!(
+                        "  pid {} did not exit after unmount: killing it",
+                        self.pid()
+                    );
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        if let Some(c) = self.cache.take() {
+            let _ = fs::remove_dir_all(c);
+        }
+    }
+}
+
+fn unmount(p: &Path, flags: libc::c_int) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: c is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Mountpoints of the current mount namespace (octal escapes decoded).
+fn mountpoints() -> Vec<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape_mountinfo(m)))
+        .collect()
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn is_mounted(p: &Path) -> bool {
+    mountpoints().iter().any(|m| m == p)
+}
+
+/// Detaches mounts that an interrupted earlier run left under `root/mnt`.
+fn detach_leftovers(root: &Path) {
+    let base = root.join("mnt");
+    for m in mountpoints() {
+        if m.starts_with(&base) {
+            eprintln!("detaching {} left by an earlier run", m.display());
+            let _ = unmount(&m, libc::MNT_DETACH);
+        }
+    }
+}
+
+// -------------------------------------------------------------- data sets
+
+/// A deterministic pseudo-random generator (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Files of a data set: path relative to the mount root, and size.
+type FileList = Vec<(PathBuf, u64)>;
+
+fn large_list(sz: &Sizes) -> (String, FileList) {
+    let dir = format!("large-{}x{}MiB", sz.large_files, sz.large_size / MIB);
+    let files = (0..sz.large_files)
+        .map(|i| {
+            (
+                PathBuf::from(&dir).join(format!("shard-{i}.bin")),
+                sz.large_size,
+            )
+        })
+        .collect();
+    (dir, files)
+}
+
+fn small_list(sz: &Sizes) -> (String, FileList) {
+    let dir = format!("small-{}", sz.small_files);
+    let mut rng = Rng(42);
+    let files = (0..sz.small_files)
+        .map(|i| {
+            let class = i as usize % CLASSES;
+            let size = 4 * KIB + rng.below(252 * KIB + 1);
+            (
+                PathBuf::from(&dir)
+                    .join(format!("n{class:03}"))
+                    .join(format!("img_{i:07}.jpg")),
+                size,
+            )
+        })
+        .collect();
+    (dir, files)
+}
+
+/// Writes `files` under `data` unless a marker says it was done before.
+fn ensure_files(root: &Path, data: &Path, name: &str, files: &FileList) -> io::Result<()> {
+    let marker = root.join("ready").join(name);
+    if marker.exists() {
+        return Ok(());
+    }
+    let dir = data.join(name);
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    eprintln!(
+        "generating {} ({} files, {:.2} GiB) ...",
+        dir.display(),
+        files.len(),
+        total as f64 / (1u64 << 30) as f64
+    );
+    let t = Instant::now();
+    let mut pool = vec![0u8; 8 * MIB as usize];
+    Rng(7).fill(&mut pool);
+    for (i, (rel, size)) in files.iter().enumerate() {
+        let p = data.join(rel);
+        if let Some(parent) = p.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let mut f = File::create(&p)?;
+        let mut left = *size;
+        let mut off = (i as u64 * 4099) % (4 * MIB);
+        let mut first = true;
+        while left > 0 {
+            let n = left.min(4 * MIB);
+            let chunk = &mut pool[off as usize..(off + n) as usize];
+            if first {
+                // Every file distinct.
+                chunk[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                first = false;
+            }
+            f.write_all(chunk)?;
+            left -= n;
+            off = (off + 4099) % (4 * MIB);
+        }
+    }
+    fs::create_dir_all(marker.parent().unwrap_or(root))?;
+    File::create(&marker)?;
+    eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `files` empty files spread over `dirs` directories (2 writer threads).
+fn ensure_empty_tree(root: &Path, dir: &Path, name: &str, files: u64, dirs: u64) -> io::Result<()> {
+    let marker = root.join("ready").join(name);
+    if marker.exists() {
+        return Ok(());
+    }
+    if dir.exists() {
+        fs::remove_dir_all(dir)?;
+    }
+    eprintln!(
+        "generating {} ({files} empty files in {dirs} dirs; once, then reused) ...",
+        dir.display()
+    );
+    let t = Instant::now();
+    let per = files.div_ceil(dirs);
+    std::thread::scope(|s| -> io::Result<()> {
+        let hs: Vec<_> = (0..2u64)
+            .map(|w| {
+                s.spawn(move || -> io::Result<()> {
+                    for d in (w..dirs).step_by(2) {
+                        let sub = dir.join(format!("d{d:04}"));
+                        fs::create_dir_all(&sub)?;
+                        let lo = d * per;
+                        let hi = ((d + 1) * per).min(files);
+                        for i in lo..hi {
+                            File::create(sub.join(format!("f{i:07}")))?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| io::Error::other("generator thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    fs::create_dir_all(marker.parent().unwrap_or(root))?;
+    File::create(&marker)?;
+    eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+// --------------------------------------------------------------- workloads
+
+fn drop_caches() -> io::Result<()> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3")
+}
+
+/// Reads `rel` under `base` to its end with `buf`-sized reads; checks the size.
+fn read_whole(base: &Path, rel: &Path, size: u64, buf: &mut [u8]) -> io::Result<()> {
+    let p = base.join(rel);
+    let mut f = File::open(&p)?;
+    let mut n = 0u64;
+    loop {
+        match f.read(buf)? {
+            0 => break,
+            k => n += k as u64,
+        }
+    }
+    if n != size {
+        return Err(io::Error::other(format!(
+            "{}: read {n} bytes, expected {size}",
+            p.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Sequential pass over `files`, one after the other, 1 MiB reads: GB/s.
+fn seq_pass(base: &Path, files: &FileList) -> io::Result<f64> {
+    let mut buf = vec![0u8; MIB as usize];
+    let t = Instant::now();
+    for (rel, size) in files {
+        read_whole(base, rel, *size, &mut buf)?;
+    }
+    let bytes: u64 = files.iter().map(|f| f.1).sum();
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
+}
+
+/// All `files` in a shuffled order by THREADS threads, each file opened,
+/// read whole and closed: (seconds, files/s).
+fn random_pass(base: &Path, files: &FileList, seed: u64) -> io::Result<(f64, f64)> {
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    Rng(seed).shuffle(&mut order);
+    let next = AtomicUsize::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| -> io::Result<()> {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| -> io::Result<()> {
+                    let mut buf = vec![0u8; 256 * KIB as usize];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&k) = order.get(i) else {
+                            return Ok(());
+                        };
+                        let (rel, size) = &files[k];
+                        read_whole(base, rel, *size, &mut buf)?;
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| io::Error::other("reader thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok((secs, files.len() as f64 / secs))
+}
+
+/// os.walk-like: list every directory, lstat every entry. Returns the number
+/// of entries.
+fn walk(dir: &Path) -> io::Result<u64> {
+    let mut stack = vec![dir.to_path_buf()];
+    let mut n = 0u64;
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)? {
+            let p = e?.path();
+            let md = fs::symlink_metadata(&p)?;
+            n += 1;
+            if md.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    Ok(n)
+}
+
+fn walk_pass(dir: &Path, expect: u64) -> io::Result<f64> {
+    let t = Instant::now();
+    let n = walk(dir)?;
+    let secs = t.elapsed().as_secs_f64();
+    if n != expect {
+        return Err(io::Error::other(format!(
+            "walk of {} saw {n} entries, expected {expect}",
+            dir.display()
+        )));
+    }
+    Ok(n as f64 / secs)
+}
+
+fn vm_hwm_mib(pid: u32) -> io::Result<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .ok_or_else(|| io::Error::other("no VmHWM"))?;
+    let kb: f64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("bad line {line:?}")))?;
+    Ok(kb / 1024.0)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+// ------------------------------------------------------------------ driver
+
+enum Cell {
+    Value(f64),
+    Text(String),
+}
+
+struct Bench {
+    s: Settings,
+    sz: Sizes,
+    data: PathBuf,
+    cells: BTreeMap<(String, Tool), Cell>,
+    /// Median of the per-pair ratios to direct, per row and tool.
+    ratios: BTreeMap<(String, Tool), f64>,
+    /// The direct cold pass paired with the next tool's figure 4.
+    direct_cold: Option<f64>,
+}
+
+impl Bench {
+    fn put(&mut self, row: &str, tool: Tool, c: Cell) {
+        self.cells.insert((row.to_string(), tool), c);
+    }
+
+    fn record(&mut self, row: &str, tool: Tool, r: io::Result<Vec<f64>>, unit: Unit) {
+        match r {
+            Ok(v) => {
+                let parts: Vec<String> = v.iter().map(|x| fmt_value(unit, *x)).collect();
+                eprintln!(
+                    "  [{row}] {}: {} {} (runs: {})",
+                    tool.name(),
+                    fmt_value(unit, median(&v)),
+                    unit_name(unit),
+                    parts.join(", ")
+                );
+                self.put(row, tool, Cell::Value(median(&v)));
+            }
+            Err(e) => {
+                eprintln!("  [{row}] {}: ERROR {e}", tool.name());
+                self.put(row, tool, Cell::Text(format!("ERROR: {e}")));
+            }
+        }
+    }
+
+    fn mark_all(&mut self, rows: &[&str], tool: Tool, text: &str) {
+        for r in rows {
+            if self.s.wants(r) {
+                self.put(r, tool, Cell::Text(text.to_string()));
+            }
+        }
+    }
+
+    /// Runs `f` `runs` times on `base` (the tool's view) and records the
+    /// median. For a mounted tool, each run is paired with a run of the same
+    /// workload on the source directly just before it, and the ratio
+    /// reported is the median of the per-pair ratios: the machine's drift
+    /// (other builds, the VM's memory reclaim) hits both sides of a pair.
+    fn paired(
+        &mut self,
+        row: &str,
+        tool: Tool,
+        unit: Unit,
+        base: &Path,
+        drop: bool,
+        mut f: impl FnMut(&Path, u64) -> io::Result<f64>,
+    ) {
+        let data = self.data.clone();
+        let mut vals = Vec::new();
+        let mut ratios = Vec::new();
+        let mut one = |i: u64| -> io::Result<()> {
+            let d = if tool == Tool::Direct {
+                None
+            } else {
+                if drop {
+                    drop_caches()?;
+                }
+                Some(f(&data, i)?)
+            };
+            if drop {
+                drop_caches()?;
+            }
+            let v = f(base, i)?;
+            vals.push(v);
+            if let Some(d) = d {
+                ratios.push(v / d);
+            }
+            Ok(())
+        };
+        let runs = if row == "4" { 1 } else { self.s.runs };
+        let r = (0..runs as u64).try_for_each(&mut one);
+        if !ratios.is_empty() {
+            let parts: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            eprintln!(
+                "  [{row}] {}: paired ratios {}",
+                tool.name(),
+                parts.join(", ")
+            );
+            self.ratios.insert((row.to_string(), tool), median(&ratios));
+        }
+        self.record(row, tool, r.map(|_| vals), unit);
+    }
+
+    /// Figures 1-4 for one tool, on one mount of the data directory.
+    fn main_figures(&mut self, tool: Tool) {
+        let rows = ["1", "1b", "2", "2b", "3", "4"];
+        if !rows.iter().any(|r| self.s.wants(r)) {
+            return;
+        }
+        eprintln!("== {} ==", tool.name());
+        if tool != Tool::Direct && tool.program().is_none() {
+            self.mark_all(&rows, tool, "SKIPPED (not installed)");
+            return;
+        }
+        let (_, small) = small_list(&self.sz);
+        let (_, large) = large_list(&self.sz);
+        let data = self.data.clone();
+        if self.s.wants("4") && tool != Tool::Direct {
+            // The paired direct cold pass runs before the mount exists.
+            let r = drop_caches().and_then(|_| random_pass(&data, &small, 1));
+            match r {
+                Ok((secs, _)) => self.direct_cold = Some(secs),
+                Err(e) => eprintln!("  direct cold pass failed: {e}"),
+            }
+        }
+        let mount = if tool == Tool::Direct {
+            None
+        } else {
+            match Mounted::start(tool, &self.data, &self.s.root, "main") {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    eprintln!("  mount failed: {e}");
+                    self.mark_all(&rows, tool, &format!("ERROR: {e}"));
+                    return;
+                }
+            }
+        };
+        let base = match &mount {
+            Some(m) => m.mnt.clone(),
+            None => self.data.clone(),
+        };
+
+        let mut small_passes = 0;
+        if self.s.wants("4") {
+            let r = drop_caches()
+                .and_then(|_| random_pass(&base, &small, 1))
+                .map(|(secs, _)| vec![secs]);
+            small_passes += 1;
+            if let (Ok(v), Some(d)) = (&r, self.direct_cold.take()) {
+                eprintln!("  [4] paired direct cold pass: {d:.2} s");
+                self.ratios.insert(("4".into(), tool), v[0] / d);
+            }
+            self.record("4", tool, r, Unit::Seconds);
+        }
+        if self.s.wants("2") || self.s.wants("2b") {
+            // Warm-up: fills the locafs/rclone cache, then a pass that opens
+            // every file from the complete cache (passthrough); and one
+            // direct pass for the paired direct runs.
+            let warm: io::Result<()> = (small_passes..2)
+                .try_for_each(|i| {
+                    eprintln!("  warm-up pass {} over the small files", i + 1);
+                    random_pass(&base, &small, 100 + i).map(|_| ())
+                })
+                .and_then(|_| random_pass(&data, &small, 150).map(|_| ()));
+            if let Err(e) = warm {
+                self.record("2", tool, Err(e), Unit::FilesPerS);
+            } else {
+                if self.s.wants("2") {
+                    self.paired("2", tool, Unit::FilesPerS, &base, false, |b, i| {
+                        random_pass(b, &small, 200 + i).map(|x| x.1)
+                    });
+                }
+                if self.s.wants("2b") {
+                    self.paired("2b", tool, Unit::FilesPerS, &base, true, |b, i| {
+                        random_pass(b, &small, 300 + i).map(|x| x.1)
+                    });
+                }
+            }
+            if let Some(m) = &mount {
+                print_locafs_stats(tool, m);
+            }
+        }
+        if self.s.wants("1") || self.s.wants("1b") {
+            let warm: io::Result<()> = (0..2)
+                .try_for_each(|i| {
+                    eprintln!("  warm-up pass {} over the large files", i + 1);
+                    seq_pass(&base, &large).map(|_| ())
+                })
+                .and_then(|_| seq_pass(&data, &large).map(|_| ()));
+            if let Err(e) = warm {
+                self.record("1", tool, Err(e), Unit::GBps);
+            } else {
+                if self.s.wants("1") {
+                    self.paired("1", tool, Unit::GBps, &base, false, |b, _| {
+                        seq_pass(b, &large)
+                    });
+                }
+                if self.s.wants("1b") {
+                    self.paired("1b", tool, Unit::GBps, &base, true, |b, _| {
+                        seq_pass(b, &large)
+                    });
+                }
+            }
+            if let Some(m) = &mount {
+                print_locafs_stats(tool, m);
+            }
+        }
+        if self.s.wants("3") {
+            let name = format!("meta-{}", self.sz.meta_files);
+            let expect = self.sz.meta_files + CLASSES as u64;
+            let warm = walk_pass(&base.join(&name), expect)
+                .and_then(|_| walk_pass(&data.join(&name), expect));
+            match warm {
+                Err(e) => self.record("3", tool, Err(e), Unit::EntriesPerS),
+                Ok(_) => self.paired("3", tool, Unit::EntriesPerS, &base, false, |b, _| {
+                    walk_pass(&b.join(&name), expect)
+                }),
+            }
+        }
+        drop(mount);
+    }
+
+    /// Figure 5 for one tool: peak RSS of the daemon after a walk of the
+    /// big tree on a fresh mount.
+    fn rss_figure(&mut self, tool: Tool, tree: &Path) {
+        if !self.s.wants("5") {
+            return;
+        }
+        match tool {
+            Tool::Direct => {
+                self.put("5", tool, Cell::Text("n/a (no daemon)".into()));
+                return;
+            }
+            Tool::LocafsNoPt => {
+                self.put("5", tool, Cell::Text("n/a (same path as locafs)".into()));
+                return;
+            }
+            _ => {}
+        }
+        if tool.program().is_none() {
+            self.put("5", tool, Cell::Text("SKIPPED (not installed)".into()));
+            return;
+        }
+        eprintln!("== {} (figure 5) ==", tool.name());
+        let m = match Mounted::start(tool, tree, &self.s.root, "tree") {
+            Ok(m) => m,
+            Err(e) => {
+                self.record("5", tool, Err(io::Error::other(e)), Unit::MiB);
+                return;
+            }
+        };
+        let before = vm_hwm_mib(m.pid()).unwrap_or(f64::NAN);
+        let expect = self.sz.tree_files + self.sz.tree_dirs;
+        let t = Instant::now();
+        let r = walk(&m.mnt).and_then(|n| {
+            if n != expect {
+                return Err(io::Error::other(format!(
+                    "walk saw {n} entries, expected {expect}"
+                )));
+            }
+            eprintln!(
+                "  walk of {n} entries in {:.1} s; VmHWM at mount {before:.1} MiB",
+                t.elapsed().as_secs_f64()
+            );
+            vm_hwm_mib(m.pid()).map(|v| vec![v])
+        });
+        self.record("5", tool, r, Unit::MiB);
+        drop(m);
+    }
+
+    /// The ratio of a tool's figure to direct: the median of the paired
+    /// ratios if there are any, else against the direct column.
+    fn ratio(&self, row: &Row, tool: Tool, v: f64, direct: Option<f64>) -> Option<f64> {
+        if row.unit == Unit::MiB || tool == Tool::Direct {
+            return None;
+        }
+        if let Some(r) = self.ratios.get(&(row.id.to_string(), tool)) {
+            return Some(*r);
+        }
+        direct.filter(|d| *d > 0.0).map(|d| v / d)
+    }
+
+    fn table(&self) -> String {
+        let mut out = String::new();
+        let cols: Vec<Tool> = TOOLS.to_vec();
+        out.push_str("| figure | unit |");
+        for t in &cols {
+            if *t == Tool::Direct {
+                out.push_str(" direct |");
+            } else {
+                out.push_str(&format!(" {} | ratio |", t.name()));
+            }
+        }
+        out.push_str(" goal (locafs) |\n|---|---|");
+        for t in &cols {
+            out.push_str(if *t == Tool::Direct {
+                "---:|"
+            } else {
+                "---:|---:|"
+            });
+        }
+        out.push_str("---|\n");
+        for row in ROWS {
+            if !self.s.wants(row.id) {
+                continue;
+            }
+            out.push_str(&format!(
+                "| {} | {} |",
+                self.sz.label(row.id, self.s.runs),
+                unit_name(row.unit)
+            ));
+            let direct = match self.cells.get(&(row.id.to_string(), Tool::Direct)) {
+                Some(Cell::Value(v)) => Some(*v),
+                _ => None,
+            };
+            for t in &cols {
+                let cell = self.cells.get(&(row.id.to_string(), *t));
+                let (v, ratio) = match cell {
+                    Some(Cell::Value(v)) => (
+                        fmt_value(row.unit, *v),
+                        match self.ratio(row, *t, *v, direct) {
+                            Some(r) => format!("{r:.2}"),
+                            None => "-".into(),
+                        },
+                    ),
+                    Some(Cell::Text(s)) => (s.clone(), "-".into()),
+                    None => ("-".into(), "-".into()),
+                };
+                if *t == Tool::Direct {
+                    out.push_str(&format!(" {v} |"));
+                } else {
+                    out.push_str(&format!(" {v} | {ratio} |"));
+                }
+            }
+            let ours = match self.cells.get(&(row.id.to_string(), Tool::Locafs)) {
+                Some(Cell::Value(v)) => Some(*v),
+                _ => None,
+            };
+            let ours_ratio = ours.and_then(|v| self.ratio(row, Tool::Locafs, v, direct));
+            let goal = match (row.goal, ours, ours_ratio) {
+                (None, _, _) => "-".to_string(),
+                (Some(Goal::AtLeastRatio(g)), _, Some(r)) => format!(
+                    ">= {g:.2} x direct: {} ({r:.2})",
+                    if r >= g { "met" } else { "NOT met" },
+                ),
+                (Some(Goal::AtMostRatio(g)), _, Some(r)) => format!(
+                    "<= {g:.2} x direct: {} ({r:.2})",
+                    if r <= g { "met" } else { "NOT met" },
+                ),
+                (Some(Goal::Below(g)), Some(v), _) => format!(
+                    "< {g:.0} {}: {}",
+                    unit_name(row.unit),
+                    if v < g { "met" } else { "NOT met" }
+                ),
+                (Some(_), _, _) => "not measured".to_string(),
+            };
+            out.push_str(&format!(" {goal} |\n"));
+        }
+        out
+    }
+}
+
+/// Prints what the locafs daemon says it did (passthrough opens, bytes from
+/// source and cache), so a figure can be read against it.
+fn print_locafs_stats(tool: Tool, m: &Mounted) {
+    if !matches!(tool, Tool::Locafs | Tool::LocafsNoPt) {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_locafs"))
+        .arg("stats")
+        .arg(&m.mnt)
+        .arg("--json")
+        .output();
+    if let Ok(o) = out {
+        let s = String::from_utf8_lossy(&o.stdout);
+        let pick = |k: &str| -> String {
+            serde_json::from_str::<serde_json::Value>(&s)
+                .ok()
+                .and_then(|v| v.get(k).cloned())
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "?".into())
+        };
+        eprintln!(
+            "  {} stats: opens {} passthrough_opens {} source_bytes {} cache_hit_bytes {} read_errors {}",
+            tool.name(),
+            pick("opens"),
+            pick("passthrough_opens"),
+            pick("source_bytes"),
+            pick("cache_hit_bytes"),
+            pick("read_errors")
+        );
+    }
+}
+
+fn machine() -> String {
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map(|kb| format!("{:.0} GiB", kb / 1024.0 / 1024.0))
+        .unwrap_or_else(|| "?".into());
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    format!("{cpus} cores ({model}), {mem} RAM, kernel {kernel}")
+}
+
+fn main() {
+    // `cargo test --all-targets` runs bench binaries without --bench: do not
+    // start a half-hour benchmark then.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("core: a benchmark; run it with `cargo bench --bench core`");
+        return;
+    }
+    let s = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("core: {e}");
+            std::process::exit(2);
+        }
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "SKIPPED: the core benchmark mounts FUSE file systems and drops caches: run it as root"
+        );
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: /dev/fuse is missing");
+        return;
+    }
+    if let Err(e) = fs::create_dir_all(&s.root) {
+        eprintln!("core: {}: {e}", s.root.display());
+        std::process::exit(1);
+    }
+    detach_leftovers(&s.root);
+    let sz = Sizes::new(&s);
+    let data = s.root.join("data");
+    let mut b = Bench {
+        data,
+        sz,
+        s,
+        cells: BTreeMap::new(),
+        ratios: BTreeMap::new(),
+        direct_cold: None,
+    };
+    let started = Instant::now();
+    let gen = || -> io::Result<PathBuf> {
+        let (ln, large) = large_list(&b.sz);
+        if b.s.wants("1") || b.s.wants("1b") {
+            ensure_files(&b.s.root, &b.data, &ln, &large)?;
+        }
+        let (sn, small) = small_list(&b.sz);
+        if b.s.wants("2") || b.s.wants("2b") || b.s.wants("4") {
+            ensure_files(&b.s.root, &b.data, &sn, &small)?;
+        }
+        if b.s.wants("3") {
+            let name = format!("meta-{}", b.sz.meta_files);
+            ensure_empty_tree(
+                &b.s.root,
+                &b.data.join(&name),
+                &name,
+                b.sz.meta_files,
+                CLASSES as u64,
+            )?;
+        }
+        let name = format!("tree-{}", b.sz.tree_files);
+        let tree = b.s.root.join(&name);
+        if b.s.wants("5") {
+            ensure_empty_tree(&b.s.root, &tree, &name, b.sz.tree_files, b.sz.tree_dirs)?;
+        }
+        Ok(tree)
+    };
+    let tree = match gen() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("core: generating the data sets failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let tools: Vec<Tool> = TOOLS.into_iter().filter(|t| b.s.uses(*t)).collect();
+    for t in &tools {
+        b.main_figures(*t);
+    }
+    for t in &tools {
+        b.rss_figure(*t, &tree);
+    }
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!();
+    println!(
+        "locafs core benchmark, {date}; {}; scale {}; {:.0} s",
+        machine(),
+        b.s.scale,
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "ratio = tool / direct, the median of per-run ratios against a direct run made just before \
+         each tool run (higher is better for rates, lower for times); the direct column is the \
+         median of the direct runs of the direct section."
+    );
+    println!();
+    print!("{}", b.table());
+}
