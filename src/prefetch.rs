@@ -268,7 +268,17 @@ impl ReadAhead {
             }
         }
         self.wake.notify_one();
-        if self.cfg.sequential && file.version.size <= self.cfg.small_file && file.version.size > 0
+        // A small file of several blocks is fetched whole at open (its blocks
+        // in parallel), unless the cache has it, and only where the blocks
+        // can wait for the loader: in the cache, or in memory. (A one-block
+        // file gains nothing: the loader's first read fetches the block.)
+        let bs = self.reader.block_size();
+        if self.cfg.sequential
+            && file.version.size <= self.cfg.small_file
+            && file.version.size > bs
+            && !self.reader.cache().is_complete(file)
+            && (self.reader.cache().has_room_for(file)
+                || self.reader.memory_capacity() >= file.version.size)
         {
             let n = file.block_count(self.reader.block_size());
             for i in 0..n {

@@ -261,6 +261,11 @@ impl Reader {
         Ok(out)
     }
 
+    /// Bytes the memory tier may hold.
+    pub fn memory_capacity(&self) -> u64 {
+        self.cfg.memory_bytes
+    }
+
     /// Whether this node reads this block from the source itself (always,
     /// without peers).
     pub fn owns(&self, file: &FileVersion, index: u64) -> bool {
@@ -301,7 +306,13 @@ impl Reader {
         file: Arc<FileVersion>,
         index: u64,
     ) -> Result<(), ReadError> {
-        if self.local_block(&file, index).is_some() {
+        // Nothing to do for a block memory or the disk cache holds (without
+        // reading and hashing it: the loader's read will verify it).
+        let id = BlockId {
+            key: file.key,
+            index,
+        };
+        if self.memory.contains_key(&id) || self.cache.is_block_cached(&file, index) {
             return Ok(());
         }
         tokio::time::timeout(self.cfg.source_timeout, self.fetch(&file, index))
@@ -401,15 +412,18 @@ impl Reader {
         index: u64,
         ask_peers: bool,
     ) -> Result<(ChecksummedBytes, bool), ReadError> {
-        let me = Arc::clone(self);
-        let f = Arc::clone(file);
-        // Another fetch may have filled the cache since we looked.
-        let cached = tokio::task::spawn_blocking(move || me.cache.get(&f, index))
-            .await
-            .ok()
-            .flatten();
-        if let Some(b) = cached {
-            return Ok((b, false));
+        // Another fetch may have filled the cache since we looked (checked
+        // in memory first: a blocking hop only when there is something to read).
+        if self.cache.is_block_cached(file, index) {
+            let me = Arc::clone(self);
+            let f = Arc::clone(file);
+            let cached = tokio::task::spawn_blocking(move || me.cache.get(&f, index))
+                .await
+                .ok()
+                .flatten();
+            if let Some(b) = cached {
+                return Ok((b, false));
+            }
         }
         if let (true, Some(peers)) = (ask_peers, &self.peers) {
             if !peers.owns(file, index) {

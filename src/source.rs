@@ -217,7 +217,6 @@ impl Source for DirSource {
             }
             Ok(())
         };
-        check(&file)?;
         let mut buf = vec![0u8; len];
         let mut done = 0;
         while done < len {
@@ -232,8 +231,9 @@ impl Source for DirSource {
                 Err(e) => return Err(SourceError::io(rel, e)),
             }
         }
-        // The file may have been rewritten while we read it: the bytes are
-        // only good if it is still the same version afterwards.
+        // The bytes are good only if the file is still the asked-for version
+        // after the read: a file rewritten before or during the read has
+        // another size, mtime or inode by then.
         check(&file)?;
         Ok(buf)
     }

@@ -169,8 +169,19 @@ fn prefetch_memory_budget_holds_with_many_handles() {
     cfg.readahead.epoch = false;
     let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(1), 0));
     let m = mount(&cfg, source.clone());
+    // The kernel's own read-ahead is turned off on these handles, so that
+    // what the loader has in flight is exactly its own reads and anything
+    // more at the source is locafs's read-ahead.
     let files: Vec<File> = (0..n)
-        .map(|i| File::open(d.mnt.join(format!("f{i:03}"))).unwrap())
+        .map(|i| {
+            let f = File::open(d.mnt.join(format!("f{i:03}"))).unwrap();
+            // SAFETY: advice on an open descriptor.
+            unsafe {
+                use std::os::fd::AsRawFd;
+                libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+            }
+            f
+        })
         .collect();
     let readers = 8;
     std::thread::scope(|s| {
@@ -193,8 +204,9 @@ fn prefetch_memory_budget_holds_with_many_handles() {
         st.read_ahead.prefetch_sequential_blocks > 0,
         "no read-ahead happened"
     );
-    // What was in flight at the source at once: prefetch (budget) plus one
-    // block per concurrent loader read (FUSE may split a read, so allow two).
+    // What was in flight at the source at once: prefetch (its share of the
+    // 16 MiB budget) plus one block per concurrent loader read (a read may
+    // straddle two blocks).
     let max = source
         .max_inflight_bytes
         .load(std::sync::atomic::Ordering::SeqCst);

@@ -611,7 +611,9 @@ impl DiskCache {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    fn create_files(&self, file: &FileVersion, nblocks: u64) -> io::Result<()> {
+    /// Creates the data and meta files of a new version; returns them open
+    /// for writing the first block.
+    fn create_files(&self, file: &FileVersion, nblocks: u64) -> io::Result<(File, File)> {
         let (data, meta) = self.paths(&file.key);
         let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
         let mut header = Vec::with_capacity(table as usize);
@@ -625,13 +627,14 @@ impl DiskCache {
         let p = file.rel.as_os_str().as_bytes();
         header.extend_from_slice(&(p.len() as u32).to_le_bytes());
         header.extend_from_slice(p);
-        header.resize(table as usize, 0);
+        // Header and an empty slot table in one write. The data file needs
+        // no set_len: it reaches its full size once every block is written,
+        // and only a complete file is handed to the kernel.
+        header.resize(meta_len as usize, 0);
         let d = File::create(&data)?;
-        d.set_len(file.version.size)?;
         let mut m = File::create(&meta)?;
         m.write_all(&header)?;
-        m.set_len(meta_len)?;
-        Ok(())
+        Ok((d, m))
     }
 
     fn write_block(
@@ -640,10 +643,17 @@ impl DiskCache {
         index: u64,
         block: &ChecksummedBytes,
         guest: bool,
+        created: Option<(File, File)>,
     ) -> io::Result<()> {
         let (data, meta) = self.paths(&file.key);
         let nblocks = file.block_count(self.block_size);
-        let d = OpenOptions::new().write(true).open(&data)?;
+        let (d, m) = match created {
+            Some(files) => files,
+            None => (
+                OpenOptions::new().write(true).open(&data)?,
+                OpenOptions::new().write(true).open(&meta)?,
+            ),
+        };
         d.write_all_at(block.data(), index * self.block_size)?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
         let mut slot = [0u8; SLOT as usize];
@@ -651,7 +661,6 @@ impl DiskCache {
         slot[32..36].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
         let marker = if guest { PRESENT_GUEST } else { PRESENT };
         slot[36..40].copy_from_slice(&marker.to_le_bytes());
-        let m = OpenOptions::new().write(true).open(&meta)?;
         m.write_all_at(&slot, table + index * SLOT)?;
         Ok(())
     }
@@ -782,6 +791,7 @@ impl DiskCache {
         };
         self.evict(victims);
         let mut result = Ok(());
+        let mut handles = None;
         let created = |me: &Self| {
             let st = me.state.lock();
             st.entries.get(&file.key).is_none_or(|e| e.created)
@@ -792,16 +802,19 @@ impl DiskCache {
             // the files: creation is serialized and checked again inside.
             let _creating = self.create_lock.lock();
             if !created(self) {
-                result = self.create_files(file, nblocks);
-                if result.is_ok() {
-                    if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
-                        e.created = true;
+                match self.create_files(file, nblocks) {
+                    Ok(files) => {
+                        handles = Some(files);
+                        if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+                            e.created = true;
+                        }
                     }
+                    Err(e) => result = Err(e),
                 }
             }
         }
         if result.is_ok() {
-            result = self.write_block(file, index, block, guest);
+            result = self.write_block(file, index, block, guest, handles);
         }
         let mut st = self.state.lock();
         st.policy.unpin(&part);
