@@ -48,6 +48,12 @@ const CGROUP: &str = "/sys/fs/cgroup/blkio/locafs-bench-peers";
 const PEER_PORT: u16 = 7070;
 const LINK_RATE: &str = "1gbit";
 
+/// LOCAFS_BENCH_LINK=unshaped keeps the namespaces but not the 1 Gbit/s
+/// shaping (to tell the cost of the links from the cost of namespaces).
+fn shaped() -> bool {
+    std::env::var("LOCAFS_BENCH_LINK").map_or(true, |v| v != "unshaped")
+}
+
 /// Where the nodes talk: their own namespaces and shaped links, or loopback.
 enum Net {
     Lab(netns::Lab),
@@ -64,9 +70,13 @@ impl Net {
 
     fn describe(&self) -> String {
         match self {
-            Net::Lab(_) => format!(
+            Net::Lab(_) if shaped() => format!(
                 "one network namespace per node, veth links shaped to {LINK_RATE}/s each way (tc tbf)"
             ),
+            Net::Lab(_) => {
+                "one network namespace per node, veth links NOT shaped (LOCAFS_BENCH_LINK=unshaped)"
+                    .to_string()
+            }
             Net::Loopback(_) => {
                 "loopback, NOT shaped (network namespaces unavailable)".to_string()
             }
@@ -345,7 +355,9 @@ fn main() {
     );
 
     let net = match netns::Lab::new(NODES).and_then(|lab| {
-        lab.shape(LINK_RATE)?;
+        if shaped() {
+            lab.shape(LINK_RATE)?;
+        }
         Ok(lab)
     }) {
         Ok(lab) => Net::Lab(lab),

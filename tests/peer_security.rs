@@ -369,7 +369,8 @@ fn one_peer_cannot_open_more_than_its_share_of_connections() {
     let v = version_of(&c.source().join(&rel));
     let request = encoded(&get_block(dataset, &rel, v, 0));
     let want = &data[..BLOCK as usize];
-    let served = |f: Option<Frame>| matches!(f, Some(Frame::Block { data, .. }) if &data[..] == want);
+    let served =
+        |f: Option<Frame>| matches!(f, Some(Frame::Block { data, .. }) if &data[..] == want);
     let refused_before = node.stats().peer_refused_connections;
     runtime().block_on(async {
         // All connections from one socket: one peer address.

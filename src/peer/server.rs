@@ -421,11 +421,17 @@ mod tests {
         // not hostile.
         assert!(matches!(
             check_request(&DS, BS, valid("a/b.jpg", 3 * BS, 3)),
-            Err(Refusal { reply: Frame::NotFound, hostile: false })
+            Err(Refusal {
+                reply: Frame::NotFound,
+                hostile: false
+            })
         ));
         assert!(matches!(
             check_request(&[1; 16], BS, valid("a", 10, 0)),
-            Err(Refusal { reply: Frame::NotFound, hostile: false })
+            Err(Refusal {
+                reply: Frame::NotFound,
+                hostile: false
+            })
         ));
         assert!(matches!(
             check_request(&DS, BS * 2, valid("a", 10, 0)),
