@@ -1,20 +1,28 @@
 //! The peer cache against private caches, on 4 real `locafs mount` processes
-//! over loopback QUIC, with a data set twice one node's cache and 3 epochs of
-//! a DistributedSampler-like workload (a new permutation per epoch, cut in 4
+//! talking QUIC, with a data set twice one node's cache and 3 epochs of a
+//! DistributedSampler-like workload (a new permutation per epoch, cut in 4
 //! disjoint shares, each node reading its share with 4 threads).
 //!
+//! Each node runs in its own network namespace (`nsenter --net=`), with a
+//! veth to a bridge in another namespace, and every link is shaped to
+//! 1 Gbit/s each way (`tc tbf` on the node's end and on its bridge port);
+//! without namespaces the bench falls back to loopback, unshaped, and says
+//! so.
+//!
 //! 1. bytes read from the source over the 3 epochs / data set size;
-//! 2. wall time of epochs 2 and 3 with the source capped at 100 MB/s for the
+//! 2. wall time of the epochs with the source capped at 100 MB/s for the
 //!    whole cluster: all 4 daemons run in one blkio cgroup (v1) whose read
 //!    bandwidth on the source's disk is limited, the cache dirs are on tmpfs
 //!    (not limited) and the page cache is dropped before each epoch, so every
-//!    source read really goes through the cap. Peer traffic runs on loopback
-//!    (not shaped to 1 Gbit/s; we report what the peer bytes would take at
-//!    1 Gbit/s per node beside it);
-//! 3. latency (p50, p99) and throughput of fetching one block from a peer,
-//!    against reading and verifying the same block from the local cache file.
+//!    source read really goes through the cap;
+//! 3. latency (p50, p99) and throughput of fetching one block from a peer
+//!    over one link, against reading and verifying the same block from the
+//!    local cache file.
 //!
 //! Needs root, /dev/fuse and the blkio cgroup; prints SKIPPED otherwise.
+
+#[path = "../tests/peer_harness/netns.rs"]
+mod netns;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::FileExt;
@@ -37,6 +45,44 @@ const BLOCK: u64 = 1 << 20;
 const FILES: usize = 320;
 const CAP_BPS: u64 = 100_000_000;
 const CGROUP: &str = "/sys/fs/cgroup/blkio/locafs-bench-peers";
+const PEER_PORT: u16 = 7070;
+const LINK_RATE: &str = "1gbit";
+
+/// LOCAFS_BENCH_LINK=unshaped keeps the namespaces but not the 1 Gbit/s
+/// shaping (to tell the cost of the links from the cost of namespaces).
+fn shaped() -> bool {
+    std::env::var("LOCAFS_BENCH_LINK").map_or(true, |v| v != "unshaped")
+}
+
+/// Where the nodes talk: their own namespaces and shaped links, or loopback.
+enum Net {
+    Lab(netns::Lab),
+    Loopback(Vec<u16>),
+}
+
+impl Net {
+    fn addr(&self, i: usize) -> SocketAddr {
+        match self {
+            Net::Lab(lab) => SocketAddr::new(lab.addr(i).into(), PEER_PORT),
+            Net::Loopback(ports) => SocketAddr::from(([127, 0, 0, 1], ports[i])),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Net::Lab(_) if shaped() => format!(
+                "one network namespace per node, veth links shaped to {LINK_RATE}/s each way (tc tbf)"
+            ),
+            Net::Lab(_) => {
+                "one network namespace per node, veth links NOT shaped (LOCAFS_BENCH_LINK=unshaped)"
+                    .to_string()
+            }
+            Net::Loopback(_) => {
+                "loopback, NOT shaped (network namespaces unavailable)".to_string()
+            }
+        }
+    }
+}
 
 struct Node {
     child: Child,
@@ -86,14 +132,15 @@ fn start(
     work: &Path,
     src: &Path,
     cache_size: u64,
-    peers: Option<(&[u16], &Path)>,
+    net: &Net,
+    secret: Option<&Path>,
 ) -> Node {
     let base = work.join(format!("node{i}"));
     let mnt = base.join("mnt");
     let cache = Path::new("/dev/shm").join(format!(
         "locafs-bench-{}-{i}-{}",
         std::process::id(),
-        peers.is_some()
+        secret.is_some()
     ));
     let _ = std::fs::remove_dir_all(&cache);
     std::fs::create_dir_all(&mnt).unwrap();
@@ -111,25 +158,41 @@ fn start(
         "--fuse-threads".into(),
         "8".into(),
     ];
-    if let Some((ports, secret)) = peers {
-        let list: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    // Cross-file read-ahead prefetches the whole epoch on every node (a node
+    // does not know its sampler share), and on one machine the nodes share
+    // one page cache: a private node then gets the other nodes' source reads
+    // for free from memory, which real nodes never do. So read-ahead is off
+    // here unless LOCAFS_BENCH_READAHEAD=1.
+    if !readahead() {
+        args.push("--no-readahead".into());
+    }
+    if let Some(secret) = secret {
+        let list: Vec<String> = (0..NODES).map(|j| net.addr(j).to_string()).collect();
         args.extend([
             "--listen".into(),
-            format!("127.0.0.1:{}", ports[i]),
+            net.addr(i).to_string(),
             "--peers".into(),
             list.join(","),
             "--cluster-secret-file".into(),
             secret.display().to_string(),
         ]);
     }
+    // Into the node's network namespace, if any.
+    let mut argv: Vec<String> = Vec::new();
+    if let Net::Lab(lab) = net {
+        argv.push("nsenter".into());
+        argv.push(format!("--net={}", lab.ns_path(i).display()));
+        argv.push("--".into());
+    }
+    argv.push(env!("CARGO_BIN_EXE_locafs").into());
+    argv.extend(args);
     // Into the capped cgroup, then become locafs.
     let child = Command::new("sh")
         .arg("-c")
         .arg(format!(
             "echo $$ > {CGROUP}/cgroup.procs && exec \"$0\" \"$@\""
         ))
-        .arg(env!("CARGO_BIN_EXE_locafs"))
-        .args(&args)
+        .args(&argv)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -141,6 +204,10 @@ fn start(
         std::thread::sleep(Duration::from_millis(50));
     }
     Node { child, mnt, cache }
+}
+
+fn readahead() -> bool {
+    std::env::var("LOCAFS_BENCH_READAHEAD").is_ok_and(|v| v == "1")
 }
 
 fn drop_caches() {
@@ -185,11 +252,11 @@ fn run(
     src: &Path,
     files: &[String],
     cache_size: u64,
+    net: &Net,
     secret: Option<&Path>,
-) -> (Run, Vec<Node>, Vec<u16>) {
-    let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+) -> (Run, Vec<Node>) {
     let nodes: Vec<Node> = (0..NODES)
-        .map(|i| start(i, work, src, cache_size, secret.map(|s| (&ports[..], s))))
+        .map(|i| start(i, work, src, cache_size, net, secret))
         .collect();
     if secret.is_some() {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -229,7 +296,6 @@ fn run(
             peer_bytes_max_node: peer_max,
         },
         nodes,
-        ports,
     )
 }
 
@@ -288,9 +354,31 @@ fn main() {
         CAP_BPS / 1_000_000
     );
 
-    let (private, nodes, _) = run(work.path(), &src, &files, cache_size, None);
+    let net = match netns::Lab::new(NODES).and_then(|lab| {
+        if shaped() {
+            lab.shape(LINK_RATE)?;
+        }
+        Ok(lab)
+    }) {
+        Ok(lab) => Net::Lab(lab),
+        Err(e) => {
+            eprintln!("network namespaces or tc unavailable ({e}): peers on loopback, NOT shaped");
+            Net::Loopback((0..NODES).map(|_| free_port()).collect())
+        }
+    };
+    println!(
+        "peer links: {}; read-ahead {}",
+        net.describe(),
+        if readahead() {
+            "on (LOCAFS_BENCH_READAHEAD=1)"
+        } else {
+            "off (--no-readahead)"
+        }
+    );
+
+    let (private, nodes) = run(work.path(), &src, &files, cache_size, &net, None);
     drop(nodes);
-    let (peers, nodes, ports) = run(work.path(), &src, &files, cache_size, Some(&secret));
+    let (peers, nodes) = run(work.path(), &src, &files, cache_size, &net, Some(&secret));
 
     let r = |b: u64| b as f64 / total as f64;
     println!("\n1. source bytes over 3 epochs / data set size (goal with peers <= 1.05)");
@@ -320,30 +408,28 @@ fn main() {
         v23 / p23
     );
     println!(
-        "   (peer links not shaped: the busiest node received {:.0} MiB from peers in epochs 2-3, \
-         {:.2} s at 1 Gbit/s)",
+        "   (the busiest node received {:.0} MiB from peers in epochs 2-3: {:.2} s of a 1 Gbit/s link)",
         peers.peer_bytes_max_node as f64 / 1048576.0,
         peers.peer_bytes_max_node as f64 * 8.0 / 1e9
     );
 
-    latency(&nodes, &ports, &src, &files, &secret);
+    latency(&nodes, &net, &src, &files, &secret);
     drop(nodes);
     let _ = std::fs::remove_dir(CGROUP);
 }
 
 /// Figure 3: one block from a peer (over QUIC, from the owner's cache)
 /// against the same block read and verified from the local cache file.
-fn latency(nodes: &[Node], ports: &[u16], src: &Path, files: &[String], secret: &Path) {
+fn latency(nodes: &[Node], net: &Net, src: &Path, files: &[String], secret: &Path) {
     let canon = std::fs::canonicalize(src).unwrap();
     let ds_name = locafs::config::dataset_id(&canon);
     let dataset = locafs::peer::wire_dataset_id(&ds_name);
     let placement = Placement::new(
-        ports
-            .iter()
-            .map(|p| MemberId::new(format!("127.0.0.1:{p}")))
+        (0..NODES)
+            .map(|i| MemberId::new(net.addr(i).to_string()))
             .collect(),
     );
-    let owner0 = MemberId::new(format!("127.0.0.1:{}", ports[0]));
+    let owner0 = MemberId::new(net.addr(0).to_string());
     // Whole blocks that node 0 owns (and so holds in its cache).
     let mut blocks: Vec<(String, SourceVersion, u64)> = Vec::new();
     for rel in files {
@@ -357,10 +443,26 @@ fn latency(nodes: &[Node], ports: &[u16], src: &Path, files: &[String], secret: 
     }
     let identity = ClusterIdentity::from_secret(&std::fs::read(secret).unwrap()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
+    // The asker sits where node 1 is: in its namespace, behind its link.
+    let socket = match net {
+        Net::Lab(lab) => {
+            let bind = SocketAddr::new(lab.addr(1).into(), 0);
+            lab.in_ns(1, move || UdpSocket::bind(bind))
+                .unwrap()
+                .unwrap()
+        }
+        Net::Loopback(_) => UdpSocket::bind("127.0.0.1:0").unwrap(),
+    };
     let (mut peer_lat, peer_tput) = rt.block_on(async {
-        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut ep = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            None,
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .unwrap();
         ep.set_default_client_config(identity.client_config());
-        let addr: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
+        let addr = net.addr(0);
         let conn = ep.connect(addr, PEER_SERVER_NAME).unwrap().await.unwrap();
         let req = |i: usize| {
             let (rel, v, b) = &blocks[i % blocks.len()];
@@ -438,7 +540,7 @@ fn latency(nodes: &[Node], ports: &[u16], src: &Path, files: &[String], secret: 
         blocks.len()
     );
     println!(
-        "   peer (QUIC, loopback)   p50 {:.3} ms  p99 {:.3} ms   throughput {:.0} MB/s (16 in flight)",
+        "   peer (QUIC, one link)   p50 {:.3} ms  p99 {:.3} ms   throughput {:.0} MB/s (16 in flight)",
         ms(pp50),
         ms(pp99),
         peer_tput / 1e6

@@ -337,3 +337,84 @@ fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serv
     }
     assert_eq!(node.stats().read_errors, 0);
 }
+
+/// One authenticated peer (one remote address) may hold only
+/// `CONNECTIONS_PER_PEER` connections: more are closed after the handshake
+/// and counted as refused, the ones it holds keep being served, and a closed
+/// one frees its place.
+#[test]
+fn one_peer_cannot_open_more_than_its_share_of_connections() {
+    use locafs::peer::server::CONNECTIONS_PER_PEER;
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(4, 100_000, 200_000, 12);
+    let port = free_port();
+    let node = Node::start(
+        &c,
+        "target",
+        port,
+        NodeOpts {
+            peers: &[port],
+            secret: &c.secret,
+            cache_size: "256M",
+            peer_timeout: "1s",
+        },
+    );
+    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
+        &std::fs::canonicalize(c.source()).unwrap(),
+    ));
+    let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();
+    let (rel, data) = c.files[0].clone();
+    let v = version_of(&c.source().join(&rel));
+    let request = encoded(&get_block(dataset, &rel, v, 0));
+    let want = &data[..BLOCK as usize];
+    let served =
+        |f: Option<Frame>| matches!(f, Some(Frame::Block { data, .. }) if &data[..] == want);
+    let refused_before = node.stats().peer_refused_connections;
+    runtime().block_on(async {
+        // All connections from one socket: one peer address.
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(identity.client_config());
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let connect = || async { ep.connect(addr, PEER_SERVER_NAME).unwrap().await.unwrap() };
+        let mut held = Vec::new();
+        for _ in 0..CONNECTIONS_PER_PEER {
+            let conn = connect().await;
+            assert!(served(exchange(&conn, &request).await), "a connection within the limit");
+            held.push(conn);
+        }
+        for _ in 0..2 {
+            let extra = connect().await;
+            let why = tokio::time::timeout(Duration::from_secs(10), extra.closed())
+                .await
+                .expect("a connection over the limit is closed");
+            assert!(
+                matches!(&why, quinn::ConnectionError::ApplicationClosed(a) if a.reason.as_ref() == b"too many connections"),
+                "{why:?}"
+            );
+        }
+        // The held connections are still served.
+        for conn in &held {
+            assert!(served(exchange(conn, &request).await));
+        }
+        // Closing one frees its place (the server notices asynchronously).
+        held.pop().unwrap().close(0u32.into(), b"bye");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let conn = connect().await;
+            if served(exchange(&conn, &request).await) {
+                held.push(conn);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the freed place was not reused");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for conn in held {
+            conn.close(0u32.into(), b"done");
+        }
+    });
+    let refused = node.stats().peer_refused_connections - refused_before;
+    assert!(refused >= 2, "refused connections counted: {refused}");
+    assert_eq!(node.stats().read_errors, 0);
+}

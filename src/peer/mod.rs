@@ -150,6 +150,7 @@ impl PeerNode {
             membership: Arc::clone(&self.membership),
             stats: Arc::clone(&self.stats),
             slots: Arc::new(Semaphore::new(slots)),
+            limits: Arc::default(),
         });
         rt.spawn(server.run(self.endpoint.clone()));
     }

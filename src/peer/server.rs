@@ -13,13 +13,19 @@
 //!
 //! Bounds: a request must arrive whole within the peer timeout and be at most
 //! one `GetBlock` frame; a connection may have [`STREAMS_PER_CONNECTION`]
-//! streams open; at most `serving_slots` requests are served at once across
-//! all peers (more get `Busy` at once), so memory for replies is bounded by
-//! slots x block size. A malformed request gets an `Error` reply and ends its
+//! streams open; one peer (one remote address) may hold
+//! [`CONNECTIONS_PER_PEER`] connections and one remote host
+//! [`CONNECTIONS_PER_HOST`] (more are closed after the handshake and counted
+//! as refused); one peer gets at most [`REQUESTS_PER_PEER`] requests served
+//! at once and all peers together at most `slots` (more get `Busy` at once),
+//! so memory for replies is bounded by slots x block size and no single peer
+//! can take all of it. A malformed request gets an `Error` reply and ends its
 //! stream; nothing a peer sends can panic this module or stop it serving.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::net::SocketAddr;
+use std::hash::Hash;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
@@ -39,6 +46,16 @@ use crate::stats::Stats;
 
 /// Streams a peer may have open on one connection.
 pub const STREAMS_PER_CONNECTION: u32 = 64;
+/// Connections one peer (remote `ip:port`) may hold at once. An honest node
+/// holds one (from its listening endpoint), two for a moment while it
+/// reconnects before we noticed the old one is dead.
+pub const CONNECTIONS_PER_PEER: usize = 4;
+/// Connections from one remote IP address at once (several nodes may share
+/// a machine).
+pub const CONNECTIONS_PER_HOST: usize = 32;
+/// Requests of one peer served at once; an honest node sends at most
+/// `membership::STREAMS_PER_PEER` at a time.
+pub const REQUESTS_PER_PEER: usize = super::membership::STREAMS_PER_PEER;
 
 /// Error codes of `Error` replies.
 pub mod code {
@@ -60,6 +77,94 @@ pub struct PeerServer {
     pub stats: Arc<Stats>,
     /// Requests being served at once, across all peers.
     pub slots: Arc<Semaphore>,
+    /// Connections and requests per peer.
+    pub limits: Arc<PeerLimits>,
+}
+
+/// Counts of what each peer holds now, with RAII [`Held`] tokens.
+#[derive(Default)]
+pub struct PeerLimits {
+    conns: Counter<SocketAddr>,
+    hosts: Counter<IpAddr>,
+    requests: Counter<SocketAddr>,
+}
+
+/// One unit held under a limit; released when dropped.
+pub struct Held {
+    release: Vec<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for r in self.release.drain(..) {
+            r();
+        }
+    }
+}
+
+struct Counter<K>(Arc<Mutex<HashMap<K, usize>>>);
+
+impl<K> Default for Counter<K> {
+    fn default() -> Self {
+        Counter(Arc::default())
+    }
+}
+
+impl<K: Hash + Eq + Copy + Send + Sync + 'static> Counter<K> {
+    /// Takes one unit for `k` if it has fewer than `max`.
+    fn take(&self, k: K, max: usize) -> Option<Box<dyn FnOnce() + Send + Sync>> {
+        let mut m = self.0.lock();
+        let n = m.entry(k).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        let map = Arc::clone(&self.0);
+        Some(Box::new(move || {
+            let mut m = map.lock();
+            if let Some(n) = m.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&k);
+                }
+            }
+        }))
+    }
+
+    fn get(&self, k: &K) -> usize {
+        self.0.lock().get(k).copied().unwrap_or(0)
+    }
+}
+
+impl PeerLimits {
+    /// A connection from `remote`, if neither it nor its host is at its
+    /// limit.
+    pub fn connection(&self, remote: SocketAddr) -> Option<Held> {
+        let ip = remote.ip().to_canonical();
+        let remote = SocketAddr::new(ip, remote.port());
+        let host = self.hosts.take(ip, CONNECTIONS_PER_HOST)?;
+        let Some(peer) = self.conns.take(remote, CONNECTIONS_PER_PEER) else {
+            host();
+            return None;
+        };
+        Some(Held {
+            release: vec![peer, host],
+        })
+    }
+
+    /// A request of `remote` being served, if it has fewer than
+    /// [`REQUESTS_PER_PEER`].
+    pub fn request(&self, remote: SocketAddr) -> Option<Held> {
+        let remote = SocketAddr::new(remote.ip().to_canonical(), remote.port());
+        let r = self.requests.take(remote, REQUESTS_PER_PEER)?;
+        Some(Held { release: vec![r] })
+    }
+
+    /// Connections `remote` holds now.
+    pub fn connections_of(&self, remote: SocketAddr) -> usize {
+        self.conns
+            .get(&SocketAddr::new(remote.ip().to_canonical(), remote.port()))
+    }
 }
 
 impl PeerServer {
@@ -86,6 +191,12 @@ impl PeerServer {
 
     async fn serve_connection(self: Arc<Self>, conn: quinn::Connection) {
         let remote = conn.remote_address();
+        let Some(_held) = self.limits.connection(remote) else {
+            self.stats.peer_refused_connections.fetch_add(1, Relaxed);
+            info!("peer connection from {remote} refused: too many connections from it");
+            conn.close(2u32.into(), b"too many connections");
+            return;
+        };
         self.membership.note_incoming(remote);
         while let Ok((send, recv)) = conn.accept_bi().await {
             let me = Arc::clone(&self);
@@ -129,44 +240,19 @@ impl PeerServer {
     }
 
     async fn answer(&self, remote: SocketAddr, frame: Frame) -> Frame {
-        let Frame::GetBlock {
-            dataset,
-            version,
-            block,
-            block_size,
-            file,
-            path,
-        } = frame
-        else {
-            self.stats.peer_bad_requests.fetch_add(1, Relaxed);
-            return Frame::error(code::MALFORMED, "only GetBlock may be sent to a node");
+        let (fv, block) = match check_request(&self.dataset, self.block_size, frame) {
+            Ok(ok) => ok,
+            Err(Refusal { reply, hostile }) => {
+                if hostile {
+                    self.stats.peer_bad_requests.fetch_add(1, Relaxed);
+                }
+                return reply;
+            }
         };
-        if dataset != self.dataset {
-            return Frame::NotFound;
-        }
-        if u64::from(block_size) != self.block_size {
-            return Frame::error(
-                code::WRONG_BLOCK_SIZE,
-                "block size differs from this node's",
-            );
-        }
-        let rel: Arc<Path> = Arc::from(Path::new(OsStr::from_bytes(&path)));
-        let v = SourceVersion {
-            size: file.size,
-            mtime_ns: file.mtime_ns,
-            ino: file.ino,
+        let (rel, v) = (Arc::clone(&fv.rel), fv.version);
+        let Some(mine) = self.limits.request(remote) else {
+            return Frame::Busy;
         };
-        if VersionKey::new(&rel, &v).0 != version {
-            self.stats.peer_bad_requests.fetch_add(1, Relaxed);
-            return Frame::error(
-                code::VERSION_MISMATCH,
-                "version key does not match path and version",
-            );
-        }
-        let fv = Arc::new(FileVersion::new(Arc::clone(&rel), v));
-        if block >= fv.block_count(self.block_size) {
-            return Frame::NotFound;
-        }
         let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
             return Frame::Busy;
         };
@@ -180,6 +266,7 @@ impl PeerServer {
         }
         let res = Arc::clone(&self.reader).fetch_for_peer(fv, block).await;
         drop(permit);
+        drop(mine);
         match res {
             Ok(b) => {
                 let n = b.data().len() as u64;
@@ -195,6 +282,79 @@ impl PeerServer {
             Err(e) => Frame::error(code::SOURCE_FAILED, &e.to_string()),
         }
     }
+}
+
+/// Why a request is not served: the reply to send, and whether the request
+/// was one an honest node never sends (counted as a bad request).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reply: Frame,
+    pub hostile: bool,
+}
+
+/// Everything about a decoded request that can be checked without the
+/// source: it is a `GetBlock` for this node's data set (`dataset`) and block
+/// size, its version key is the hash of the path and version it names (the
+/// codec already checked that the path is relative with plain components),
+/// and the block is inside the file. Returns the file version and block to
+/// serve, or the reply. Pure, so it is property-tested and fuzzed on its own
+/// (fuzz/fuzz_targets/peer_request.rs); must never panic on any frame.
+pub fn check_request(
+    dataset: &[u8; 16],
+    block_size: u64,
+    frame: Frame,
+) -> Result<(Arc<FileVersion>, u64), Refusal> {
+    let refuse = |reply, hostile| Err(Refusal { reply, hostile });
+    let Frame::GetBlock {
+        dataset: asked,
+        version,
+        block,
+        block_size: asked_block_size,
+        file,
+        path,
+    } = frame
+    else {
+        return refuse(
+            Frame::error(code::MALFORMED, "only GetBlock may be sent to a node"),
+            true,
+        );
+    };
+    if asked != *dataset {
+        return refuse(Frame::NotFound, false);
+    }
+    if u64::from(asked_block_size) != block_size || block_size == 0 {
+        return refuse(
+            Frame::error(
+                code::WRONG_BLOCK_SIZE,
+                "block size differs from this node's",
+            ),
+            false,
+        );
+    }
+    // The decoder checked the path; a frame built in memory may not have been.
+    if codec::check_path(&path).is_err() {
+        return refuse(Frame::error(code::MALFORMED, "bad path"), true);
+    }
+    let rel: Arc<Path> = Arc::from(Path::new(OsStr::from_bytes(&path)));
+    let v = SourceVersion {
+        size: file.size,
+        mtime_ns: file.mtime_ns,
+        ino: file.ino,
+    };
+    if VersionKey::new(&rel, &v).0 != version {
+        return refuse(
+            Frame::error(
+                code::VERSION_MISMATCH,
+                "version key does not match path and version",
+            ),
+            true,
+        );
+    }
+    let fv = Arc::new(FileVersion::new(rel, v));
+    if block >= fv.block_count(block_size) {
+        return refuse(Frame::NotFound, false);
+    }
+    Ok((fv, block))
 }
 
 /// Whether `rel` is, at the source now, a regular file of version `v` whose
@@ -221,4 +381,157 @@ fn is_current(source: &dyn Source, rel: &Path, v: &SourceVersion) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::codec::WireVersion;
+    use bytes::{Bytes, BytesMut};
+    use proptest::prelude::*;
+
+    const DS: [u8; 16] = [7; 16];
+    const BS: u64 = 65536;
+
+    fn valid(path: &str, size: u64, block: u64) -> Frame {
+        let v = SourceVersion {
+            size,
+            mtime_ns: 5,
+            ino: 9,
+        };
+        Frame::GetBlock {
+            dataset: DS,
+            version: VersionKey::new(Path::new(path), &v).0,
+            block,
+            block_size: BS as u32,
+            file: WireVersion {
+                size,
+                mtime_ns: 5,
+                ino: 9,
+            },
+            path: Bytes::copy_from_slice(path.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn check_request_accepts_exactly_the_consistent_requests() {
+        let (fv, block) = check_request(&DS, BS, valid("a/b.jpg", 3 * BS, 2)).unwrap();
+        assert_eq!((&*fv.rel, block), (Path::new("a/b.jpg"), 2));
+        // Past the end, other data set, other block size: not found / error,
+        // not hostile.
+        assert!(matches!(
+            check_request(&DS, BS, valid("a/b.jpg", 3 * BS, 3)),
+            Err(Refusal {
+                reply: Frame::NotFound,
+                hostile: false
+            })
+        ));
+        assert!(matches!(
+            check_request(&[1; 16], BS, valid("a", 10, 0)),
+            Err(Refusal {
+                reply: Frame::NotFound,
+                hostile: false
+            })
+        ));
+        assert!(matches!(
+            check_request(&DS, BS * 2, valid("a", 10, 0)),
+            Err(Refusal { hostile: false, .. })
+        ));
+        // A forged key, an escaping path built in memory, a reply frame.
+        let mut forged = valid("a", 10, 0);
+        if let Frame::GetBlock { file, .. } = &mut forged {
+            file.size += 1;
+        }
+        let mut escaping = valid("a", 10, 0);
+        if let Frame::GetBlock { path, .. } = &mut escaping {
+            *path = Bytes::from_static(b"../etc/passwd");
+        }
+        for f in [forged, escaping, Frame::Busy, Frame::block(Bytes::new())] {
+            assert!(matches!(
+                check_request(&DS, BS, f),
+                Err(Refusal { hostile: true, .. })
+            ));
+        }
+    }
+
+    /// What the server does with raw request bytes up to the source: decode
+    /// exactly one frame, then check it. Must never panic.
+    fn serve_bytes(raw: &[u8]) -> Result<(Arc<FileVersion>, u64), Option<Frame>> {
+        let mut buf = BytesMut::from(raw);
+        match codec::decode_eof(&mut buf) {
+            Ok(Some(f)) if buf.is_empty() => check_request(&DS, BS, f).map_err(|r| Some(r.reply)),
+            _ => Err(None),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_and_mutated_requests_never_panic_and_only_consistent_ones_pass(
+            path in "[a-z]{1,8}(/[a-z.]{1,8}){0,2}",
+            size in 0u64..(1 << 24),
+            block in prop_oneof![0u64..300, any::<u64>()],
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+            noise in prop::collection::vec(any::<u8>(), 0..200),
+        ) {
+            prop_assert!(serve_bytes(&noise).is_err() || noise.starts_with(&codec::MAGIC));
+            let mut raw = BytesMut::new();
+            if codec::encode(&valid(&path, size, block), &mut raw).is_err() {
+                // A path with a dot component: not encodable, fine.
+                return Ok(());
+            }
+            let pristine = raw.clone();
+            for (at, x) in &flips {
+                let i = at.index(raw.len());
+                raw[i] ^= x;
+            }
+            if let Ok((fv, b)) = serve_bytes(&raw) {
+                // Whatever passes names a block inside a file whose key
+                // matches: the untouched request, or an equally consistent one.
+                prop_assert!(b < fv.block_count(BS));
+                prop_assert_eq!(VersionKey::new(&fv.rel, &fv.version).0, fv.key.0);
+                if raw == pristine {
+                    prop_assert_eq!(b, block);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn per_peer_limits_count_and_release() {
+        let l = PeerLimits::default();
+        let a: SocketAddr = "10.0.0.1:7070".parse().unwrap();
+        let b: SocketAddr = "10.0.0.1:7071".parse().unwrap();
+        let held: Vec<Held> = (0..CONNECTIONS_PER_PEER)
+            .map(|_| l.connection(a).unwrap())
+            .collect();
+        assert!(l.connection(a).is_none(), "over the per-peer limit");
+        assert_eq!(l.connections_of(a), CONNECTIONS_PER_PEER);
+        // Another peer on the same host still gets in, up to the host limit.
+        let more: Vec<Held> = (0..CONNECTIONS_PER_HOST - CONNECTIONS_PER_PEER)
+            .map(|i| {
+                let p = SocketAddr::new(a.ip(), 8000 + (i / CONNECTIONS_PER_PEER) as u16);
+                l.connection(p).unwrap()
+            })
+            .collect();
+        assert!(l.connection(b).is_none(), "over the per-host limit");
+        // A refused connection took nothing.
+        drop(more);
+        assert!(l.connection(b).is_some());
+        drop(held);
+        assert_eq!(l.connections_of(a), 0);
+        // A v4-mapped address is the same peer.
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:7070".parse().unwrap();
+        let _x: Vec<Held> = (0..CONNECTIONS_PER_PEER)
+            .map(|_| l.connection(a).unwrap())
+            .collect();
+        assert!(l.connection(mapped).is_none());
+
+        let reqs: Vec<Held> = (0..REQUESTS_PER_PEER)
+            .map(|_| l.request(a).unwrap())
+            .collect();
+        assert!(l.request(a).is_none());
+        assert!(l.request(b).is_some());
+        drop(reqs);
+        assert!(l.request(a).is_some());
+    }
 }

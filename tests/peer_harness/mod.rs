@@ -3,6 +3,8 @@
 //! mountpoint and UDP port, talking QUIC to each other.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -101,6 +103,8 @@ fn random_secret(rng: &mut impl Rng) -> String {
 pub struct Node {
     pub name: String,
     pub port: u16,
+    /// The `--listen` address (its member id for the other nodes).
+    pub addr: String,
     pub mountpoint: PathBuf,
     pub cache: PathBuf,
     pub log: PathBuf,
@@ -114,17 +118,58 @@ pub struct NodeOpts<'a> {
     pub peer_timeout: &'a str,
 }
 
+/// Where a node listens and whom it asks, in general form.
+pub struct NodeSpec<'a> {
+    pub listen: String,
+    pub peers: Vec<String>,
+    pub secret: &'a Path,
+    pub cache_size: &'a str,
+    pub peer_timeout: &'a str,
+    /// Runs the daemon in this network namespace (`nsenter --net=`), so its
+    /// traffic stays there while its mount is visible everywhere.
+    pub netns: Option<PathBuf>,
+}
+
 impl Node {
-    /// Starts a node and waits until its mount answers.
+    /// Starts a node on loopback and waits until its mount answers.
     pub fn start(c: &Cluster, name: &str, port: u16, o: NodeOpts) -> Node {
+        let spec = NodeSpec {
+            listen: format!("127.0.0.1:{port}"),
+            peers: o.peers.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+            secret: o.secret,
+            cache_size: o.cache_size,
+            peer_timeout: o.peer_timeout,
+            netns: None,
+        };
+        Node::start_spec(c, name, spec)
+    }
+
+    /// Starts a node as `spec` says and waits until its mount answers.
+    pub fn start_spec(c: &Cluster, name: &str, o: NodeSpec) -> Node {
         let base = c.dir.path().join(name);
         let mountpoint = base.join("mnt");
         let cache = base.join("cache");
         std::fs::create_dir_all(&mountpoint).unwrap();
         std::fs::create_dir_all(&cache).unwrap();
         let log = base.join("log");
-        let peers: Vec<String> = o.peers.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let child = Command::new(env!("CARGO_BIN_EXE_locafs"))
+        let peers = &o.peers;
+        let port = o
+            .listen
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let mut cmd = match &o.netns {
+            None => Command::new(env!("CARGO_BIN_EXE_locafs")),
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", ns.display()))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_locafs"));
+                c
+            }
+        };
+        let child = cmd
             .arg("mount")
             .arg(c.source())
             .arg(&mountpoint)
@@ -133,7 +178,7 @@ impl Node {
             .args(["--cache-size", o.cache_size])
             .args(["--block-size", &BLOCK.to_string()])
             .arg("--no-passthrough")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--listen", &o.listen])
             .args(["--peers", &peers.join(",")])
             .arg("--cluster-secret-file")
             .arg(o.secret)
@@ -149,6 +194,7 @@ impl Node {
         let mut node = Node {
             name: name.to_owned(),
             port,
+            addr: o.listen.clone(),
             mountpoint,
             cache,
             log,
@@ -182,7 +228,11 @@ impl Node {
 
     /// The peer entry for the node listening on `port`, as this node sees it.
     pub fn peer_state(&self, port: u16) -> Option<String> {
-        let want = format!("127.0.0.1:{port}");
+        self.peer_state_of(&format!("127.0.0.1:{port}"))
+    }
+
+    /// The peer entry for the member `addr` (ip:port), as this node sees it.
+    pub fn peer_state_of(&self, want: &str) -> Option<String> {
         self.stats()
             .peers
             .into_iter()
@@ -192,13 +242,20 @@ impl Node {
 
     /// Waits until this node sees every node of `ports` up (itself: self).
     pub fn wait_peers_up(&self, ports: &[u16]) {
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        self.wait_peers_in_state(&addrs, &["up", "self"], Duration::from_secs(20));
+    }
+
+    /// Waits until this node sees each member of `addrs` in one of `states`.
+    pub fn wait_peers_in_state(&self, addrs: &[String], states: &[&str], limit: Duration) {
         wait_until(
-            &format!("{} to see {ports:?} up", self.name),
-            Duration::from_secs(20),
+            &format!("{} to see {addrs:?} {states:?}", self.name),
+            limit,
             || {
-                ports
-                    .iter()
-                    .all(|p| matches!(self.peer_state(*p).as_deref(), Some("up") | Some("self")))
+                addrs.iter().all(|a| {
+                    self.peer_state_of(a)
+                        .is_some_and(|s| states.contains(&s.as_str()))
+                })
             },
         );
     }
