@@ -305,7 +305,9 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
+    // `cargo test --all-targets` runs bench binaries without --bench.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("peers: a benchmark; run it with `cargo bench --bench peers`");
         return;
     }
     // SAFETY: geteuid has no preconditions.
