@@ -19,6 +19,8 @@
 //! - `LOCAFS_BENCH_TOOLS` (default all): columns to measure, e.g.
 //!   `direct,locafs` (names: direct, locafs, locafs-nopt, bindfs, rclone).
 //! - `LOCAFS_BENCH_RUNS` (default 3): timed passes per warm figure (median).
+//! - `LOCAFS_BENCH_LOCAFS_ARGS`: extra `locafs mount` options for both locafs
+//!   columns (experiments, e.g. `--fuse-threads 4`).
 //! - `LOCAFS_BENCH_DIR` (default /var/tmp/locafs-bench): generated data (kept
 //!   and reused across runs), mountpoints, caches and daemon logs.
 
@@ -354,6 +356,10 @@ impl Mounted {
                     .arg("bench");
                 if tool == Tool::LocafsNoPt {
                     cmd.arg("--no-passthrough");
+                }
+                // Extra options for experiments, e.g. "--fuse-threads 4".
+                if let Ok(extra) = std::env::var("LOCAFS_BENCH_LOCAFS_ARGS") {
+                    cmd.args(extra.split_whitespace());
                 }
             }
             Tool::Bindfs => {

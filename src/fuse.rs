@@ -220,7 +220,6 @@ impl Filesystem for LocaFs {
         };
         let file = Arc::new(FileVersion::new(rel, a.version()));
         let cache = self.reader.cache();
-        cache.note_current(&file);
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
         let backing = if self.passthrough.load(Ordering::Relaxed)
             && a.size > 0
@@ -231,19 +230,24 @@ impl Filesystem for LocaFs {
             None
         };
         let offered = backing.is_some();
-        match self.files.open(ino.0, Arc::clone(&file), backing) {
-            Ok((fh, OpenMode::Passthrough(id))) => {
-                self.readahead.on_open(ino.0, &file);
+        let opened = self.files.open(ino.0, Arc::clone(&file), backing);
+        if let Ok((_, _, true)) = &opened {
+            // Older versions of this path are stale from now on.
+            cache.note_current(&file);
+        }
+        match opened {
+            Ok((fh, OpenMode::Passthrough(id), _)) => {
+                self.readahead.on_open(ino.0, &file, true);
                 self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
                 self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
                 reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
             }
-            Ok((fh, OpenMode::Cached { keep_cache })) => {
+            Ok((fh, OpenMode::Cached { keep_cache }, _)) => {
                 self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
                 if offered {
                     cache.unpin(&file);
                 }
-                self.readahead.on_open(ino.0, &file);
+                self.readahead.on_open(ino.0, &file, false);
                 let flags = if keep_cache {
                     FopenFlags::FOPEN_KEEP_CACHE
                 } else {

@@ -86,13 +86,14 @@ impl<B> OpenFiles<B> {
     /// Registers an open. `backing` is a ready backing token if the caller
     /// prepared one (it is used only if the inode can take passthrough now;
     /// otherwise it is dropped and the open is cached). Returns the handle
-    /// number and the mode.
+    /// number, the mode, and whether this version is new for the inode (not
+    /// the one its previous open saw).
     pub fn open(
         &self,
         ino: u64,
         file: Arc<FileVersion>,
         backing: Option<B>,
-    ) -> Result<(u64, OpenMode<B>), ModeConflict> {
+    ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
         let st = inner.inodes.entry(ino).or_insert(InodeState {
@@ -118,6 +119,7 @@ impl<B> OpenFiles<B> {
                 OpenMode::Cached { keep_cache }
             }
         };
+        let new_version = !keep_cache;
         st.last_version = Some(file.key);
         let fh = inner.next_fh;
         inner.next_fh += 1;
@@ -131,7 +133,7 @@ impl<B> OpenFiles<B> {
                 seq: Mutex::default(),
             }),
         );
-        Ok((fh, mode))
+        Ok((fh, mode, new_version))
     }
 
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
@@ -186,21 +188,21 @@ mod tests {
     fn modes_never_mix_on_one_inode() {
         let t: OpenFiles<&'static str> = OpenFiles::default();
         let f = fv(10);
-        let (a, m) = t.open(7, f.clone(), None).unwrap();
+        let (a, m, _) = t.open(7, f.clone(), None).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
         assert!(!t.is_idle(7));
         // A backing offered while cached handles exist is not used.
-        let (b, m) = t.open(7, f.clone(), Some("backing")).unwrap();
+        let (b, m, _) = t.open(7, f.clone(), Some("backing")).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
         t.release(a);
         t.release(b);
         assert!(t.is_idle(7));
-        let (c, m) = t.open(7, f.clone(), Some("backing")).unwrap();
+        let (c, m, _) = t.open(7, f.clone(), Some("backing")).unwrap();
         let OpenMode::Passthrough(id) = m else {
             panic!()
         };
         // Later opens share the same backing, even without offering one.
-        let (d, m) = t.open(7, f.clone(), None).unwrap();
+        let (d, m, _) = t.open(7, f.clone(), None).unwrap();
         let OpenMode::Passthrough(id2) = m else {
             panic!()
         };
@@ -215,11 +217,11 @@ mod tests {
     #[test]
     fn keep_cache_only_for_the_same_version() {
         let t: OpenFiles<()> = OpenFiles::default();
-        let (a, _) = t.open(3, fv(10), None).unwrap();
+        let (a, _, _) = t.open(3, fv(10), None).unwrap();
         t.release(a);
-        let (_, m) = t.open(3, fv(10), None).unwrap();
+        let (_, m, _) = t.open(3, fv(10), None).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
-        let (_, m) = t.open(3, fv(20), None).unwrap();
+        let (_, m, _) = t.open(3, fv(20), None).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
     }
 }

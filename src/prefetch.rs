@@ -244,16 +244,23 @@ impl ReadAhead {
     }
 
     /// A file was opened for reading by the loader.
-    pub fn on_open(self: &Arc<Self>, ino: u64, file: &Arc<FileVersion>) {
-        {
+    /// `complete`: the cache is known to hold the whole file (passthrough).
+    pub fn on_open(self: &Arc<Self>, ino: u64, file: &Arc<FileVersion>, complete: bool) {
+        // Wake the background task only when it may have new work (a
+        // wake-up per open costs a context switch on the open path).
+        let wake = {
             let mut st = self.state.lock();
+            let mut wake = false;
             if st.epoch.on_read(ino) {
                 info!(epoch = st.epoch.epoch(), "new epoch detected");
                 st.cursor = 0;
+                wake = true;
             }
+            wake |= st.epoch.files_read() == 1;
             if let Some(plan) = &mut st.plan {
                 match plan.index.get(&ino) {
                     Some(&i) if i + self.cfg.plan_ahead >= plan.position => {
+                        wake |= i > plan.position;
                         plan.position = plan.position.max(i);
                         plan.misses = 0;
                     }
@@ -266,14 +273,18 @@ impl ReadAhead {
                     }
                 }
             }
+            wake
+        };
+        if wake {
+            self.wake.notify_one();
         }
-        self.wake.notify_one();
         // A small file of several blocks is fetched whole at open (its blocks
         // in parallel), unless the cache has it, and only where the blocks
         // can wait for the loader: in the cache, or in memory. (A one-block
         // file gains nothing: the loader's first read fetches the block.)
         let bs = self.reader.block_size();
         if self.cfg.sequential
+            && !complete
             && file.version.size <= self.cfg.small_file
             && file.version.size > bs
             && !self.reader.cache().is_complete(file)

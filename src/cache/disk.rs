@@ -950,6 +950,7 @@ impl BlockCache for DiskCache {
             for p in Part::both(file.key) {
                 st.policy.pin(&p);
             }
+            st.touch(file.key);
             todo
         };
         let (data, _) = self.paths(&file.key);
@@ -965,13 +966,14 @@ impl BlockCache for DiskCache {
                 return fail();
             }
         }
-        let mut st = self.state.lock();
-        if let Some(e) = st.entries.get_mut(&file.key) {
-            for (i, _) in &todo {
-                e.verified[*i as usize] = true;
+        if !todo.is_empty() {
+            let mut st = self.state.lock();
+            if let Some(e) = st.entries.get_mut(&file.key) {
+                for (i, _) in &todo {
+                    e.verified[*i as usize] = true;
+                }
             }
         }
-        st.touch(file.key);
         Some(f)
     }
 
