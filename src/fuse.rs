@@ -168,7 +168,8 @@ impl Filesystem for LocaFs {
         for flag in wanted.iter() {
             let _ = config.add_capabilities(flag);
         }
-        let _ = config.set_max_background(64);
+        // Loader reads in flight (each may hold a block) stay within 32.
+        let _ = config.set_max_background(32);
         if self.opts.passthrough {
             if !crate::sys::has_cap_sys_admin() {
                 info!("passthrough off: it needs CAP_SYS_ADMIN; cached files are served through the daemon");

@@ -489,8 +489,11 @@ impl ReadAhead {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
-            // Loader reads first: with demand reads in flight, run half the jobs.
-            while self.reader.demand_inflight() > 0 && jobs.available_permits() <= self.cfg.jobs / 2
+            // Loader reads first: with demand reads in flight, run half the
+            // jobs (a plan's files are what the loader reads next: not held back).
+            while !planned
+                && self.reader.demand_inflight() > 0
+                && jobs.available_permits() <= self.cfg.jobs / 2
             {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }

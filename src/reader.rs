@@ -162,7 +162,7 @@ impl Reader {
         }
         let b = self.cache.get(file, index)?;
         metrics::observe_tier(Tier::Cache, t, true);
-        self.memory.insert(id, b.clone());
+        self.remember(id, b.clone());
         Some(b)
     }
 
@@ -259,6 +259,16 @@ impl Reader {
             .fetch_add(miss.min(out.len() as u64), Relaxed);
         self.cache.record_access(&file, out.len() as u64);
         Ok(out)
+    }
+
+    /// Puts a block in the memory tier. moka evicts in batches, so under a
+    /// stream of inserts it can run well past its bound; past the bound,
+    /// eviction is done here, now.
+    fn remember(&self, id: BlockId, block: ChecksummedBytes) {
+        self.memory.insert(id, block);
+        if self.memory.weighted_size() > self.cfg.memory_bytes {
+            self.memory.run_pending_tasks();
+        }
     }
 
     /// Bytes the memory tier may hold.
@@ -368,7 +378,7 @@ impl Reader {
             // Into memory before leaving the single flight, so that a request
             // arriving in between finds the block instead of fetching again.
             if let Ok((block, _)) = &res {
-                me.memory.insert(id, block.clone());
+                me.remember(id, block.clone());
             }
             me.inflight.lock().remove(&id);
             if let Ok((block, from_peer)) = &res {
