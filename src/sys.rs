@@ -114,7 +114,8 @@ pub fn mount_fstype(p: &Path) -> Option<String> {
     found
 }
 
-fn unescape_mount(s: &str) -> Vec<u8> {
+/// Decodes the octal escapes (`\040` for a space, ...) of /proc/self/mountinfo.
+pub fn unescape_mount(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

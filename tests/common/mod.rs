@@ -50,26 +50,6 @@ macro_rules! require_fuse {
     };
 }
 
-/// Decodes the octal escapes (`\040` etc.) of /proc/self/mountinfo.
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            let oct = &s[i + 1..i + 4];
-            if let Ok(v) = u8::from_str_radix(oct, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
-}
-
 /// The mount points listed in /proc/self/mountinfo with their fs type.
 pub fn mounts() -> Vec<(PathBuf, String)> {
     let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -80,7 +60,7 @@ pub fn mounts() -> Vec<(PathBuf, String)> {
             let dash = f.iter().position(|x| *x == "-")?;
             let fstype = f.get(dash + 1)?;
             Some((
-                PathBuf::from(OsStr::from_bytes(&unescape_mountinfo(mp))),
+                PathBuf::from(OsStr::from_bytes(&locafs::sys::unescape_mount(mp))),
                 fstype.to_string(),
             ))
         })
@@ -95,7 +75,7 @@ pub fn mounted_sources() -> Vec<String> {
             let f: Vec<&str> = l.split(' ').collect();
             let dash = f.iter().position(|x| *x == "-")?;
             let src = f.get(dash + 2)?;
-            Some(String::from_utf8_lossy(&unescape_mountinfo(src)).into_owned())
+            Some(String::from_utf8_lossy(&locafs::sys::unescape_mount(src)).into_owned())
         })
         .collect()
 }
