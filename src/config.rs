@@ -129,9 +129,9 @@ pub struct MountFlags {
     /// Largest sequential read-ahead window per open file. [default: 64MiB]
     #[arg(long, value_name = "SIZE")]
     pub readahead_window: Option<String>,
-    /// One memory budget for every block buffer of the daemon: read-ahead in
-    /// flight, recently read blocks (--memory-cache) and blocks waiting to be
-    /// written to the cache. [default: 256MiB]
+    /// One memory budget for every block buffer of the daemon: loader reads
+    /// and read-ahead in flight, recently read blocks (--memory-cache) and
+    /// blocks waiting to be written to the cache. [default: 256MiB]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_memory: Option<String>,
     /// Concurrent background fetches of the epoch's unread files. [default: 8]
@@ -543,7 +543,12 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         max_window: size("readahead-window", &f.readahead_window)?
             .unwrap_or(64 << 20)
             .max(block_size),
-        memory: budget - memory_cache - write_queue,
+        // Loader reads in flight hold a block each (at most the kernel's 32
+        // background requests plus one per FUSE thread): kept out of the
+        // read-ahead share so that the whole stays within the budget.
+        memory: (budget - memory_cache - write_queue)
+            .saturating_sub((32 + fuse_threads as u64) * block_size)
+            .max(2 * block_size),
         jobs: prefetch_jobs,
         bandwidth: size("prefetch-bandwidth", &f.prefetch_bandwidth)?.filter(|b| *b > 0),
         small_file: 4 * block_size,

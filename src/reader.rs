@@ -261,14 +261,13 @@ impl Reader {
         Ok(out)
     }
 
-    /// Puts a block in the memory tier. moka evicts in batches, so under a
-    /// stream of inserts it can run well past its bound; past the bound,
-    /// eviction is done here, now.
+    /// Puts a block in the memory tier. moka evicts in batches (and its
+    /// size figure lags), so under a stream of inserts it can run well past
+    /// its bound: eviction is run here, at every insert (inserts are per
+    /// block, at most a few thousand a second).
     fn remember(&self, id: BlockId, block: ChecksummedBytes) {
         self.memory.insert(id, block);
-        if self.memory.weighted_size() > self.cfg.memory_bytes {
-            self.memory.run_pending_tasks();
-        }
+        self.memory.run_pending_tasks();
     }
 
     /// Bytes the memory tier may hold.
