@@ -374,17 +374,18 @@ impl Reader {
         // cache) even if every reader waiting on it gives up.
         let task = self.rt.spawn(async move {
             let res = me.fetch_uncached(&file, index, ask_peers).await;
-            // Into memory before leaving the single flight, so that a request
-            // arriving in between finds the block instead of fetching again.
-            if let Ok((block, _)) = &res {
-                me.remember(id, block.clone());
-            }
-            me.inflight.lock().remove(&id);
+            // The single flight stays open (resolved: later requests get the
+            // block from it at once) until the block is in the disk cache, so
+            // that no request can fall between the memory tier evicting the
+            // block and the cache write landing, and read the source again.
+            let mut writing = false;
             if let Ok((block, from_peer)) = &res {
+                me.remember(id, block.clone());
                 // Written after the waiters got their bytes, if the write
                 // queue has room (else the block lives in memory only).
                 let kib = (block.data().len() as u64).div_ceil(1024) as u32;
                 if let Ok(permit) = Arc::clone(&me.write_queue).try_acquire_many_owned(kib) {
+                    writing = true;
                     let (me3, file3, block3, guest) = (
                         Arc::clone(&me),
                         Arc::clone(&file),
@@ -398,8 +399,12 @@ impl Reader {
                             me3.cache.put(&file3, index, &block3);
                         }
                         drop(permit);
+                        me3.inflight.lock().remove(&id);
                     });
                 }
+            }
+            if !writing {
+                me.inflight.lock().remove(&id);
             }
             res.map(|(b, _)| b)
         });
