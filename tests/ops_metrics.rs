@@ -40,6 +40,9 @@ fn metrics_endpoint_after_a_workload() {
             "--cache-size",
             "64MiB",
             "--no-passthrough",
+            // Without read-ahead every first read is a miss the metrics
+            // must show (read-ahead could have fetched everything first).
+            "--no-readahead",
             "--metrics",
             &addr,
         ],
