@@ -18,21 +18,6 @@ fn opts<'a>(peers: &'a [u16], c: &'a Cluster) -> NodeOpts<'a> {
     }
 }
 
-/// Reads each node's share of one epoch, all nodes at once.
-fn run_epoch(c: &Cluster, nodes: &[&Node], epoch: u64, seed: u64) {
-    let shares = shares(c.files.len(), nodes.len(), epoch, seed);
-    std::thread::scope(|s| {
-        for (node, share) in nodes.iter().zip(&shares) {
-            s.spawn(move || {
-                for &i in share {
-                    let (rel, data) = &c.files[i];
-                    node.read_check(rel, data);
-                }
-            });
-        }
-    });
-}
-
 #[test]
 fn epochs_on_three_nodes_read_each_block_from_the_source_once() {
     if !can_run() {

@@ -57,21 +57,6 @@ fn all_addrs(lab: &Lab) -> Vec<String> {
         .collect()
 }
 
-/// Reads each node's share of one epoch, all nodes at once, checking bytes.
-fn run_epoch(c: &Cluster, nodes: &[&Node], epoch: u64, seed: u64) {
-    let shares = shares(c.files.len(), nodes.len(), epoch, seed);
-    std::thread::scope(|s| {
-        for (node, share) in nodes.iter().zip(&shares) {
-            s.spawn(move || {
-                for &i in share {
-                    let (rel, data) = &c.files[i];
-                    node.read_check(rel, data);
-                }
-            });
-        }
-    });
-}
-
 #[test]
 fn epochs_over_veth_links_read_each_block_from_the_source_once() {
     let Some(lab) = lab("epochs_over_veth_links", 3) else {

@@ -321,3 +321,18 @@ pub fn shares(files: usize, n: usize, epoch: u64, seed: u64) -> Vec<Vec<usize>> 
     }
     out
 }
+
+/// Reads each node's share of one epoch, all nodes at once, checking bytes.
+pub fn run_epoch(c: &Cluster, nodes: &[&Node], epoch: u64, seed: u64) {
+    let shares = shares(c.files.len(), nodes.len(), epoch, seed);
+    std::thread::scope(|s| {
+        for (node, share) in nodes.iter().zip(&shares) {
+            s.spawn(move || {
+                for &i in share {
+                    let (rel, data) = &c.files[i];
+                    node.read_check(rel, data);
+                }
+            });
+        }
+    });
+}
