@@ -328,9 +328,18 @@ struct Mounted {
 }
 
 impl Mounted {
+    /// Mounts the data set `source` at `root/mnt/TOOL-TAG/NAME` (NAME the
+    /// source's own name, so paths relative to the source's parent work under
+    /// the mountpoint's parent).
     fn start(tool: Tool, source: &Path, root: &Path, tag: &str) -> Result<Mounted, String> {
         let program = tool.program().ok_or_else(|| "not installed".to_string())?;
-        let mnt = root.join("mnt").join(format!("{}-{tag}", tool.tag()));
+        let name = source
+            .file_name()
+            .ok_or_else(|| format!("{}: no name", source.display()))?;
+        let mnt = root
+            .join("mnt")
+            .join(format!("{}-{tag}", tool.tag()))
+            .join(name);
         let cache = root.join("cache").join(format!("{}-{tag}", tool.tag()));
         let logs = root.join("logs");
         for d in [&mnt, &logs] {
@@ -914,23 +923,15 @@ impl Bench {
                 Err(e) => eprintln!("  direct cold pass failed: {e}"),
             }
         }
-        let mount = if tool == Tool::Direct {
-            None
-        } else {
-            match Mounted::start(tool, &self.data, &self.s.root, "main") {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    eprintln!("  mount failed: {e}");
-                    self.mark_all(&rows, tool, &format!("ERROR: {e}"));
-                    return;
-                }
-            }
+        // One mount per data set, as a user mounts one data set: a mount of
+        // the whole bench directory would have background prefetch read the
+        // other figures' files while this one is timed.
+        let (small_dir, _) = small_list(&self.sz);
+        let (large_dir, _) = large_list(&self.sz);
+        let meta_dir = format!("meta-{}", self.sz.meta_files);
+        let Some((mount, base)) = self.mount_set(tool, &small_dir, &rows) else {
+            return;
         };
-        let base = match &mount {
-            Some(m) => m.mnt.clone(),
-            None => self.data.clone(),
-        };
-
         let mut small_passes = 0;
         if self.s.wants("4") {
             let r = drop_caches()
@@ -971,7 +972,11 @@ impl Bench {
                 print_locafs_stats(tool, m);
             }
         }
+        drop(mount);
         if self.s.wants("1") || self.s.wants("1b") {
+            let Some((mount, base)) = self.mount_set(tool, &large_dir, &["1", "1b"]) else {
+                return;
+            };
             let warm: io::Result<()> = (0..2)
                 .try_for_each(|i| {
                     eprintln!("  warm-up pass {} over the large files", i + 1);
@@ -997,7 +1002,10 @@ impl Bench {
             }
         }
         if self.s.wants("3") {
-            let name = format!("meta-{}", self.sz.meta_files);
+            let Some((_mount, base)) = self.mount_set(tool, &meta_dir, &["3"]) else {
+                return;
+            };
+            let name = meta_dir;
             let expect = self.sz.meta_files + CLASSES as u64;
             let warm = walk_pass(&base.join(&name), expect)
                 .and_then(|_| walk_pass(&data.join(&name), expect));
@@ -1008,7 +1016,31 @@ impl Bench {
                 }),
             }
         }
-        drop(mount);
+    }
+
+    /// Mounts data set `dir` (under the data directory) for `tool`; returns
+    /// the guard (None for direct) and the directory under which `dir`'s
+    /// relative paths are read. On failure marks `rows` and returns None.
+    fn mount_set(
+        &mut self,
+        tool: Tool,
+        dir: &str,
+        rows: &[&str],
+    ) -> Option<(Option<Mounted>, PathBuf)> {
+        if tool == Tool::Direct {
+            return Some((None, self.data.clone()));
+        }
+        match Mounted::start(tool, &self.data.join(dir), &self.s.root, "set") {
+            Ok(m) => {
+                let base = m.mnt.parent().map(Path::to_path_buf).unwrap_or_default();
+                Some((Some(m), base))
+            }
+            Err(e) => {
+                eprintln!("  mount of {dir} failed: {e}");
+                self.mark_all(rows, tool, &format!("ERROR: {e}"));
+                None
+            }
+        }
     }
 
     /// Figure 5 for one tool: peak RSS of the daemon after a walk of the

@@ -94,15 +94,22 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.mnt).status();
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut exited = false;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+                exited = true;
+                break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        if !exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        // The cache lives in /dev/shm, i.e. in RAM: leaving it behind would
+        // take memory from every later run.
+        let _ = std::fs::remove_dir_all(&self.cache);
     }
 }
 
