@@ -308,32 +308,68 @@ impl Reader {
         .unwrap_or(false))
     }
 
-    /// Makes sure a block is in the cache (or in memory) without returning
-    /// it: what read-ahead asks for.
+    /// Makes sure a block is in the disk cache (or on its way there) without
+    /// returning it: what read-ahead asks for. It first waits for room in the
+    /// write-back queue, so read-ahead runs at the pace the cache disk takes
+    /// and nothing it fetched is dropped for want of room (a loader's own
+    /// reads never wait for the queue: their blocks may go unwritten).
     pub async fn prefetch(
         self: Arc<Self>,
         file: Arc<FileVersion>,
         index: u64,
     ) -> Result<(), ReadError> {
-        // Nothing to do for a block memory or the disk cache holds (without
-        // reading and hashing it: the loader's read will verify it).
+        // Nothing to do for a block the disk cache holds (without reading
+        // and hashing it: the loader's read will verify it).
+        if self.cache.is_block_cached(&file, index) {
+            return Ok(());
+        }
         let id = BlockId {
             key: file.key,
             index,
         };
-        if self.memory.contains_key(&id) || self.cache.is_block_cached(&file, index) {
+        let kib = (file.block_len(index, self.cfg.block_size) as u64).div_ceil(1024) as u32;
+        let permit = Arc::clone(&self.write_queue)
+            .acquire_many_owned(kib)
+            .await
+            .map_err(|_| ReadError::Internal("write queue closed".into()))?;
+        if self.cache.is_block_cached(&file, index) {
             return Ok(());
         }
-        tokio::time::timeout(self.cfg.source_timeout, self.fetch(&file, index))
-            .await
-            .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
-            .map(|_| ())
+        // Fetched before but not written (the queue was full then): write
+        // it from memory, unless a fetch of it is still in flight (that one
+        // writes it).
+        if let Some(block) = self.memory.get(&id) {
+            if !self.inflight.lock().contains_key(&id) {
+                let guest = !self.owns(&file, index);
+                let me = Arc::clone(&self);
+                tokio::task::spawn_blocking(move || {
+                    me.write_block(&file, index, &block, guest);
+                    drop(permit);
+                });
+            }
+            return Ok(());
+        }
+        tokio::time::timeout(
+            self.cfg.source_timeout,
+            self.single_flight(&file, index, true, Some(permit)),
+        )
+        .await
+        .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
+        .map(|_| ())
+    }
+
+    fn write_block(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes, guest: bool) {
+        if guest {
+            self.cache.put_guest(file, index, block);
+        } else {
+            self.cache.put(file, index, block);
+        }
     }
 
     /// The single-flight fetch of one block: from the owner peer when another
     /// node owns it, else (or if that fails) from the source.
     fn fetch(self: &Arc<Self>, file: &Arc<FileVersion>, index: u64) -> Fetch {
-        self.single_flight(file, index, true)
+        self.single_flight(file, index, true, None)
     }
 
     /// A block for a peer that asked this node as its owner: from the local
@@ -348,17 +384,22 @@ impl Reader {
         }
         tokio::time::timeout(
             self.cfg.source_timeout,
-            self.single_flight(&file, index, false),
+            self.single_flight(&file, index, false, None),
         )
         .await
         .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
     }
 
+    /// The fetch of one block shared by every request for it. `permit`, if
+    /// given, is room already taken in the write-back queue for its cache
+    /// write; without it the write takes room if there is some, else the
+    /// block lives in memory only.
     fn single_flight(
         self: &Arc<Self>,
         file: &Arc<FileVersion>,
         index: u64,
         ask_peers: bool,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Fetch {
         let id = BlockId {
             key: file.key,
@@ -384,7 +425,9 @@ impl Reader {
                 // Written after the waiters got their bytes, if the write
                 // queue has room (else the block lives in memory only).
                 let kib = (block.data().len() as u64).div_ceil(1024) as u32;
-                if let Ok(permit) = Arc::clone(&me.write_queue).try_acquire_many_owned(kib) {
+                let permit =
+                    permit.or_else(|| Arc::clone(&me.write_queue).try_acquire_many_owned(kib).ok());
+                if let Some(permit) = permit {
                     writing = true;
                     let (me3, file3, block3, guest) = (
                         Arc::clone(&me),
@@ -393,11 +436,7 @@ impl Reader {
                         *from_peer,
                     );
                     tokio::task::spawn_blocking(move || {
-                        if guest {
-                            me3.cache.put_guest(&file3, index, &block3);
-                        } else {
-                            me3.cache.put(&file3, index, &block3);
-                        }
+                        me3.write_block(&file3, index, &block3, guest);
                         drop(permit);
                         me3.inflight.lock().remove(&id);
                     });

@@ -455,3 +455,65 @@ fn loader_reads_are_served_while_background_prefetch_saturates_the_source() {
     );
     drop(m);
 }
+
+#[test]
+fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_writes() {
+    if !fuse_available(
+        "background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_writes",
+    ) {
+        return;
+    }
+    // A source with no delay outruns checksumming and writing the cache;
+    // a small budget gives a small write-back queue. Every block must still
+    // land in the cache, each read from the source once: read-ahead waits
+    // for the write queue instead of dropping what it fetched.
+    let d = dirs();
+    let files = 6u64;
+    let len = 24 * MIB;
+    for i in 0..files {
+        write_file(&d.src.join(format!("shard-{i}")), len, 100 + i);
+    }
+    let cfg = config(
+        &d,
+        &[
+            "--no-passthrough",
+            "--cache-size",
+            "1G",
+            "--prefetch-memory",
+            "16M",
+            "--prefetch-jobs",
+            "8",
+            "--block-size",
+            "1M",
+        ],
+    );
+    let source = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
+    let m = mount(&cfg, source.clone());
+    // One read of shard-0's first block starts the epoch; the background
+    // prefetch fetches the files not read yet this epoch, all the others.
+    let mut b = [0u8; 4096];
+    File::open(d.mnt.join("shard-0"))
+        .unwrap()
+        .read_exact(&mut b)
+        .unwrap();
+    let t = Instant::now();
+    while stats(m.mountpoint()).files_cached < files - 1 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "background prefetch left files partly cached: {:?}",
+            stats(m.mountpoint())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = stats(m.mountpoint());
+    assert_eq!(s.source_bytes, (files - 1) * len + MIB, "{s:?}");
+    let mut per_block: HashMap<(PathBuf, u64), u32> = HashMap::new();
+    for r in source.reads() {
+        *per_block.entry((r.path, r.offset)).or_default() += 1;
+    }
+    assert!(
+        per_block.values().all(|c| *c == 1),
+        "a block was fetched twice"
+    );
+    drop(m);
+}
