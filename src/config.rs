@@ -151,7 +151,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
     /// Serve and ask other nodes of the job on this UDP address (QUIC), e.g.
-    /// 0.0.0.0:7070. Needs --peers and --cluster-secret-file.
+    /// 0.0.0.0:7070. Needs --peers, and --cluster-secret-file or
+    /// --peer-ca/--peer-cert/--peer-key.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The nodes of the job, comma separated host:port entries (IPs or DNS
@@ -162,8 +163,22 @@ pub struct MountFlags {
     pub peers: Option<String>,
     /// File holding the cluster secret shared by all nodes of the job
     /// (make one with `locafs secret > FILE`); nodes without it get nothing.
+    /// Alternative: --peer-ca, --peer-cert and --peer-key.
     #[arg(long, value_name = "FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// Your own PKI instead of a cluster secret: PEM file of the CA
+    /// certificate(s) that every node's certificate must chain to (names in
+    /// the certificates are not checked). With --peer-cert and --peer-key.
+    #[arg(long, value_name = "FILE")]
+    pub peer_ca: Option<PathBuf>,
+    /// PEM file of this node's certificate (then any intermediates), signed
+    /// by --peer-ca, with extended key usages serverAuth and clientAuth (or
+    /// none).
+    #[arg(long, value_name = "FILE")]
+    pub peer_cert: Option<PathBuf>,
+    /// PEM file of this node's private key (PKCS#8, RSA or EC; unencrypted).
+    #[arg(long, value_name = "FILE")]
+    pub peer_key: Option<PathBuf>,
     /// Longest wait for one peer on one block before trying the next node or
     /// the source. [default: 2s]
     #[arg(long, value_name = "DURATION")]
@@ -226,7 +241,7 @@ pub struct MountConfig {
     /// The data set's name (--dataset-id or derived from the source path);
     /// also the data set id peers must agree on.
     pub dataset_name: String,
-    /// The peer cache, if --listen/--peers/--cluster-secret-file were given.
+    /// The peer cache, if --listen/--peers and its credentials were given.
     pub peer: Option<crate::peer::PeerConfig>,
 }
 
@@ -255,6 +270,9 @@ impl MountFlags {
             listen: self.listen.or(other.listen),
             peers: self.peers.or(other.peers),
             cluster_secret_file: self.cluster_secret_file.or(other.cluster_secret_file),
+            peer_ca: self.peer_ca.or(other.peer_ca),
+            peer_cert: self.peer_cert.or(other.peer_cert),
+            peer_key: self.peer_key.or(other.peer_key),
             peer_timeout: self.peer_timeout.or(other.peer_timeout),
         }
     }
@@ -645,20 +663,46 @@ pub fn parse_peer_list(list: &str) -> Result<Vec<String>, UsageError> {
     Ok(out)
 }
 
-/// The peer options, all or none.
+/// The peer options, all or none: --listen and --peers, and either
+/// --cluster-secret-file or --peer-ca, --peer-cert and --peer-key.
 fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, UsageError> {
+    let pem = [&f.peer_ca, &f.peer_cert, &f.peer_key];
     if f.listen.is_none()
         && f.peers.is_none()
         && f.cluster_secret_file.is_none()
+        && pem.iter().all(|p| p.is_none())
         && f.peer_timeout.is_none()
     {
         return Ok(None);
     }
-    let (Some(listen), Some(peers), Some(secret_file)) =
-        (&f.listen, &f.peers, &f.cluster_secret_file)
-    else {
+    let any_pem = pem.iter().any(|p| p.is_some());
+    if f.cluster_secret_file.is_some() && any_pem {
         return Err(usage(
-            "the peer cache needs --listen, --peers and --cluster-secret-file together",
+            "--cluster-secret-file and --peer-ca/--peer-cert/--peer-key are two ways to \
+             authenticate peers: give only one",
+        ));
+    }
+    if any_pem {
+        let missing: Vec<&str> = [
+            (&f.peer_ca, "--peer-ca"),
+            (&f.peer_cert, "--peer-cert"),
+            (&f.peer_key, "--peer-key"),
+        ]
+        .iter()
+        .filter(|(p, _)| p.is_none())
+        .map(|(_, name)| *name)
+        .collect();
+        if !missing.is_empty() {
+            return Err(usage(format!(
+                "--peer-ca, --peer-cert and --peer-key go together: {} missing",
+                missing.join(" and ")
+            )));
+        }
+    }
+    let (Some(listen), Some(peers)) = (&f.listen, &f.peers) else {
+        return Err(usage(
+            "the peer cache needs --listen, --peers and --cluster-secret-file (or --peer-ca, \
+             --peer-cert and --peer-key) together",
         ));
     };
     let listen: std::net::SocketAddr = listen.trim().parse().map_err(|_| {
@@ -667,19 +711,35 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
         ))
     })?;
     let peers = parse_peer_list(peers)?;
-    let secret = std::fs::read(secret_file).map_err(|e| {
-        usage(format!(
-            "--cluster-secret-file {}: {}",
-            secret_file.display(),
-            short_io(&e)
-        ))
-    })?;
-    let identity = crate::peer::tls::ClusterIdentity::from_secret(&secret).map_err(|e| {
-        usage(format!(
-            "--cluster-secret-file {}: {e}",
-            secret_file.display()
-        ))
-    })?;
+    let identity = match (
+        &f.cluster_secret_file,
+        &f.peer_ca,
+        &f.peer_cert,
+        &f.peer_key,
+    ) {
+        (Some(secret_file), ..) => {
+            let secret = std::fs::read(secret_file).map_err(|e| {
+                usage(format!(
+                    "--cluster-secret-file {}: {}",
+                    secret_file.display(),
+                    short_io(&e)
+                ))
+            })?;
+            crate::peer::tls::ClusterIdentity::from_secret(&secret).map_err(|e| {
+                usage(format!(
+                    "--cluster-secret-file {}: {e}",
+                    secret_file.display()
+                ))
+            })?
+        }
+        (None, Some(ca), Some(cert), Some(key)) => peer_identity_from_pem(ca, cert, key)?,
+        _ => {
+            return Err(usage(
+                "the peer cache needs --listen, --peers and --cluster-secret-file (or \
+                 --peer-ca, --peer-cert and --peer-key) together",
+            ))
+        }
+    };
     let timeout = match &f.peer_timeout {
         Some(s) => parse_duration(s).map_err(|e| usage(format!("--peer-timeout: {e}")))?,
         None => Duration::from_secs(2),
@@ -693,6 +753,44 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
         identity,
         timeout,
     }))
+}
+
+/// The identity from the admin's PEM files; errors name the file at fault.
+fn peer_identity_from_pem(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> Result<crate::peer::tls::ClusterIdentity, UsageError> {
+    use crate::peer::tls::{ClusterIdentity, PemFile, TlsError};
+    let path_of = |file: PemFile| match file {
+        PemFile::Ca => ca,
+        PemFile::Cert => cert,
+        PemFile::Key => key,
+    };
+    let read = |file: PemFile| {
+        let path = path_of(file);
+        std::fs::read(path).map_err(|e| {
+            usage(format!(
+                "{} {}: {}",
+                file.option(),
+                path.display(),
+                short_io(&e)
+            ))
+        })
+    };
+    let (ca_pem, cert_pem, key_pem) = (
+        read(PemFile::Ca)?,
+        read(PemFile::Cert)?,
+        read(PemFile::Key)?,
+    );
+    ClusterIdentity::from_pem(&ca_pem, &cert_pem, &key_pem).map_err(|e| match e {
+        TlsError::Pem { file, problem } => usage(format!(
+            "{} {}: {problem}",
+            file.option(),
+            path_of(file).display()
+        )),
+        other => usage(format!("--peer-cert {}: {other}", cert.display())),
+    })
 }
 
 /// An io::Error without the "(os error N)" suffix.
@@ -752,6 +850,130 @@ mod tests {
         assert!(resolve_peer(&f).unwrap_err().0.contains("--listen"));
         f.listen = None;
         assert!(resolve_peer(&f).is_err());
+    }
+
+    /// A CA and a node certificate and key signed by it, as PEM files in `d`.
+    fn write_test_pki(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["node1.example.com".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let paths = (d.join("ca.pem"), d.join("node.pem"), d.join("node.key"));
+        std::fs::write(&paths.0, ca_pem).unwrap();
+        std::fs::write(&paths.1, cert.pem()).unwrap();
+        std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+        paths
+    }
+
+    #[test]
+    fn peer_certificate_options() {
+        let d = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = write_test_pki(d.path());
+        // From -o and from the TOML file.
+        let f = parse_o(&[format!(
+            "listen=127.0.0.1:7070,peers=a:7070,b:7070,peer_ca={},peer_cert={},peer_key={}",
+            ca.display(),
+            cert.display(),
+            key.display()
+        )])
+        .unwrap();
+        assert_eq!(f.peers.as_deref(), Some("a:7070,b:7070"));
+        assert_eq!(f.peer_ca.as_deref(), Some(ca.as_path()));
+        assert_eq!(f.peer_cert.as_deref(), Some(cert.as_path()));
+        assert_eq!(f.peer_key.as_deref(), Some(key.as_path()));
+        let toml = d.path().join("c.toml");
+        std::fs::write(
+            &toml,
+            format!(
+                "listen = \"127.0.0.1:7070\"\npeers = \"127.0.0.1:7070\"\npeer-ca = {:?}\n\
+                 peer-cert = {:?}\npeer-key = {:?}\n",
+                ca.display().to_string(),
+                cert.display().to_string(),
+                key.display().to_string()
+            ),
+        )
+        .unwrap();
+        let from_file = read_config_file(&toml).unwrap();
+        assert_eq!(from_file.peer_key.as_deref(), Some(key.as_path()));
+        let pc = resolve_peer(&from_file).unwrap().expect("peer config");
+        assert!(!pc.identity.leaf_is_fresh());
+        assert_eq!(pc.identity.cluster_id().len(), 16);
+        // Flags fill in over the file: a secret on top of certificates is
+        // two ways at once.
+        let both = MountFlags {
+            cluster_secret_file: Some(d.path().join("secret")),
+            ..Default::default()
+        }
+        .or(from_file.clone());
+        let e = resolve_peer(&both).unwrap_err().0;
+        assert!(e.contains("give only one"), "{e}");
+        // A partial set.
+        let partial = MountFlags {
+            peer_key: None,
+            peer_cert: None,
+            ..from_file.clone()
+        };
+        let e = resolve_peer(&partial).unwrap_err().0;
+        assert!(e.contains("--peer-cert and --peer-key missing"), "{e}");
+        let partial = MountFlags {
+            listen: None,
+            peers: None,
+            cluster_secret_file: None,
+            peer_ca: Some(ca.clone()),
+            ..Default::default()
+        };
+        assert!(resolve_peer(&partial)
+            .unwrap_err()
+            .0
+            .contains("go together"));
+        // Certificates without --listen/--peers.
+        let alone = MountFlags {
+            listen: None,
+            ..from_file.clone()
+        };
+        assert!(resolve_peer(&alone).unwrap_err().0.contains("--listen"));
+        // Unreadable and wrong files name the option and the path.
+        let missing = d.path().join("missing.pem");
+        let e = resolve_peer(&MountFlags {
+            peer_ca: Some(missing.clone()),
+            ..from_file.clone()
+        })
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with(&format!("--peer-ca {}: ", missing.display())),
+            "{e}"
+        );
+        let e = resolve_peer(&MountFlags {
+            peer_key: Some(cert.clone()),
+            ..from_file.clone()
+        })
+        .unwrap_err()
+        .0;
+        assert_eq!(
+            e.split(" (").next().unwrap(),
+            format!("--peer-key {}: no private key found", cert.display())
+        );
+        let e = resolve_peer(&MountFlags {
+            peer_ca: Some(cert.clone()),
+            ..from_file
+        })
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with(&format!(
+                "--peer-cert {}: peers would refuse it",
+                cert.display()
+            )),
+            "{e}"
+        );
     }
 
     #[test]

@@ -368,6 +368,76 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         &s.mnt,
         "bogus",
     );
+
+    // Peer authentication: a secret or the three PEM files, never both nor
+    // a part, from flags, -o or the TOML file alike.
+    let pki = rcgen::generate_simple_self_signed(vec!["n1.example.com".to_owned()]).unwrap();
+    let cert = t.join("n1.pem");
+    fs::write(&cert, pki.cert.pem()).unwrap();
+    let secret = t.join("secret");
+    fs::write(
+        &secret,
+        "8f3a0c5d7e9b1a2c4d6e8f0a1b3c5d7e9f1a2b3c4d5e6f708192a3b4c5d6e7f8",
+    )
+    .unwrap();
+    let peer = [
+        os("--listen"),
+        os("127.0.0.1:17071"),
+        os("--peers"),
+        os("127.0.0.1:17071"),
+    ];
+    let mut args: Vec<&OsStr> = vec![m, src, mnt, cd, cache];
+    args.extend(peer.iter().map(|a| a.as_os_str()));
+    let (pca, pcert, pkey, psecret) = (
+        os("--peer-ca"),
+        os("--peer-cert"),
+        os("--peer-key"),
+        os("--cluster-secret-file"),
+    );
+    let mut both = args.clone();
+    both.extend([
+        pca.as_os_str(),
+        cert.as_os_str(),
+        &pcert,
+        cert.as_os_str(),
+        &pkey,
+        cert.as_os_str(),
+        &psecret,
+        secret.as_os_str(),
+    ]);
+    expect_usage_error("secret and certificates", &both, &s.mnt, "give only one");
+    let partial_o = os(&format!(
+        "peer_ca={},peer_cert={}",
+        cert.display(),
+        cert.display()
+    ));
+    let mut partial = args.clone();
+    partial.extend([OsStr::new("-o"), partial_o.as_os_str()]);
+    expect_usage_error(
+        "certificates without a key (-o)",
+        &partial,
+        &s.mnt,
+        "--peer-key missing",
+    );
+    let toml = t.join("peer.toml");
+    fs::write(
+        &toml,
+        format!(
+            "peer-ca = {:?}\npeer-cert = {:?}\npeer-key = {:?}\n",
+            cert.display().to_string(),
+            cert.display().to_string(),
+            cert.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut no_key = args.clone();
+    no_key.extend([OsStr::new("--config"), toml.as_os_str()]);
+    expect_usage_error(
+        "a --peer-key file without a key (TOML)",
+        &no_key,
+        &s.mnt,
+        &format!("--peer-key {}: no private key found", cert.display()),
+    );
 }
 
 /// The pid recorded in the data set's lock file (the daemon that holds it).

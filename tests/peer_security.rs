@@ -1,7 +1,11 @@
 //! What a hostile member can do to a real node: a peer that answers with
 //! wrong blocks is caught (the reads stay byte-exact and a counter shows
 //! it), and malformed, oversized, escaping or stale requests are refused
-//! while the node keeps serving its peers and its mount.
+//! while the node keeps serving its peers and its mount. And authentication
+//! with an admin's own CA and certificates (`--peer-ca`, `--peer-cert`,
+//! `--peer-key`): nodes of the CA share blocks whatever names their
+//! certificates carry, even when they share one certificate, and a node
+//! with a certificate of another CA gets nothing.
 
 mod peer_harness;
 
@@ -417,4 +421,122 @@ fn one_peer_cannot_open_more_than_its_share_of_connections() {
     let refused = node.stats().peer_refused_connections - refused_before;
     assert!(refused >= 2, "refused connections counted: {refused}");
     assert_eq!(node.stats().read_errors, 0);
+}
+
+#[test]
+fn nodes_with_admin_certificates_share_blocks_and_a_node_of_another_ca_gets_nothing() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(30, 1_000, 200_000, 13);
+    let pki = c.dir.path().join("pki");
+    let ca = TestCa::new("Example Corp CA");
+    // Same name, another key: what an attacker could make.
+    let foreign = TestCa::new("Example Corp CA");
+    // The certificates name the nodes, not the addresses in --peers.
+    let a_files = ca.node_files(&pki, "a", "node-a.example.com");
+    let b_files = ca.node_files(&pki, "b", "node-b.example.com");
+    let x_files = foreign.node_files(&pki, "x", "node-x.example.com");
+    let ports = [free_port(), free_port(), free_port()];
+    let a = Node::start_auth(&c, "a", ports[0], &ports, Auth::Certs(&a_files));
+    let b = Node::start_auth(&c, "b", ports[1], &ports, Auth::CertsInO(&b_files));
+    let stranger = Node::start_auth(&c, "stranger", ports[2], &ports, Auth::Certs(&x_files));
+    a.wait_peers_up(&ports[..2]);
+    b.wait_peers_up(&ports[..2]);
+    wait_until(
+        "the stranger to be refused",
+        Duration::from_secs(10),
+        || a.stats().peer_refused_connections > 0 && b.stats().peer_refused_connections > 0,
+    );
+
+    run_epoch(&c, &[&a, &b], 0, 13);
+    for (rel, data) in &c.files {
+        stranger.read_check(rel, data);
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    eprintln!(
+        "a: source {} peers {} served {}; b: source {} peers {} served {}",
+        sa.source_bytes,
+        sa.peer_bytes,
+        sa.peer_served_bytes,
+        sb.source_bytes,
+        sb.peer_bytes,
+        sb.peer_served_bytes
+    );
+    for s in [&sa, &sb] {
+        assert_eq!(s.read_errors, 0);
+        assert_eq!(s.peer_bad_blocks, 0);
+    }
+    assert!(
+        sa.peer_bytes + sb.peer_bytes > 0,
+        "a and b exchanged no block"
+    );
+    assert_eq!(
+        sa.peer_bytes + sb.peer_bytes,
+        sa.peer_served_bytes + sb.peer_served_bytes
+    );
+    assert_eq!(
+        sa.source_bytes + sb.source_bytes,
+        c.total_bytes(),
+        "each block from the source once between a and b"
+    );
+
+    let s = stranger.stats();
+    assert_eq!(s.read_errors, 0);
+    assert_eq!(s.peer_bytes, 0, "the stranger got bytes from a peer");
+    assert_eq!(
+        s.source_bytes,
+        c.total_bytes(),
+        "all from its own source reads"
+    );
+    for p in &s.peers {
+        assert!(
+            p.state == "down" || p.state == "self",
+            "stranger sees {p:?}"
+        );
+    }
+    for n in [&a, &b] {
+        assert_eq!(
+            n.peer_state(ports[2]).as_deref(),
+            Some("down"),
+            "{}",
+            n.name
+        );
+        let p = n
+            .stats()
+            .peers
+            .into_iter()
+            .find(|p| p.address == format!("127.0.0.1:{}", ports[2]));
+        assert_eq!(
+            p.map(|p| p.bytes_sent),
+            Some(0),
+            "{} served the stranger",
+            n.name
+        );
+    }
+}
+
+#[test]
+fn nodes_sharing_one_admin_certificate_still_tell_each_other_apart() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(20, 1_000, 200_000, 14);
+    let ca = TestCa::new("Example Corp CA");
+    // One certificate for the whole job, as one Kubernetes Secret would be.
+    let files = ca.node_files(&c.dir.path().join("pki"), "all", "locafs.example.com");
+    let ports = [free_port(), free_port()];
+    let a = Node::start_auth(&c, "a", ports[0], &ports, Auth::Certs(&files));
+    let b = Node::start_auth(&c, "b", ports[1], &ports, Auth::Certs(&files));
+    // Each sees the other up, not as itself.
+    a.wait_peers_up(&ports);
+    b.wait_peers_up(&ports);
+    run_epoch(&c, &[&a, &b], 0, 14);
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa.read_errors + sb.read_errors, 0);
+    assert!(
+        sa.peer_bytes + sb.peer_bytes > 0,
+        "a and b exchanged no block"
+    );
+    assert_eq!(sa.source_bytes + sb.source_bytes, c.total_bytes());
 }

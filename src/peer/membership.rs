@@ -9,8 +9,14 @@
 //! A node recognises itself in the list by its `--listen` address (exact
 //! match, or the listen port on one of its own IPs when it listens on
 //! 0.0.0.0/::), and, as a last resort, by meeting its own certificate when it
-//! connects to an address (each start makes a fresh leaf certificate, which
-//! serves as the node id exchanged at connect).
+//! connects to an address. From a cluster secret each start makes a fresh
+//! leaf certificate, which serves as the node id exchanged at connect. An
+//! admin's certificate may be shared by several nodes, so there the match is
+//! only a candidate: the connection is this node's own only if this node's
+//! server accepted it, which both ends can tell from a TLS exporter value
+//! (equal on the two ends of one connection, unguessable otherwise) that the
+//! server side records for connections presenting our certificate
+//! ([`Membership::note_accepted`]).
 //!
 //! Each other member is up (a live QUIC connection) or down since some time;
 //! a down member is retried with a backoff from [`MIN_BACKOFF`] to
@@ -23,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +50,14 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Requests in flight to one member at a time; more wait (within the request
 /// deadline) for a slot.
 pub const STREAMS_PER_PEER: usize = 32;
+/// Longest wait, after connecting to an address that presents this node's
+/// own (shared) certificate, for our server side to report that it accepted
+/// that very connection.
+pub const SELF_CHECK_WAIT: Duration = Duration::from_secs(2);
+/// TLS exporter label of the self check.
+const SELF_CHECK_LABEL: &[u8] = b"locafs self check v1";
+/// Accepted connections presenting our certificate that are remembered.
+const SELF_CHECK_KEEP: usize = 64;
 
 /// One other node of the job and what we know about it.
 pub struct Member {
@@ -117,6 +131,13 @@ pub struct Membership {
     names: Vec<String>,
     listen: SocketAddr,
     own_cert: Vec<u8>,
+    /// Only this process presents `own_cert` (made at this start).
+    own_cert_is_fresh: bool,
+    /// Exporter values of connections our server accepted from a client
+    /// presenting `own_cert`, newest last.
+    accepted_own_cert: Mutex<Vec<([u8; 32], Instant)>>,
+    /// Whether "another node shares our certificate" was logged.
+    told_shared_cert: AtomicBool,
     endpoint: quinn::Endpoint,
     connect_timeout: Duration,
     /// This node's member id, once found in the list.
@@ -134,10 +155,13 @@ fn is_local_ip(ip: IpAddr) -> bool {
 }
 
 impl Membership {
+    /// `own_cert` is this node's leaf certificate (DER); `own_cert_is_fresh`
+    /// says that no other process can present it (see the module doc).
     pub fn new(
         names: Vec<String>,
         listen: SocketAddr,
         own_cert: Vec<u8>,
+        own_cert_is_fresh: bool,
         endpoint: quinn::Endpoint,
         connect_timeout: Duration,
     ) -> Arc<Self> {
@@ -145,6 +169,9 @@ impl Membership {
             names,
             listen,
             own_cert,
+            own_cert_is_fresh,
+            accepted_own_cert: Mutex::new(Vec::new()),
+            told_shared_cert: AtomicBool::new(false),
             endpoint,
             connect_timeout,
             me: RwLock::new(None),
@@ -163,6 +190,75 @@ impl Membership {
         self.listen.ip().is_unspecified()
             && addr.port() == self.listen.port()
             && is_local_ip(addr.ip())
+    }
+
+    /// Whether `conn`'s peer presented this node's own certificate.
+    fn presents_own_cert(&self, conn: &quinn::Connection) -> bool {
+        conn.peer_identity()
+            .and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer>>().ok())
+            .is_some_and(|c| c.first().is_some_and(|c| c.as_ref() == self.own_cert))
+    }
+
+    /// The self-check value of a connection: the same on both of its ends.
+    fn exporter(conn: &quinn::Connection) -> Option<[u8; 32]> {
+        let mut out = [0u8; 32];
+        conn.export_keying_material(&mut out, SELF_CHECK_LABEL, b"")
+            .ok()
+            .map(|()| out)
+    }
+
+    /// Called by the server for every connection it accepted: remembers the
+    /// ones that present this node's own certificate, so that the connecting
+    /// side can tell whether it reached this node itself.
+    pub fn note_accepted(&self, conn: &quinn::Connection) {
+        if self.own_cert_is_fresh || !self.presents_own_cert(conn) {
+            return;
+        }
+        if let Some(v) = Self::exporter(conn) {
+            let mut seen = self.accepted_own_cert.lock();
+            if seen.len() >= SELF_CHECK_KEEP {
+                seen.remove(0);
+            }
+            seen.push((v, Instant::now()));
+        }
+    }
+
+    /// Whether an outgoing connection reached this very process: from a
+    /// fresh certificate, meeting it is proof; from a shared one, only our
+    /// server having accepted this same connection is.
+    async fn reached_myself(&self, conn: &quinn::Connection) -> bool {
+        if !self.presents_own_cert(conn) {
+            return false;
+        }
+        if self.own_cert_is_fresh {
+            return true;
+        }
+        let Some(v) = Self::exporter(conn) else {
+            return false;
+        };
+        // The server side completes its handshake a moment after ours.
+        let deadline = Instant::now() + SELF_CHECK_WAIT;
+        loop {
+            {
+                let mut seen = self.accepted_own_cert.lock();
+                seen.retain(|(_, at)| at.elapsed() < Duration::from_secs(60));
+                if seen.iter().any(|(s, _)| *s == v) {
+                    return true;
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !self.told_shared_cert.swap(true, Relaxed) {
+            info!(
+                "peer {} presents this node's certificate: the certificate is shared by \
+                 several nodes (fine; nodes are told apart by their connections)",
+                conn.remote_address()
+            );
+        }
+        false
     }
 
     /// This node's member id, if it is in the list.
@@ -336,13 +432,15 @@ impl Membership {
             Ok(r) => r,
             Err(_) => Err("connect timed out".to_owned()),
         };
+        // Still "connecting" while the self check may wait, so that no second
+        // attempt starts meanwhile.
+        let own = match &res {
+            Ok(conn) => self.reached_myself(conn).await,
+            Err(_) => false,
+        };
         m.state.lock().connecting = false;
         match res {
             Ok(conn) => {
-                let own = conn
-                    .peer_identity()
-                    .and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer>>().ok())
-                    .is_some_and(|c| c.first().is_some_and(|c| c.as_ref() == self.own_cert));
                 if own {
                     info!("peer list: {} is this node (same certificate)", m.addr);
                     conn.close(0u32.into(), b"self");
@@ -455,5 +553,99 @@ impl Membership {
         }
         out.sort_by(|a, b| a.address.cmp(&b.address));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::tls::ClusterIdentity;
+
+    /// One admin certificate (and key) that several nodes are given.
+    fn shared_identity() -> ClusterIdentity {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["locafs.example.com".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        ClusterIdentity::from_pem(
+            ca_pem.as_bytes(),
+            cert.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// A node's endpoint whose server side reports what it accepts to
+    /// `membership` (as `PeerServer` does) and keeps the connections open.
+    fn endpoint(id: &ClusterIdentity) -> quinn::Endpoint {
+        let mut ep =
+            quinn::Endpoint::server(id.server_config(), "127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(id.client_config());
+        ep
+    }
+
+    fn serve(ep: quinn::Endpoint, membership: Arc<Membership>) {
+        tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                let membership = Arc::clone(&membership);
+                tokio::spawn(async move {
+                    if let Ok(conn) = incoming.await {
+                        membership.note_accepted(&conn);
+                        conn.closed().await;
+                    }
+                });
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn a_shared_certificate_tells_this_node_from_another_node() {
+        let id = shared_identity();
+        assert!(!id.leaf_is_fresh());
+        let (mine, theirs) = (endpoint(&id), endpoint(&id));
+        let (my_addr, their_addr) = (mine.local_addr().unwrap(), theirs.local_addr().unwrap());
+        let new = |ep: &quinn::Endpoint, names: Vec<String>| {
+            Membership::new(
+                names,
+                // Not the endpoint's address: only the certificate check can
+                // find this node in the list.
+                "127.0.0.1:1".parse().unwrap(),
+                id.leaf_certificate().to_vec(),
+                id.leaf_is_fresh(),
+                ep.clone(),
+                Duration::from_secs(5),
+            )
+        };
+        let m = new(&mine, vec![my_addr.to_string(), their_addr.to_string()]);
+        let other = new(&theirs, Vec::new());
+        serve(mine, Arc::clone(&m));
+        serve(theirs, other);
+        tokio::spawn(Arc::clone(&m).run());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let me = m.me().map(|id| id.to_string());
+            let up = m.member_at(&their_addr).is_some_and(|p| p.is_up());
+            if me.as_deref() == Some(my_addr.to_string().as_str()) && up {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "me {me:?} (want {my_addr}), other up {up}: {:?}",
+                m.snapshot()
+                    .iter()
+                    .map(|p| (&p.address, &p.state))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(m.member_at(&my_addr).is_none());
+        assert_eq!(m.placement().len(), 2);
     }
 }

@@ -2,7 +2,8 @@
 //! leaves the source once per cluster instead of once per node per epoch.
 //!
 //! Pieces, from the wire up: `codec` (frames, pure), `placement` (rendezvous
-//! hashing, pure), `tls` (mutual authentication from the cluster secret),
+//! hashing, pure), `tls` (mutual authentication from the cluster secret or
+//! the admin's CA and certificates),
 //! `membership` (the `--peers` list, liveness, one pooled QUIC connection per
 //! member), `client` (the [`crate::reader::PeerTier`] the reader asks:
 //! owner first, then the next in line, verified, bounded in time) and
@@ -36,8 +37,8 @@ use self::membership::Membership;
 use self::server::PeerServer;
 use self::tls::ClusterIdentity;
 
-/// What `--listen`, `--peers`, `--cluster-secret-file` and `--peer-timeout`
-/// resolve to.
+/// What `--listen`, `--peers`, `--cluster-secret-file` (or `--peer-ca`,
+/// `--peer-cert` and `--peer-key`) and `--peer-timeout` resolve to.
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
     pub listen: SocketAddr,
@@ -103,6 +104,7 @@ impl PeerNode {
             cfg.peers.clone(),
             endpoint.local_addr()?,
             cfg.identity.leaf_certificate().to_vec(),
+            cfg.identity.leaf_is_fresh(),
             endpoint.clone(),
             cfg.timeout.max(Duration::from_secs(1)),
         );

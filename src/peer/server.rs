@@ -191,6 +191,8 @@ impl PeerServer {
 
     async fn serve_connection(self: Arc<Self>, conn: quinn::Connection) {
         let remote = conn.remote_address();
+        // Before any limit: this may be our own connection to ourselves.
+        self.membership.note_accepted(&conn);
         let Some(_held) = self.limits.connection(remote) else {
             self.stats.peer_refused_connections.fetch_add(1, Relaxed);
             info!("peer connection from {remote} refused: too many connections from it");

@@ -1,16 +1,40 @@
-//! Mutual TLS between the nodes of one job, derived from a shared cluster
-//! secret, so that only nodes holding the secret can ask for or serve blocks.
+//! Mutual TLS between the nodes of one job, so that only members of the
+//! cluster can ask for or serve blocks. Membership comes either from a shared
+//! cluster secret ([`ClusterIdentity::from_secret`]) or from an
+//! administrator's own CA and node certificates
+//! ([`ClusterIdentity::from_pem`]); the rest of the peer module does not
+//! know which.
 //!
-//! Every node turns the secret into the same Ed25519 key
+//! From a secret, every node turns the secret into the same Ed25519 key
 //! (seed = `blake3::derive_key("locafs cluster ca v1", secret)`) and the same
 //! self-signed CA certificate ("locafs cluster CA"). At start each node makes
 //! a fresh random Ed25519 leaf key and a certificate for it (SAN
 //! `locafs-peer`, usable as server and client) signed by that CA, then drops
 //! the CA key. The QUIC server requires a client certificate that chains to
 //! the CA; the QUIC client checks the server's certificate against the same
-//! CA under the name `locafs-peer`; both insist on TLS 1.3 and ALPN
-//! `locafs/1`. A node whose secret differs fails the handshake both ways and
-//! never sees a byte of data.
+//! CA under the name `locafs-peer`. A node whose secret differs fails the
+//! handshake both ways and never sees a byte of data.
+//!
+//! With admin certificates (`--peer-ca`, `--peer-cert`, `--peer-key`, PEM),
+//! the server requires a client certificate that chains to one of the given
+//! CAs (WebPKI: chain, validity dates, signatures, key usage clientAuth if
+//! the certificate lists extended key usages), and the client checks the
+//! server's chain the same way (serverAuth), but **not its names**: admins'
+//! certificates carry the node's DNS name or IP, which need not match the
+//! `--peers` entry used to reach it (a headless service name stands for many
+//! pods). Holding a certificate from the CA is the authorization, as holding
+//! the secret is. Only a name mismatch is forgiven, and only after the chain
+//! has been verified (see [`ChainOnlyServerVerifier`]). A node checks at
+//! start that its own certificate passes both checks, so a wrong CA,
+//! expired certificate or missing extended key usage stops the mount with a
+//! message instead of silently isolating the node. The cluster id is the
+//! blake3 hash of the CA certificates (DER, sorted, concatenated), so all
+//! nodes given the same CA file agree on it. The same certificate may be
+//! given to several nodes: [`ClusterIdentity::leaf_is_fresh`] tells the
+//! membership that meeting its own certificate does not prove that it
+//! reached itself.
+//!
+//! Both ways insist on TLS 1.3 and ALPN `locafs/1`.
 //!
 //! Accepted secrets (after trimming ASCII whitespace, so a trailing newline
 //! in the secret file does not matter): an even-length hex string, decoded,
@@ -21,10 +45,11 @@
 //! [`generate_secret`]: 32 random bytes in hex.
 //!
 //! This module must never write a key or the secret anywhere (disk, logs,
-//! `Debug` output), never accept a peer that does not chain to the cluster
-//! CA, and never rely on a process-wide rustls crypto provider: the ring
-//! provider is passed to every builder explicitly. It reads no files; the
-//! caller hands it the secret file's contents.
+//! `Debug` output, error messages), never accept a peer that does not chain
+//! to the cluster CA, and never rely on a process-wide rustls crypto
+//! provider: the ring provider is passed to every builder explicitly. It
+//! reads no files; the caller hands it the secret file's or the PEM files'
+//! contents.
 
 use std::fmt;
 use std::sync::Arc;
@@ -34,10 +59,13 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PKCS_ED25519,
 };
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{verify_server_cert_signed_by_trust_anchor, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::RootCertStore;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use thiserror::Error;
 
 /// TLS server name every node's certificate carries and every client checks.
@@ -83,14 +111,50 @@ pub enum TlsError {
     Quic(#[from] NoInitialCipherSuite),
     #[error("system random number generator failed")]
     Random,
+    /// Something wrong with one of the admin's PEM files; `problem` never
+    /// quotes the file's contents.
+    #[error("{problem}")]
+    Pem { file: PemFile, problem: String },
 }
 
-/// This node's membership credentials: the cluster CA certificate and its own
-/// CA-signed leaf, ready-made as QUIC server and client configurations.
+/// Which of the admin's PEM inputs an error is about.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PemFile {
+    /// `--peer-ca`: the CA certificate(s).
+    Ca,
+    /// `--peer-cert`: this node's certificate chain.
+    Cert,
+    /// `--peer-key`: this node's private key.
+    Key,
+}
+
+impl PemFile {
+    /// The command line option that names this file.
+    pub fn option(self) -> &'static str {
+        match self {
+            PemFile::Ca => "--peer-ca",
+            PemFile::Cert => "--peer-cert",
+            PemFile::Key => "--peer-key",
+        }
+    }
+}
+
+fn pem_error(file: PemFile, problem: impl Into<String>) -> TlsError {
+    TlsError::Pem {
+        file,
+        problem: problem.into(),
+    }
+}
+
+/// This node's membership credentials: the cluster CA certificate(s) and its
+/// own CA-signed leaf, ready-made as QUIC server and client configurations.
 #[derive(Clone)]
 pub struct ClusterIdentity {
-    ca_cert: CertificateDer<'static>,
+    ca_certs: Vec<CertificateDer<'static>>,
     leaf_cert: CertificateDer<'static>,
+    /// The leaf was made at this start (cluster secret), so no other
+    /// process presents it.
+    fresh_leaf: bool,
     cluster_id: String,
     server: Arc<QuicServerConfig>,
     client: Arc<QuicClientConfig>,
@@ -101,6 +165,14 @@ impl fmt::Debug for ClusterIdentity {
         // Keys stay out of logs.
         f.debug_struct("ClusterIdentity")
             .field("cluster_id", &self.cluster_id)
+            .field(
+                "from",
+                &if self.fresh_leaf {
+                    "cluster secret"
+                } else {
+                    "admin certificates"
+                },
+            )
             .finish_non_exhaustive()
     }
 }
@@ -170,8 +242,80 @@ impl ClusterIdentity {
 
         let cluster_id = blake3::hash(&ca_cert).to_hex()[..16].to_owned();
         Ok(ClusterIdentity {
-            ca_cert,
+            ca_certs: vec![ca_cert],
             leaf_cert,
+            fresh_leaf: true,
+            cluster_id,
+            server: Arc::new(QuicServerConfig::try_from(server)?),
+            client: Arc::new(QuicClientConfig::try_from(client)?),
+        })
+    }
+
+    /// Builds the identity from an administrator's PEM files: `ca_pem` one
+    /// or more CA certificates (the trust anchors), `cert_pem` this node's
+    /// certificate followed by any intermediates, `key_pem` its private key
+    /// (PKCS#8, PKCS#1 RSA or SEC1 EC). Checks that the key matches the
+    /// certificate and that the certificate chains to the CAs as a server
+    /// and as a client now, so a node that every peer would refuse does not
+    /// start. Errors say which input is wrong and never quote key material.
+    pub fn from_pem(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, TlsError> {
+        let provider = ring_provider();
+        let mut ca_certs = pem_certificates(ca_pem, PemFile::Ca)?;
+        let chain = pem_certificates(cert_pem, PemFile::Cert)?;
+        let key = pem_private_key(key_pem)?;
+
+        let mut roots = RootCertStore::empty();
+        for (i, ca) in ca_certs.iter().enumerate() {
+            roots.add(ca.clone()).map_err(|e| {
+                pem_error(
+                    PemFile::Ca,
+                    format!("certificate {} is not usable as a CA: {e}", i + 1),
+                )
+            })?;
+        }
+        let roots = Arc::new(roots);
+        let client_verifier =
+            WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone()).build()?;
+        let server_verifier = Arc::new(ChainOnlyServerVerifier::new(roots, provider.clone())?);
+
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(client_verifier.clone())
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(key_error)?;
+        server.alpn_protocols = vec![ALPN.to_vec()];
+
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .dangerous()
+            .with_custom_certificate_verifier(server_verifier.clone())
+            .with_client_auth_cert(chain.clone(), key)
+            .map_err(key_error)?;
+        client.alpn_protocols = vec![ALPN.to_vec()];
+
+        // What every peer will check of this node's certificate, checked here.
+        let (leaf, intermediates) = chain.split_first().expect("at least one certificate");
+        let now = UnixTime::now();
+        let name = ServerName::try_from(PEER_SERVER_NAME).expect("a valid DNS name");
+        server_verifier
+            .verify_server_cert(leaf, intermediates, &name, &[], now)
+            .map_err(|e| own_chain_error("server", e))?;
+        client_verifier
+            .verify_client_cert(leaf, intermediates, now)
+            .map_err(|e| own_chain_error("client", e))?;
+
+        // Order and repeats in the CA file do not change the id.
+        ca_certs.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
+        ca_certs.dedup();
+        let mut hasher = blake3::Hasher::new();
+        for ca in &ca_certs {
+            hasher.update(ca.as_ref());
+        }
+        let cluster_id = hasher.finalize().to_hex()[..16].to_owned();
+        Ok(ClusterIdentity {
+            ca_certs,
+            leaf_cert: leaf.clone(),
+            fresh_leaf: false,
             cluster_id,
             server: Arc::new(QuicServerConfig::try_from(server)?),
             client: Arc::new(QuicClientConfig::try_from(client)?),
@@ -192,21 +336,208 @@ impl ClusterIdentity {
         quinn::ClientConfig::new(self.client.clone())
     }
 
-    /// The cluster CA certificate (DER); the same on every node of the job.
-    pub fn ca_certificate(&self) -> &CertificateDer<'static> {
-        &self.ca_cert
+    /// The cluster CA certificates (DER); the same on every node of the job.
+    /// One from a secret; with admin certificates those of `--peer-ca`,
+    /// sorted, without repeats.
+    pub fn ca_certificates(&self) -> &[CertificateDer<'static>] {
+        &self.ca_certs
     }
 
-    /// This node's leaf certificate (DER), new at every start.
+    /// This node's leaf certificate (DER): new at every start from a secret,
+    /// the admin's (possibly shared by several nodes) otherwise.
     pub fn leaf_certificate(&self) -> &CertificateDer<'static> {
         &self.leaf_cert
     }
 
-    /// Short public fingerprint of the cluster CA (16 hex digits), for logs:
-    /// nodes with equal ids hold the same secret, without revealing it.
+    /// Whether the leaf certificate was made at this start, so that a peer
+    /// presenting it can only be this very process. False with admin
+    /// certificates, which several nodes may share.
+    pub fn leaf_is_fresh(&self) -> bool {
+        self.fresh_leaf
+    }
+
+    /// Short public fingerprint of the cluster CA(s) (16 hex digits), for
+    /// logs: nodes with equal ids hold the same secret or trust the same
+    /// CAs, without revealing anything secret.
     pub fn cluster_id(&self) -> &str {
         &self.cluster_id
     }
+}
+
+/// The client side's check of a peer's certificate with admin certificates:
+/// rustls's WebPKI verifier (chain to one of the CAs, validity dates,
+/// signatures, serverAuth usage) with only a name mismatch forgiven. Admins'
+/// certificates name the node (DNS name, IP), not the `--peers` entry we
+/// dialled, and membership in the CA is the authorization.
+#[derive(Debug)]
+pub struct ChainOnlyServerVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ChainOnlyServerVerifier {
+    fn new(roots: Arc<RootCertStore>, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+        let webpki =
+            WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone()).build()?;
+        Ok(ChainOnlyServerVerifier {
+            webpki,
+            roots,
+            provider,
+        })
+    }
+}
+
+impl ServerCertVerifier for ChainOnlyServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => {
+                // rustls checks the name after the chain, but do not depend
+                // on that: verify the chain (and usage, dates, signatures)
+                // again before forgiving the name.
+                verify_server_cert_signed_by_trust_anchor(
+                    &ParsedCertificate::try_from(end_entity)?,
+                    &self.roots,
+                    intermediates,
+                    now,
+                    self.provider.signature_verification_algorithms.all,
+                )?;
+                Ok(ServerCertVerified::assertion())
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// Every CERTIFICATE section of a PEM file, in order; other sections (a key
+/// in the same file, say) are skipped.
+fn pem_certificates(pem: &[u8], file: PemFile) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error(file, pem_problem(&e)))?;
+    if certs.is_empty() {
+        return Err(pem_error(
+            file,
+            "no certificate found (expected PEM \"BEGIN CERTIFICATE\" sections)",
+        ));
+    }
+    for (i, cert) in certs.iter().enumerate() {
+        ParsedCertificate::try_from(cert).map_err(|e| {
+            pem_error(
+                file,
+                format!(
+                    "certificate {} is not a valid X.509 certificate: {e}",
+                    i + 1
+                ),
+            )
+        })?;
+    }
+    Ok(certs)
+}
+
+/// The first private key of a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+fn pem_private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    match PrivateKeyDer::from_pem_slice(pem) {
+        Ok(key) => Ok(key),
+        Err(pem::Error::NoItemsFound) => Err(pem_error(
+            PemFile::Key,
+            if pem
+                .windows(30)
+                .any(|w| w == b"BEGIN ENCRYPTED PRIVATE KEY---")
+            {
+                "the private key is encrypted; locafs needs it unencrypted \
+                 (openssl pkey -in KEY -out PLAIN_KEY)"
+            } else {
+                "no private key found (expected PEM \"BEGIN PRIVATE KEY\", \
+                 \"BEGIN RSA PRIVATE KEY\" or \"BEGIN EC PRIVATE KEY\")"
+            },
+        )),
+        Err(e) => Err(pem_error(PemFile::Key, pem_problem(&e))),
+    }
+}
+
+/// What is wrong with a PEM file, without quoting any of it.
+fn pem_problem(e: &pem::Error) -> String {
+    match e {
+        pem::Error::MissingSectionEnd { .. } => "not valid PEM: a section has no END line",
+        pem::Error::IllegalSectionStart { .. } => "not valid PEM: a malformed BEGIN line",
+        pem::Error::Base64Decode(_) => "not valid PEM: bad base64 in a section",
+        pem::Error::SectionTooLarge => "not valid PEM: a section is too large",
+        _ => "not valid PEM",
+    }
+    .to_owned()
+}
+
+/// A private key rustls refused, as an error about `--peer-key`.
+fn key_error(e: rustls::Error) -> TlsError {
+    match e {
+        rustls::Error::InconsistentKeys(_) => pem_error(
+            PemFile::Key,
+            "does not match the certificate (the first one in --peer-cert)",
+        ),
+        rustls::Error::General(_) => pem_error(
+            PemFile::Key,
+            "not a usable private key (supported: RSA, ECDSA P-256/P-384, Ed25519)",
+        ),
+        other => TlsError::Rustls(other),
+    }
+}
+
+/// This node's own certificate failed the check its peers will make.
+fn own_chain_error(role: &str, e: rustls::Error) -> TlsError {
+    let hint = match &e {
+        rustls::Error::InvalidCertificate(
+            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. },
+        ) => {
+            " (a node certificate is used as server and as client: give it extended key \
+             usages serverAuth and clientAuth, or none)"
+        }
+        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            " (it is not signed by a CA of --peer-ca; put intermediates after it in --peer-cert)"
+        }
+        _ => "",
+    };
+    pem_error(
+        PemFile::Cert,
+        format!("peers would refuse it as a {role} certificate: {e}{hint}"),
+    )
 }
 
 /// A new cluster secret: 32 bytes from the system random generator, as 64
@@ -357,11 +688,12 @@ mod tests {
     fn same_secret_gives_same_ca_and_fresh_leaves() {
         let a = ClusterIdentity::from_secret(SECRET).unwrap();
         let b = ClusterIdentity::from_secret(SECRET.trim_ascii()).unwrap();
-        assert_eq!(a.ca_certificate(), b.ca_certificate());
+        assert_eq!(a.ca_certificates(), b.ca_certificates());
         assert_eq!(a.cluster_id(), b.cluster_id());
         assert_ne!(a.leaf_certificate(), b.leaf_certificate());
         let other = ClusterIdentity::from_secret(&generate_secret().unwrap().into_bytes()).unwrap();
-        assert_ne!(a.ca_certificate(), other.ca_certificate());
+        assert_ne!(a.ca_certificates(), other.ca_certificates());
+        assert!(a.leaf_is_fresh());
         assert!(!format!("{a:?}").contains("key"));
     }
 
@@ -449,7 +781,7 @@ mod tests {
         let a = ClusterIdentity::from_secret(SECRET).unwrap();
         // Trusts the right CA, so only the missing client certificate is wrong.
         let mut roots = RootCertStore::empty();
-        roots.add(a.ca_certificate().clone()).unwrap();
+        roots.add(a.ca_certificates()[0].clone()).unwrap();
         let mut tls = rustls::ClientConfig::builder_with_provider(ring_provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
@@ -466,7 +798,7 @@ mod tests {
         // Knows the (public) CA certificate, but not the secret: signs its own.
         let rogue = rcgen::generate_simple_self_signed(vec![PEER_SERVER_NAME.to_owned()]).unwrap();
         let mut roots = RootCertStore::empty();
-        roots.add(a.ca_certificate().clone()).unwrap();
+        roots.add(a.ca_certificates()[0].clone()).unwrap();
         let mut tls = rustls::ClientConfig::builder_with_provider(ring_provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
@@ -479,5 +811,370 @@ mod tests {
         tls.alpn_protocols = vec![ALPN.to_vec()];
         let config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
         assert_refused(&a, config).await;
+    }
+
+    // ---- Admin-provided CA and certificates ----
+
+    use rcgen::{date_time_ymd, SanType};
+
+    /// A test CA made with rcgen, as an admin's PKI would be.
+    struct TestCa {
+        issuer: Issuer<'static, KeyPair>,
+        pem: String,
+    }
+
+    fn test_ca(name: &str) -> TestCa {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// A node certificate (PEM) and its key (PKCS#8 PEM) signed by `ca`.
+    fn node_cert_with(
+        ca: &TestCa,
+        dns: &str,
+        ekus: Vec<ExtendedKeyUsagePurpose>,
+        expired: bool,
+    ) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![dns.to_owned()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("10.1.2.3".parse().unwrap()));
+        params.distinguished_name.push(DnType::CommonName, dns);
+        params.extended_key_usages = ekus;
+        params.use_authority_key_identifier_extension = true;
+        if expired {
+            params.not_before = date_time_ymd(2000, 1, 1);
+            params.not_after = date_time_ymd(2001, 1, 1);
+        }
+        let cert = params.signed_by(&key, &ca.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn node_cert(ca: &TestCa, dns: &str) -> (String, String) {
+        node_cert_with(
+            ca,
+            dns,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            false,
+        )
+    }
+
+    fn admin_identity(ca: &TestCa, dns: &str) -> ClusterIdentity {
+        let (cert, key) = node_cert(ca, dns);
+        ClusterIdentity::from_pem(ca.pem.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap()
+    }
+
+    fn pem_err(ca: &str, cert: &str, key: &str) -> (PemFile, String) {
+        match ClusterIdentity::from_pem(ca.as_bytes(), cert.as_bytes(), key.as_bytes()) {
+            Err(TlsError::Pem { file, problem }) => (file, problem),
+            Err(e) => panic!("not a PEM error: {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    /// One exchange where the client refuses the server's certificate: the
+    /// client gets no data and the server no connection.
+    async fn assert_refused_by_client(
+        server_tls: Arc<QuicServerConfig>,
+        config: quinn::ClientConfig,
+    ) {
+        let srv =
+            quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_tls), localhost())
+                .unwrap();
+        let addr = srv.local_addr().unwrap();
+        let server_task = tokio::spawn(serve_one(srv));
+        let cli = client(config);
+        let reply = timeout(LIMIT, ping(&cli, addr)).await.expect("no hang");
+        let err = reply.expect_err("client accepted the server");
+        assert!(err.contains("handshake"), "{err}");
+        let served = timeout(LIMIT, server_task).await.expect("no hang").unwrap();
+        assert!(served.is_err(), "server got a connection");
+    }
+
+    /// A TLS 1.3 / ALPN locafs/1 server presenting `cert_pem`, asking
+    /// nothing of clients.
+    fn raw_server(cert_pem: &str, key_pem: &str) -> Arc<QuicServerConfig> {
+        let chain = pem_certificates(cert_pem.as_bytes(), PemFile::Cert).unwrap();
+        let key = pem_private_key(key_pem.as_bytes()).unwrap();
+        let mut tls = rustls::ServerConfig::builder_with_provider(ring_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        Arc::new(QuicServerConfig::try_from(tls).unwrap())
+    }
+
+    /// A client presenting `cert_pem` that trusts any server of `trust`.
+    fn raw_client(trust: &ClusterIdentity, cert_pem: &str, key_pem: &str) -> quinn::ClientConfig {
+        let mut roots = RootCertStore::empty();
+        for ca in trust.ca_certificates() {
+            roots.add(ca.clone()).unwrap();
+        }
+        let verifier = ChainOnlyServerVerifier::new(Arc::new(roots), ring_provider()).unwrap();
+        let mut tls = rustls::ClientConfig::builder_with_provider(ring_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_client_auth_cert(
+                pem_certificates(cert_pem.as_bytes(), PemFile::Cert).unwrap(),
+                pem_private_key(key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap();
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
+    }
+
+    async fn exchange_ok(server_identity: &ClusterIdentity, config: quinn::ClientConfig) {
+        let srv = server(server_identity);
+        let addr = srv.local_addr().unwrap();
+        let server_task = tokio::spawn(serve_one(srv));
+        let cli = client(config);
+        let reply = timeout(LIMIT, ping(&cli, addr))
+            .await
+            .expect("no hang")
+            .unwrap();
+        assert_eq!(reply, b"pong:ping");
+        timeout(LIMIT, server_task)
+            .await
+            .expect("no hang")
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn nodes_with_certificates_of_one_ca_connect_whatever_their_names() {
+        let ca = test_ca("Example Corp CA");
+        // Names that are not `locafs-peer` nor the address dialled.
+        let a = admin_identity(&ca, "node-a.example.com");
+        let b = admin_identity(&ca, "node-b.example.com");
+        assert!(!a.leaf_is_fresh());
+        assert_eq!(a.cluster_id(), b.cluster_id());
+        assert_ne!(a.leaf_certificate(), b.leaf_certificate());
+        exchange_ok(&a, b.client_config()).await;
+        exchange_ok(&b, a.client_config()).await;
+        // A node may talk to itself (or to a node sharing its certificate).
+        exchange_ok(&a, a.client_config()).await;
+    }
+
+    #[tokio::test]
+    async fn a_node_with_a_certificate_of_another_ca_is_refused_both_ways() {
+        let ca = test_ca("Example Corp CA");
+        let a = admin_identity(&ca, "node-a.example.com");
+        let foreign_ca = test_ca("Example Corp CA");
+        let stranger = admin_identity(&foreign_ca, "node-x.example.com");
+        assert_ne!(a.cluster_id(), stranger.cluster_id());
+        // The stranger as a client of a, and as a server for a.
+        assert_refused(&a, stranger.client_config()).await;
+        assert_refused(&stranger, a.client_config()).await;
+        // Even with the very name the client asks for, from another CA.
+        let (cert, key) = node_cert(&foreign_ca, PEER_SERVER_NAME);
+        assert_refused_by_client(raw_server(&cert, &key), a.client_config()).await;
+        // And a self-signed certificate is no better.
+        let rogue = rcgen::generate_simple_self_signed(vec![PEER_SERVER_NAME.to_owned()]).unwrap();
+        assert_refused_by_client(
+            raw_server(&rogue.cert.pem(), &rogue.signing_key.serialize_pem()),
+            a.client_config(),
+        )
+        .await;
+        assert_refused(
+            &a,
+            raw_client(&a, &rogue.cert.pem(), &rogue.signing_key.serialize_pem()),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn only_the_name_is_forgiven_not_validity_or_usage() {
+        let ca = test_ca("Example Corp CA");
+        let a = admin_identity(&ca, "node-a.example.com");
+        // Right CA, but expired: refused both ways.
+        let (cert, key) = node_cert_with(
+            &ca,
+            "old.example.com",
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            true,
+        );
+        assert_refused_by_client(raw_server(&cert, &key), a.client_config()).await;
+        assert_refused(&a, raw_client(&a, &cert, &key)).await;
+        // Right CA, but only for clients: not accepted as a server.
+        let (cert, key) = node_cert_with(
+            &ca,
+            "client.example.com",
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            false,
+        );
+        assert_refused_by_client(raw_server(&cert, &key), a.client_config()).await;
+        // Right CA, only for servers: not accepted as a client.
+        let (cert, key) = node_cert_with(
+            &ca,
+            "server.example.com",
+            vec![ExtendedKeyUsagePurpose::ServerAuth],
+            false,
+        );
+        assert_refused(&a, raw_client(&a, &cert, &key)).await;
+    }
+
+    #[test]
+    fn cluster_id_is_the_ca_fingerprint_whatever_the_order() {
+        let ca1 = test_ca("CA one");
+        let ca2 = test_ca("CA two");
+        let (cert, key) = node_cert(&ca1, "n.example.com");
+        let with = |cas: &str| {
+            ClusterIdentity::from_pem(cas.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap()
+        };
+        let one = with(&ca1.pem);
+        let both = with(&format!("{}{}", ca1.pem, ca2.pem));
+        let both_reversed = with(&format!("{}\n{}{}", ca2.pem, ca1.pem, ca2.pem));
+        assert_eq!(both.cluster_id(), both_reversed.cluster_id());
+        assert_ne!(one.cluster_id(), both.cluster_id());
+        assert_eq!(both_reversed.ca_certificates().len(), 2);
+        // One CA: the first 16 hex digits of blake3 over its DER (b3sum).
+        let der = pem_certificates(ca1.pem.as_bytes(), PemFile::Ca).unwrap();
+        assert_eq!(
+            one.cluster_id(),
+            &blake3::hash(der[0].as_ref()).to_hex()[..16]
+        );
+        assert_eq!(one.cluster_id().len(), 16);
+    }
+
+    #[test]
+    fn pem_inputs_in_one_file_and_with_intermediates() {
+        // Certificate and key in one file, given as both.
+        let ca = test_ca("Root CA");
+        let (cert, key) = node_cert(&ca, "n.example.com");
+        let both = format!("{key}{cert}");
+        assert!(
+            ClusterIdentity::from_pem(ca.pem.as_bytes(), both.as_bytes(), both.as_bytes()).is_ok()
+        );
+        // A chain through an intermediate CA; only the root is trusted.
+        let inter_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "Intermediate CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let inter_pem = params.signed_by(&inter_key, &ca.issuer).unwrap().pem();
+        let inter = TestCa {
+            issuer: Issuer::new(params, inter_key),
+            pem: inter_pem,
+        };
+        let (leaf, leaf_key) = node_cert(&inter, "m.example.com");
+        let chain = format!("{leaf}{}", inter.pem);
+        let m = ClusterIdentity::from_pem(ca.pem.as_bytes(), chain.as_bytes(), leaf_key.as_bytes())
+            .unwrap();
+        let n = admin_identity(&ca, "n.example.com");
+        assert_eq!(m.cluster_id(), n.cluster_id());
+        // Without the intermediate the chain is incomplete.
+        let (file, problem) = pem_err(&ca.pem, &leaf, &leaf_key);
+        assert_eq!(file, PemFile::Cert);
+        assert!(problem.contains("UnknownIssuer"), "{problem}");
+    }
+
+    #[test]
+    fn bad_pem_inputs_name_the_file_and_never_quote_the_key() {
+        let ca = test_ca("Example Corp CA");
+        let (cert, key) = node_cert(&ca, "n.example.com");
+        let (_, other_key) = node_cert(&ca, "o.example.com");
+        let key_lines: Vec<&str> = key
+            .lines()
+            .chain(other_key.lines())
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let cases: Vec<(String, String, String, PemFile, &str)> = vec![
+            ("".into(), cert.clone(), key.clone(), PemFile::Ca, "no certificate found"),
+            (key.clone(), cert.clone(), key.clone(), PemFile::Ca, "no certificate found"),
+            (
+                "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n".into(),
+                cert.clone(),
+                key.clone(),
+                PemFile::Ca,
+                "not valid PEM",
+            ),
+            (ca.pem.clone(), "".into(), key.clone(), PemFile::Cert, "no certificate found"),
+            (ca.pem.clone(), cert.clone(), "".into(), PemFile::Key, "no private key found"),
+            (ca.pem.clone(), cert.clone(), cert.clone(), PemFile::Key, "no private key found"),
+            (
+                ca.pem.clone(),
+                cert.clone(),
+                "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n"
+                    .into(),
+                PemFile::Key,
+                "encrypted",
+            ),
+            (
+                ca.pem.clone(),
+                cert.clone(),
+                key.lines().take(3).collect::<Vec<_>>().join("\n"),
+                PemFile::Key,
+                "not valid PEM",
+            ),
+            (ca.pem.clone(), cert.clone(), other_key.clone(), PemFile::Key, "does not match"),
+            (
+                test_ca("Another CA").pem,
+                cert.clone(),
+                key.clone(),
+                PemFile::Cert,
+                "not signed by a CA of --peer-ca",
+            ),
+        ];
+        for (i, (ca_pem, cert_pem, key_pem, want_file, want)) in cases.into_iter().enumerate() {
+            let (file, problem) = pem_err(&ca_pem, &cert_pem, &key_pem);
+            assert_eq!(file, want_file, "case {i}: {problem}");
+            assert!(problem.contains(want), "case {i}: {problem}");
+            for line in &key_lines {
+                assert!(
+                    !problem.contains(line),
+                    "case {i} quotes the key: {problem}"
+                );
+            }
+        }
+        // The node's own certificate must pass what its peers will check.
+        let expired = node_cert_with(
+            &ca,
+            "old.example.com",
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            true,
+        );
+        let (file, problem) = pem_err(&ca.pem, &expired.0, &expired.1);
+        assert_eq!(file, PemFile::Cert);
+        assert!(problem.contains("expired"), "{problem}");
+        let server_only = node_cert_with(
+            &ca,
+            "s.example.com",
+            vec![ExtendedKeyUsagePurpose::ServerAuth],
+            false,
+        );
+        let (file, problem) = pem_err(&ca.pem, &server_only.0, &server_only.1);
+        assert_eq!(file, PemFile::Cert);
+        assert!(problem.contains("clientAuth"), "{problem}");
+        // No extended key usage at all is fine (any usage).
+        let any = node_cert_with(&ca, "any.example.com", Vec::new(), false);
+        let ok = ClusterIdentity::from_pem(ca.pem.as_bytes(), any.0.as_bytes(), any.1.as_bytes())
+            .unwrap();
+        let shown = format!("{ok:?}");
+        assert!(shown.contains("admin certificates"), "{shown}");
+        assert!(!shown.contains("KEY"), "{shown}");
     }
 }

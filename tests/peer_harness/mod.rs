@@ -93,6 +93,95 @@ impl Cluster {
     }
 }
 
+/// An admin's CA for `--peer-ca`, made with rcgen.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pub pem: String,
+}
+
+/// The three PEM files of one node: `--peer-ca`, `--peer-cert`, `--peer-key`.
+pub struct PemFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// Writes this CA and a new certificate for `dns` (usable as server and
+    /// client) with its key into `dir`, as files named after `name`.
+    pub fn node_files(&self, dir: &Path, name: &str, dns: &str) -> PemFiles {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![dns.to_owned()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, dns);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let files = PemFiles {
+            ca: dir.join(format!("{name}-ca.pem")),
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        };
+        std::fs::write(&files.ca, &self.pem).unwrap();
+        std::fs::write(&files.cert, cert.pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        files
+    }
+}
+
+/// How a node proves it belongs to the cluster.
+pub enum Auth<'a> {
+    /// `--cluster-secret-file`.
+    Secret(&'a Path),
+    /// `--peer-ca`, `--peer-cert`, `--peer-key` as flags.
+    Certs(&'a PemFiles),
+    /// The same as one fstab-style `-o` option.
+    CertsInO(&'a PemFiles),
+}
+
+impl Auth<'_> {
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        match self {
+            Auth::Secret(p) => vec!["--cluster-secret-file".into(), p.into()],
+            Auth::Certs(f) => vec![
+                "--peer-ca".into(),
+                (&f.ca).into(),
+                "--peer-cert".into(),
+                (&f.cert).into(),
+                "--peer-key".into(),
+                (&f.key).into(),
+            ],
+            Auth::CertsInO(f) => vec![
+                "-o".into(),
+                format!(
+                    "peer_ca={},peer_cert={},peer_key={}",
+                    f.ca.display(),
+                    f.cert.display(),
+                    f.key.display()
+                )
+                .into(),
+            ],
+        }
+    }
+}
+
 fn random_secret(rng: &mut impl Rng) -> String {
     (0..32)
         .map(|_| format!("{:02x}", rng.random::<u8>()))
@@ -144,8 +233,27 @@ impl Node {
         Node::start_spec(c, name, spec)
     }
 
+    /// Starts a node on loopback that authenticates with `auth`, with a
+    /// 256M cache and a 1s peer timeout.
+    pub fn start_auth(c: &Cluster, name: &str, port: u16, peers: &[u16], auth: Auth) -> Node {
+        let spec = NodeSpec {
+            listen: format!("127.0.0.1:{port}"),
+            peers: peers.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+            secret: Path::new("unused"),
+            cache_size: "256M",
+            peer_timeout: "1s",
+            netns: None,
+        };
+        Node::launch(c, name, spec, auth)
+    }
+
     /// Starts a node as `spec` says and waits until its mount answers.
     pub fn start_spec(c: &Cluster, name: &str, o: NodeSpec) -> Node {
+        let secret = o.secret;
+        Node::launch(c, name, o, Auth::Secret(secret))
+    }
+
+    fn launch(c: &Cluster, name: &str, o: NodeSpec, auth: Auth) -> Node {
         let base = c.dir.path().join(name);
         let mountpoint = base.join("mnt");
         let cache = base.join("cache");
@@ -180,8 +288,7 @@ impl Node {
             .arg("--no-passthrough")
             .args(["--listen", &o.listen])
             .args(["--peers", &peers.join(",")])
-            .arg("--cluster-secret-file")
-            .arg(o.secret)
+            .args(auth.args())
             .args(["--peer-timeout", o.peer_timeout])
             .arg("--log-file")
             .arg(&log)
