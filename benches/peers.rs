@@ -223,11 +223,30 @@ fn drop_caches() {
 }
 
 /// Runs one epoch on all nodes; returns its wall time.
-fn epoch(nodes: &[Node], files: &[String], epoch: u64) -> Duration {
+/// (busy, total) CPU ticks of the whole machine so far, from /proc/stat.
+fn cpu_ticks() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = s
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// One epoch; returns its wall time and the machine's CPU use meanwhile
+/// (0..1 of all cores).
+fn epoch(nodes: &[Node], files: &[String], epoch: u64) -> (Duration, f64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + epoch);
     let mut order: Vec<usize> = (0..files.len()).collect();
     order.shuffle(&mut rng);
     drop_caches();
+    let cpu = cpu_ticks();
     let t = Instant::now();
     std::thread::scope(|s| {
         for (n, node) in nodes.iter().enumerate() {
@@ -245,12 +264,16 @@ fn epoch(nodes: &[Node], files: &[String], epoch: u64) -> Duration {
             }
         }
     });
-    t.elapsed()
+    let wall = t.elapsed();
+    let now = cpu_ticks();
+    let busy = (now.0 - cpu.0) as f64 / (now.1 - cpu.1).max(1) as f64;
+    (wall, busy)
 }
 
 struct Run {
     source_bytes: u64,
     epoch_times: Vec<Duration>,
+    epoch_cpu: Vec<f64>,
     peer_bytes_max_node: u64,
 }
 
@@ -278,13 +301,16 @@ fn run(
         }
     }
     let mut times = Vec::new();
+    let mut cpus = Vec::new();
     let mut peer_max = 0;
     for e in 0..3 {
         let before: Vec<u64> = nodes
             .iter()
             .map(|n| locafs::cli_stats::fetch(&n.mnt).unwrap().peer_bytes)
             .collect();
-        times.push(epoch(&nodes, files, e));
+        let (wall, cpu) = epoch(&nodes, files, e);
+        times.push(wall);
+        cpus.push(cpu);
         if e > 0 {
             for (n, b) in nodes.iter().zip(before) {
                 let now = locafs::cli_stats::fetch(&n.mnt).unwrap().peer_bytes;
@@ -300,6 +326,7 @@ fn run(
         Run {
             source_bytes,
             epoch_times: times,
+            epoch_cpu: cpus,
             peer_bytes_max_node: peer_max,
         },
         nodes,
@@ -400,11 +427,13 @@ fn main() {
     println!("\n2. epoch wall time, source capped at 100 MB/s (goal: epochs 2-3 >= 3x faster)");
     for e in 0..3 {
         println!(
-            "   epoch {}: peers {:>7.2} s   private {:>7.2} s   speed-up {:.1}x",
+            "   epoch {}: peers {:>7.2} s   private {:>7.2} s   speed-up {:.1}x   (CPU busy: peers {:.0} %, private {:.0} %)",
             e + 1,
             peers.epoch_times[e].as_secs_f64(),
             private.epoch_times[e].as_secs_f64(),
-            private.epoch_times[e].as_secs_f64() / peers.epoch_times[e].as_secs_f64()
+            private.epoch_times[e].as_secs_f64() / peers.epoch_times[e].as_secs_f64(),
+            peers.epoch_cpu[e] * 100.0,
+            private.epoch_cpu[e] * 100.0
         );
     }
     let p23: f64 = peers.epoch_times[1..].iter().map(|d| d.as_secs_f64()).sum();
@@ -421,6 +450,28 @@ fn main() {
         peers.peer_bytes_max_node as f64 / 1048576.0,
         peers.peer_bytes_max_node as f64 * 8.0 / 1e9
     );
+
+    println!("   per node after 3 epochs (peer requests, failures, mean latency of recent requests):");
+    for (i, n) in nodes.iter().enumerate() {
+        let Ok(st) = locafs::cli_stats::fetch(&n.mnt) else {
+            continue;
+        };
+        let peers: Vec<String> = st
+            .peers
+            .iter()
+            .filter(|p| p.state != "self")
+            .map(|p| {
+                format!(
+                    "{} req {} fail {} {:.1} ms",
+                    p.address,
+                    p.requests,
+                    p.failures,
+                    p.latency_ms.unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!("   node {i}: {}", peers.join("; "));
+    }
 
     latency(&nodes, &net, &src, &files, &secret);
     drop(nodes);
