@@ -451,7 +451,9 @@ fn main() {
         peers.peer_bytes_max_node as f64 * 8.0 / 1e9
     );
 
-    println!("   per node after 3 epochs (peer requests, failures, mean latency of recent requests):");
+    println!(
+        "   per node after 3 epochs (peer requests, failures, mean latency of recent requests):"
+    );
     for (i, n) in nodes.iter().enumerate() {
         let Ok(st) = locafs::cli_stats::fetch(&n.mnt) else {
             continue;

@@ -113,12 +113,22 @@ impl PeerClient {
                 .await
                 .map_err(|e| Miss::Failed(e.to_string()))?;
             let _ = send.finish();
-            let raw = recv.read_to_end(limit).await.map_err(|e| match e {
-                quinn::ReadToEndError::TooLong => Miss::Lied("reply longer than the block".into()),
-                e => Miss::Failed(e.to_string()),
-            })?;
-            let mut buf = BytesMut::from(&raw[..]);
-            codec::decode_eof(&mut buf).map_err(|e| Miss::Lied(format!("bad reply: {e}")))
+            // The reply, gathered into one buffer (the only copy of the
+            // block on this side); its data is then sliced, not copied.
+            let mut raw = BytesMut::with_capacity(limit.min(codec::HEADER_LEN + 32 + len));
+            while let Some(chunk) = recv
+                .read_chunk(usize::MAX, true)
+                .await
+                .map_err(|e| Miss::Failed(e.to_string()))?
+            {
+                if raw.len() + chunk.bytes.len() > limit {
+                    return Err(Miss::Lied("reply longer than the block".into()));
+                }
+                raw.extend_from_slice(&chunk.bytes);
+            }
+            codec::decode_whole(raw.freeze(), len)
+                .map(Some)
+                .map_err(|e| Miss::Lied(format!("bad reply: {e}")))
         };
         let reply = match tokio::time::timeout(self.timeout, exchange).await {
             Err(_) => return Err(Miss::Failed(format!("no answer within {:?}", self.timeout))),

@@ -144,6 +144,8 @@ pub enum CodecError {
     MessageNotUtf8,
     #[error("stream ended inside a frame: have {have} bytes, frame needs {need}")]
     Truncated { have: usize, need: usize },
+    #[error("{0} bytes after the frame")]
+    TrailingBytes(usize),
 }
 
 impl FrameKind {
@@ -291,6 +293,69 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
         }
     }
     Ok(())
+}
+
+/// Like [`encode`], but as chunks to send in order, without copying block
+/// data: a `Block` is its header and checksum, then its data as it is.
+pub fn encode_chunks(frame: &Frame) -> Result<Vec<Bytes>, CodecError> {
+    match frame {
+        Frame::Block { checksum, data } => {
+            // Encode an empty block for the bounds checks, then fix the length.
+            let empty = Frame::Block {
+                checksum: *checksum,
+                data: Bytes::new(),
+            };
+            let body_len = BLOCK_PREFIX_LEN + data.len();
+            let (min, max) = FrameKind::Block.body_bounds(MAX_BLOCK_LEN);
+            if body_len < min || body_len > max {
+                return Err(CodecError::BodyLength {
+                    kind: FrameKind::Block,
+                    len: body_len as u64,
+                    min,
+                    max,
+                });
+            }
+            let mut head = BytesMut::with_capacity(HEADER_LEN + BLOCK_PREFIX_LEN);
+            encode(&empty, &mut head)?;
+            // body_len <= BLOCK_PREFIX_LEN + MAX_BLOCK_LEN, far below u32::MAX.
+            head[8..12].copy_from_slice(&(body_len as u32).to_be_bytes());
+            Ok(vec![head.freeze(), data.clone()])
+        }
+        other => {
+            let mut out = BytesMut::with_capacity(other.encoded_len());
+            encode(other, &mut out)?;
+            Ok(vec![out.freeze()])
+        }
+    }
+}
+
+/// Decodes `buf` as exactly one whole frame (what a stream carried to its
+/// end), with a `Block` data limit of `max_block_len`. Block data is a
+/// slice of `buf`, not a copy. Missing or extra bytes are errors.
+pub fn decode_whole(buf: Bytes, max_block_len: usize) -> Result<Frame, CodecError> {
+    let Some((kind, body_len)) = header(&buf, max_block_len)? else {
+        return Err(CodecError::Truncated {
+            have: buf.len(),
+            need: HEADER_LEN,
+        });
+    };
+    let need = HEADER_LEN + body_len;
+    if buf.len() < need {
+        return Err(CodecError::Truncated {
+            have: buf.len(),
+            need,
+        });
+    }
+    if buf.len() > need {
+        return Err(CodecError::TrailingBytes(buf.len() - need));
+    }
+    Ok(match parse_body(kind, &buf[HEADER_LEN..])? {
+        Frame::Block { checksum, .. } => Frame::Block {
+            checksum,
+            data: buf.slice(HEADER_LEN + BLOCK_PREFIX_LEN..),
+        },
+        other => other,
+    })
 }
 
 /// Checks the header at the start of `buf` and returns the length of the
@@ -578,6 +643,28 @@ mod tests {
         }
 
         #[test]
+        fn chunks_are_the_encoding_and_decode_whole_reads_it_back(frame in arb_frame()) {
+            let chunks = encode_chunks(&frame).unwrap();
+            let joined: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            prop_assert_eq!(&joined[..], &encoded(&frame)[..]);
+            prop_assert_eq!(decode_whole(Bytes::from(joined), MAX_BLOCK_LEN), Ok(frame));
+        }
+
+        #[test]
+        fn decode_whole_refuses_cut_or_padded_frames(
+            frame in arb_frame(),
+            cut in any::<prop::sample::Index>(),
+            tail in prop::collection::vec(any::<u8>(), 1..16),
+        ) {
+            let buf = encoded(&frame);
+            let short = Bytes::copy_from_slice(&buf[..cut.index(buf.len())]);
+            prop_assert!(decode_whole(short, MAX_BLOCK_LEN).is_err());
+            let mut long = buf.to_vec();
+            long.extend_from_slice(&tail);
+            prop_assert!(decode_whole(Bytes::from(long), MAX_BLOCK_LEN).is_err());
+        }
+
+        #[test]
         fn frames_round_trip_back_to_back(frames in prop::collection::vec(arb_frame(), 0..8)) {
             let mut buf = BytesMut::new();
             for f in &frames {
@@ -602,6 +689,7 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
             decode_all(BytesMut::from(&bytes[..]));
+            let _ = decode_whole(Bytes::copy_from_slice(&bytes), MAX_BLOCK_LEN);
             let _ = frame_len(&bytes);
             let _ = decode_eof(&mut BytesMut::from(&bytes[..]));
         }

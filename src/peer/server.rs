@@ -234,9 +234,9 @@ impl PeerServer {
                 }
             }
         };
-        let mut out = BytesMut::with_capacity(reply.encoded_len());
-        if codec::encode(&reply, &mut out).is_ok() {
-            let _ = tokio::time::timeout(self.timeout, send.write_all(&out)).await;
+        // Block data goes out as it is held (no copy into a frame buffer).
+        if let Ok(mut chunks) = codec::encode_chunks(&reply) {
+            let _ = tokio::time::timeout(self.timeout, send.write_all_chunks(&mut chunks)).await;
         }
         let _ = send.finish();
     }
