@@ -187,7 +187,7 @@ impl Mount {
     /// source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
         crate::sys::raise_nofile_limit();
-        crate::sys::tune_allocator();
+        crate::sys::tune_allocator(cfg.block_size);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(
                 std::thread::available_parallelism()
