@@ -111,6 +111,18 @@ pub struct MountFlags {
     #[arg(long)]
     #[serde(default)]
     pub no_passthrough: bool,
+    /// How files are opened: `passthrough` or `kernel`. [default: passthrough]
+    ///
+    /// passthrough: every open and close is a request to the daemon, which
+    /// hands fully cached files to the kernel (FUSE passthrough). kernel: no
+    /// request per open; the kernel keeps a file's page cache across opens,
+    /// so warm reads of many small files run at page-cache speed, but there
+    /// is no passthrough: every read that misses the page cache goes through
+    /// the daemon, and a file changed at the source shows at the next
+    /// attribute refresh (--revalidate), also to descriptors opened before
+    /// the change. See docs/tuning.md.
+    #[arg(long, value_name = "MODE")]
+    pub open_mode: Option<String>,
     /// Longest wait for the source on one read before it fails (ETIMEDOUT).
     /// [default: 120s]
     #[arg(long, value_name = "DURATION")]
@@ -185,6 +197,32 @@ pub struct MountFlags {
     pub peer_timeout: Option<String>,
 }
 
+/// How opens of files are served (`--open-mode`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Every open and close reaches the daemon; fully cached files are
+    /// handed to the kernel by FUSE passthrough.
+    #[default]
+    Passthrough,
+    /// The kernel opens files by itself (no OPEN/RELEASE requests) and keeps
+    /// their page cache across opens; no passthrough.
+    Kernel,
+}
+
+impl std::str::FromStr for OpenMode {
+    type Err = UsageError;
+
+    fn from_str(s: &str) -> Result<Self, UsageError> {
+        match s.trim() {
+            "passthrough" => Ok(OpenMode::Passthrough),
+            "kernel" => Ok(OpenMode::Kernel),
+            _ => Err(usage(format!(
+                "--open-mode {s:?}: expected passthrough or kernel"
+            ))),
+        }
+    }
+}
+
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
@@ -231,6 +269,7 @@ pub struct MountConfig {
     /// None: immutable.
     pub revalidate: Option<Duration>,
     pub passthrough: bool,
+    pub open_mode: OpenMode,
     pub source_timeout: Duration,
     pub fuse_threads: usize,
     pub readahead: crate::prefetch::ReadAheadConfig,
@@ -256,6 +295,7 @@ impl MountFlags {
             revalidate: self.revalidate.or(other.revalidate),
             immutable: self.immutable || other.immutable,
             no_passthrough: self.no_passthrough || other.no_passthrough,
+            open_mode: self.open_mode.or(other.open_mode),
             source_timeout: self.source_timeout.or(other.source_timeout),
             fuse_threads: self.fuse_threads.or(other.fuse_threads),
             dataset_id: self.dataset_id.or(other.dataset_id),
@@ -526,6 +566,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     }
     let write_queue = budget / 4;
     let revalidate = dur("revalidate", &f.revalidate)?.unwrap_or(Duration::from_secs(60));
+    let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
     let source_timeout =
         dur("source-timeout", &f.source_timeout)?.unwrap_or(Duration::from_secs(120));
     if source_timeout.is_zero() {
@@ -632,6 +673,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         write_queue,
         revalidate: (!f.immutable).then_some(revalidate),
         passthrough: !f.no_passthrough,
+        open_mode,
         source_timeout,
         fuse_threads,
         readahead,
@@ -815,6 +857,34 @@ mod tests {
         assert_eq!(f.fuse_threads, Some(4));
         assert!(parse_o(&["bogus=1".into()]).is_err());
         assert!(parse_o(&["rw".into()]).is_err());
+    }
+
+    #[test]
+    fn open_mode_from_flags_o_and_file() {
+        assert_eq!(
+            "passthrough".parse::<OpenMode>().unwrap(),
+            OpenMode::Passthrough
+        );
+        assert_eq!("kernel".parse::<OpenMode>().unwrap(), OpenMode::Kernel);
+        assert_eq!(OpenMode::default(), OpenMode::Passthrough);
+        for bad in ["", "Kernel", "direct", "kernel,"] {
+            let e = bad.parse::<OpenMode>().unwrap_err().0;
+            assert!(e.starts_with("--open-mode ") && !e.contains('\n'), "{e}");
+            assert!(e.contains("expected passthrough or kernel"), "{e}");
+        }
+        let f = parse_o(&["ro,open_mode=kernel,cache_size=1G".into()]).unwrap();
+        assert_eq!(f.open_mode.as_deref(), Some("kernel"));
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        std::fs::write(&p, "open-mode = \"kernel\"\n").unwrap();
+        let file = read_config_file(&p).unwrap();
+        assert_eq!(file.open_mode.as_deref(), Some("kernel"));
+        // Flags win over the file.
+        let flags = MountFlags {
+            open_mode: Some("passthrough".into()),
+            ..Default::default()
+        };
+        assert_eq!(flags.or(file).open_mode.as_deref(), Some("passthrough"));
     }
 
     #[test]

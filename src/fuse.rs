@@ -23,7 +23,7 @@ use fuser::{
 use tracing::{debug, info, warn};
 
 use crate::cache::FileVersion;
-use crate::handles::{OpenFiles, OpenMode};
+use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode};
 use crate::metrics::{self, FuseOp};
 use crate::namespace::{Namespace, ROOT};
 use crate::prefetch::ReadAhead;
@@ -35,6 +35,10 @@ use crate::stats::Stats;
 /// flood the log (failed reads are counted in stats).
 static READ_FAILURES: crate::logging::RateLimit = crate::logging::RateLimit::new(1000);
 
+/// Inodes per generation of the table of reads without a handle (kernel
+/// open mode): at most twice this many are kept.
+const INODE_HANDLES: usize = 4096;
+
 /// The extended attribute of the mount root that returns `stats` as JSON.
 pub const STATS_XATTR: &str = "user.locafs.stats";
 
@@ -45,6 +49,9 @@ pub struct FuseOptions {
     pub ttl: Duration,
     /// Try FUSE passthrough for fully cached files.
     pub passthrough: bool,
+    /// The kernel open mode (`--open-mode kernel`): answer OPEN with ENOSYS
+    /// so that the kernel opens files without the daemon; no passthrough.
+    pub kernel_open: bool,
     pub source_label: String,
     pub mount_label: String,
     /// Path of the control socket (the `user.locafs.control` attribute).
@@ -57,10 +64,14 @@ pub struct LocaFs {
     reader: Arc<Reader>,
     source: Arc<dyn Source>,
     files: OpenFiles<BackingId>,
+    /// Handles of reads without one (the kernel open mode).
+    inode_handles: InodeHandles,
     stats: Arc<Stats>,
     rt: tokio::runtime::Handle,
     opts: FuseOptions,
     passthrough: AtomicBool,
+    /// The kernel open mode is on (and the kernel can open without us).
+    kernel_open: AtomicBool,
     readahead: Arc<ReadAhead>,
 }
 
@@ -125,10 +136,12 @@ impl LocaFs {
             reader,
             source,
             files: OpenFiles::default(),
+            inode_handles: InodeHandles::new(INODE_HANDLES),
             stats,
             rt,
             opts,
             passthrough: AtomicBool::new(false),
+            kernel_open: AtomicBool::new(false),
             readahead,
         }
     }
@@ -141,6 +154,29 @@ impl LocaFs {
         );
         snap.read_ahead = self.readahead.snapshot();
         serde_json::to_vec(&snap).unwrap_or_default()
+    }
+
+    /// The handle of a read that came without one (handle 0: the kernel open
+    /// mode): the inode's current version and sequential-read state.
+    fn inode_handle(&self, ino: u64, offset: u64) -> std::io::Result<Arc<Handle>> {
+        let a = self.ns.getattr(ino)?;
+        let r = match self.inode_handles.get(ino, &a.version(), offset) {
+            Some(r) => r,
+            None => {
+                let (rel, a) = self.ns.open_file(ino)?;
+                let file = Arc::new(FileVersion::new(rel, a.version()));
+                self.inode_handles.install(ino, file, offset)
+            }
+        };
+        if r.new_version {
+            // Older versions of this path are stale from now on.
+            self.reader.cache().note_current(&r.handle.file);
+        }
+        if r.starts_access {
+            self.stats.opens.fetch_add(1, Ordering::Relaxed);
+            self.readahead.on_open(ino, &r.handle.file, false);
+        }
+        Ok(r.handle)
     }
 
     /// A verified backing file for passthrough, if the file is fully cached.
@@ -170,7 +206,23 @@ impl Filesystem for LocaFs {
         }
         // Loader reads in flight (each may hold a block) stay within 32.
         let _ = config.set_max_background(32);
-        if self.opts.passthrough {
+        if self.opts.kernel_open {
+            // The kernel takes ENOSYS to OPEN as "open without the daemon"
+            // only if it says so; an older one would fail the user's open().
+            if config
+                .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
+                .is_ok()
+            {
+                // Without OPEN the page cache is kept across opens: drop a
+                // file's pages when a refreshed attribute shows a new mtime
+                // or size (how a changed source file becomes visible).
+                let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
+                self.kernel_open.store(true, Ordering::Relaxed);
+                info!("open mode kernel: files are opened by the kernel without a request to the daemon and keep their page cache across opens; no passthrough (reads that miss the page cache go through the daemon)");
+            } else {
+                info!("open mode kernel unavailable: this kernel cannot open files without the daemon; opens are served as in passthrough mode, without passthrough");
+            }
+        } else if self.opts.passthrough {
             if !crate::sys::has_cap_sys_admin() {
                 info!("passthrough off: it needs CAP_SYS_ADMIN; cached files are served through the daemon");
             } else if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
@@ -219,6 +271,11 @@ impl Filesystem for LocaFs {
             Ok(x) => x,
             Err(e) => return reply.error(errno(&e)),
         };
+        if self.kernel_open.load(Ordering::Relaxed) {
+            // The kernel sets no_open for the connection: no OPEN or
+            // RELEASE for files from now on, reads come with handle 0.
+            return reply.error(Errno::ENOSYS);
+        }
         let file = Arc::new(FileVersion::new(rel, a.version()));
         let cache = self.reader.cache();
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
@@ -266,7 +323,7 @@ impl Filesystem for LocaFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -275,8 +332,18 @@ impl Filesystem for LocaFs {
         reply: ReplyData,
     ) {
         metrics::fuse_op(FuseOp::Read);
-        let Some(h) = self.files.get(fh.0) else {
-            return reply.error(Errno::EBADF);
+        let h = if fh.0 == 0 {
+            // No handle (handles start at 1): the kernel opened the file
+            // without us (kernel open mode).
+            match self.inode_handle(ino.0, offset) {
+                Ok(h) => h,
+                Err(e) => return reply.error(errno(&e)),
+            }
+        } else {
+            match self.files.get(fh.0) {
+                Some(h) => h,
+                None => return reply.error(Errno::EBADF),
+            }
         };
         self.readahead.on_read(&h.seq, &h.file, offset, size as u64);
         if let Some(bytes) = self.reader.read_local(&h.file, offset, size) {

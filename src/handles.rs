@@ -6,6 +6,11 @@
 //! happens, shares one backing id among all passthrough opens of an inode,
 //! and says when the page cache may be kept (same version as last open).
 //!
+//! In the kernel open mode there are no handles: the kernel sends no OPEN
+//! or RELEASE and every read comes with handle 0. [`InodeHandles`] then
+//! keeps one handle per inode (its current version and sequential-read
+//! state) in a bounded table.
+//!
 //! Pure bookkeeping over a generic backing token `B`; no I/O, no FUSE types.
 
 use std::collections::HashMap;
@@ -14,6 +19,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::cache::{FileVersion, VersionKey};
+use crate::source::SourceVersion;
 
 /// What an open turned into.
 #[derive(Debug)]
@@ -167,6 +173,126 @@ impl<B> OpenFiles<B> {
     }
 }
 
+/// The handle a read without a handle (handle 0) is served with.
+#[derive(Debug)]
+pub struct InodeRead {
+    pub handle: Arc<Handle>,
+    /// This version of the inode is new to the table (its first read, or the
+    /// file changed): the caller marks it as the current version in the cache.
+    pub new_version: bool,
+    /// The read starts an access to the file as far as the daemon can tell
+    /// (a new version, or a read from offset 0): the caller counts it as an
+    /// open, for stats and read-ahead (epoch tracking, small files whole).
+    pub starts_access: bool,
+}
+
+#[derive(Debug, Default)]
+struct Generations {
+    current: HashMap<u64, Arc<Handle>>,
+    old: HashMap<u64, Arc<Handle>>,
+}
+
+/// Per-inode handles for reads that come without one (the kernel open
+/// mode). Bounded: two generations of at most `bound` inodes each; when the
+/// current one is full it becomes the old one and the previous old one is
+/// dropped, and an inode found in the old generation moves back to the
+/// current one, so inodes being read keep their state while idle ones go.
+/// An inode's path never changes (namespace.rs), so its version alone says
+/// whether a handle is still current.
+#[derive(Debug)]
+pub struct InodeHandles {
+    inner: Mutex<Generations>,
+    bound: usize,
+}
+
+impl InodeHandles {
+    /// A table of at most `2 * bound` inodes (`bound` at least 1).
+    pub fn new(bound: usize) -> Self {
+        InodeHandles {
+            inner: Mutex::default(),
+            bound: bound.max(1),
+        }
+    }
+
+    /// The inode's handle if it is on `version`; None if the inode is not in
+    /// the table or on another version (then the caller builds the current
+    /// [`FileVersion`] and calls [`InodeHandles::install`]).
+    pub fn get(&self, ino: u64, version: &SourceVersion, offset: u64) -> Option<InodeRead> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let handle = match inner.current.get(&ino) {
+            Some(h) if h.file.version == *version => Arc::clone(h),
+            Some(_) => return None,
+            None => {
+                let h = inner.old.remove(&ino)?;
+                if h.file.version != *version {
+                    return None;
+                }
+                self.insert_current(inner, ino, Arc::clone(&h));
+                h
+            }
+        };
+        Some(InodeRead {
+            handle,
+            new_version: false,
+            starts_access: offset == 0,
+        })
+    }
+
+    /// Installs a handle on `file`, the inode's current version, replacing
+    /// one on another version. If a concurrent read installed the same
+    /// version first, its handle is used (and the version is not new).
+    pub fn install(&self, ino: u64, file: Arc<FileVersion>, offset: u64) -> InodeRead {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let existing = inner
+            .current
+            .get(&ino)
+            .or_else(|| inner.old.get(&ino))
+            .filter(|h| h.file.key == file.key)
+            .cloned();
+        if let Some(handle) = existing {
+            inner.old.remove(&ino);
+            self.insert_current(inner, ino, Arc::clone(&handle));
+            return InodeRead {
+                handle,
+                new_version: false,
+                starts_access: offset == 0,
+            };
+        }
+        inner.old.remove(&ino);
+        let handle = Arc::new(Handle {
+            ino,
+            file,
+            passthrough: false,
+            seq: Mutex::default(),
+        });
+        self.insert_current(inner, ino, Arc::clone(&handle));
+        InodeRead {
+            handle,
+            new_version: true,
+            starts_access: true,
+        }
+    }
+
+    fn insert_current(&self, inner: &mut Generations, ino: u64, h: Arc<Handle>) {
+        if inner.current.len() >= self.bound && !inner.current.contains_key(&ino) {
+            inner.old = std::mem::take(&mut inner.current);
+        }
+        inner.current.insert(ino, h);
+    }
+
+    /// Inodes in the table.
+    pub fn len(&self) -> usize {
+        let inner = self.inner.lock();
+        inner.current.len() + inner.old.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +349,59 @@ mod tests {
         assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
         let (_, m, _) = t.open(3, fv(20), None).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
+    }
+
+    #[test]
+    fn inode_handles_follow_the_version_and_keep_their_state() {
+        let t = InodeHandles::new(100);
+        let v1 = fv(10);
+        assert!(t.get(5, &v1.version, 0).is_none());
+        let r = t.install(5, v1.clone(), 4096);
+        assert!(r.new_version && r.starts_access, "first read of the inode");
+        let h1 = r.handle;
+        h1.seq.lock().on_read(0, 4096, 4096, 100, 1 << 20);
+        // Same version: the same handle (and sequential state), an access
+        // only when the read starts at offset 0.
+        let r = t.get(5, &v1.version, 8192).unwrap();
+        assert!(Arc::ptr_eq(&r.handle, &h1));
+        assert!(!r.new_version && !r.starts_access);
+        let r = t.get(5, &v1.version, 0).unwrap();
+        assert!(!r.new_version && r.starts_access);
+        // A read that raced the first one installs the same version again:
+        // it gets the existing handle.
+        let r = t.install(5, fv(10), 8192);
+        assert!(Arc::ptr_eq(&r.handle, &h1));
+        assert!(!r.new_version && !r.starts_access);
+        // The file changed: the old handle no longer matches; a new one
+        // replaces it.
+        let v2 = fv(20);
+        assert!(t.get(5, &v2.version, 4096).is_none());
+        let r = t.install(5, v2.clone(), 4096);
+        assert!(r.new_version && r.starts_access);
+        assert!(!Arc::ptr_eq(&r.handle, &h1));
+        assert_eq!(r.handle.file.key, v2.key);
+        assert!(!r.handle.passthrough);
+        assert!(t.get(5, &v1.version, 0).is_none());
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn inode_handles_are_bounded_and_keep_the_inodes_being_read() {
+        let t = InodeHandles::new(3);
+        let hot = t.install(1, fv(1), 0).handle;
+        for ino in 2..1000 {
+            t.install(ino, fv(ino), 0);
+            assert!(t.len() <= 6, "at most two generations of 3");
+            // The inode read all along stays, with its state.
+            let r = t.get(1, &fv(1).version, 4096).expect("hot inode kept");
+            assert!(Arc::ptr_eq(&r.handle, &hot));
+        }
+        // Idle inodes went.
+        assert!(t.get(2, &fv(2).version, 0).is_none());
+        assert!(t.get(500, &fv(500).version, 0).is_none());
+        // An evicted inode comes back as a new entry (counted as an access).
+        let r = t.install(2, fv(2), 4096);
+        assert!(r.new_version && r.starts_access);
+        assert!(InodeHandles::new(0).install(1, fv(1), 0).new_version);
     }
 }

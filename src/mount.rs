@@ -337,6 +337,7 @@ impl Mount {
             FuseOptions {
                 ttl,
                 passthrough: cfg.passthrough,
+                kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
                 control_socket: control_socket.display().to_string(),

@@ -354,6 +354,42 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         "lots",
     );
     expect_usage_error(
+        "bad --open-mode",
+        &[m, src, mnt, cd, cache, &os("--open-mode"), &os("fast")],
+        &s.mnt,
+        "--open-mode \"fast\": expected passthrough or kernel",
+    );
+    expect_usage_error(
+        "bad open_mode in -o",
+        &[
+            m,
+            src,
+            mnt,
+            cd,
+            cache,
+            &os("-o"),
+            &os("ro,open_mode=kernal"),
+        ],
+        &s.mnt,
+        "kernal",
+    );
+    let toml_mode = t.join("mode.toml");
+    fs::write(&toml_mode, "open-mode = \"direct\"\n").unwrap();
+    expect_usage_error(
+        "bad open-mode in the config file",
+        &[
+            m,
+            src,
+            mnt,
+            cd,
+            cache,
+            &os("--config"),
+            toml_mode.as_os_str(),
+        ],
+        &s.mnt,
+        "direct",
+    );
+    expect_usage_error(
         "bad -o with --daemon",
         &[
             m,
