@@ -17,7 +17,8 @@
 //! - `LOCAFS_BENCH_ONLY` (default all): figures to run, e.g. `1,3` (`1` means
 //!   1 and 1b; `1b` alone means only 1b).
 //! - `LOCAFS_BENCH_TOOLS` (default all): columns to measure, e.g.
-//!   `direct,locafs` (names: direct, locafs, locafs-nopt, bindfs, rclone).
+//!   `direct,locafs` (names: direct, locafs, locafs-nopt, locafs-kernel,
+//!   bindfs, rclone).
 //! - `LOCAFS_BENCH_RUNS` (default 3): timed passes per warm figure (median).
 //! - `LOCAFS_BENCH_LOCAFS_ARGS`: extra `locafs mount` options for both locafs
 //!   columns (experiments, e.g. `--fuse-threads 4`).
@@ -263,14 +264,16 @@ enum Tool {
     Direct,
     Locafs,
     LocafsNoPt,
+    LocafsKernel,
     Bindfs,
     Rclone,
 }
 
-const TOOLS: [Tool; 5] = [
+const TOOLS: [Tool; 6] = [
     Tool::Direct,
     Tool::Locafs,
     Tool::LocafsNoPt,
+    Tool::LocafsKernel,
     Tool::Bindfs,
     Tool::Rclone,
 ];
@@ -281,6 +284,7 @@ impl Tool {
             Tool::Direct => "direct",
             Tool::Locafs => "locafs",
             Tool::LocafsNoPt => "locafs --no-passthrough",
+            Tool::LocafsKernel => "locafs --open-mode kernel",
             Tool::Bindfs => "bindfs",
             Tool::Rclone => "rclone",
         }
@@ -291,6 +295,7 @@ impl Tool {
             Tool::Direct => "direct",
             Tool::Locafs => "locafs",
             Tool::LocafsNoPt => "locafs-nopt",
+            Tool::LocafsKernel => "locafs-kernel",
             Tool::Bindfs => "bindfs",
             Tool::Rclone => "rclone",
         }
@@ -300,7 +305,9 @@ impl Tool {
     fn program(self) -> Option<PathBuf> {
         match self {
             Tool::Direct => None,
-            Tool::Locafs | Tool::LocafsNoPt => Some(PathBuf::from(env!("CARGO_BIN_EXE_locafs"))),
+            Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel => {
+                Some(PathBuf::from(env!("CARGO_BIN_EXE_locafs")))
+            }
             Tool::Bindfs => which("bindfs"),
             Tool::Rclone => which("rclone"),
         }
@@ -355,7 +362,7 @@ impl Mounted {
         let mut cmd = Command::new(&program);
         match tool {
             Tool::Direct => unreachable!("direct reads mount nothing"),
-            Tool::Locafs | Tool::LocafsNoPt => {
+            Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel => {
                 cmd.arg("mount")
                     .arg(source)
                     .arg(&mnt)
@@ -365,6 +372,9 @@ impl Mounted {
                     .arg("bench");
                 if tool == Tool::LocafsNoPt {
                     cmd.arg("--no-passthrough");
+                }
+                if tool == Tool::LocafsKernel {
+                    cmd.args(["--open-mode", "kernel"]);
                 }
                 // Extra options for experiments, e.g. "--fuse-threads 4".
                 if let Ok(extra) = std::env::var("LOCAFS_BENCH_LOCAFS_ARGS") {
@@ -1054,7 +1064,7 @@ impl Bench {
                 self.put("5", tool, Cell::Text("n/a (no daemon)".into()));
                 return;
             }
-            Tool::LocafsNoPt => {
+            Tool::LocafsNoPt | Tool::LocafsKernel => {
                 self.put("5", tool, Cell::Text("n/a (same path as locafs)".into()));
                 return;
             }
@@ -1186,7 +1196,7 @@ impl Bench {
 /// Prints what the locafs daemon says it did (passthrough opens, bytes from
 /// source and cache), so a figure can be read against it.
 fn print_locafs_stats(tool: Tool, m: &Mounted) {
-    if !matches!(tool, Tool::Locafs | Tool::LocafsNoPt) {
+    if !matches!(tool, Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel) {
         return;
     }
     let out = Command::new(env!("CARGO_BIN_EXE_locafs"))
