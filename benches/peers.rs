@@ -69,6 +69,15 @@ impl Net {
     }
 
     fn describe(&self) -> String {
+        let mtu = match (self, mtu()) {
+            (Net::Lab(_), Some(m)) => format!(", MTU {m} (LOCAFS_BENCH_MTU)"),
+            (Net::Lab(_), None) => ", MTU 1500".to_string(),
+            _ => String::new(),
+        };
+        self.describe_links() + &mtu
+    }
+
+    fn describe_links(&self) -> String {
         match self {
             Net::Lab(_) if shaped() => format!(
                 "one network namespace per node, veth links shaped to {LINK_RATE}/s each way (tc tbf)"
@@ -211,6 +220,13 @@ fn start(
         std::thread::sleep(Duration::from_millis(50));
     }
     Node { child, mnt, cache }
+}
+
+/// `LOCAFS_BENCH_MTU`: the links' MTU (default: the veth default, 1500).
+fn mtu() -> Option<u32> {
+    std::env::var("LOCAFS_BENCH_MTU")
+        .ok()
+        .and_then(|v| v.parse().ok())
 }
 
 fn readahead() -> bool {
@@ -391,6 +407,9 @@ fn main() {
     );
 
     let net = match netns::Lab::new(NODES).and_then(|lab| {
+        if let Some(mtu) = mtu() {
+            lab.set_mtu(mtu)?;
+        }
         if shaped() {
             lab.shape(LINK_RATE)?;
         }

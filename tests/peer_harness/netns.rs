@@ -131,6 +131,25 @@ impl Lab {
         Path::new("/run/netns").join(&self.nodes[i])
     }
 
+    /// Sets the MTU of every link (both veth ends and the bridge), e.g. 9000
+    /// for a network with jumbo frames.
+    pub fn set_mtu(&self, mtu: u32) -> Result<(), String> {
+        let mtu = mtu.to_string();
+        for (i, ns) in self.nodes.iter().enumerate() {
+            ip(&["-n", ns, "link", "set", "eth0", "mtu", &mtu])?;
+            ip(&[
+                "-n",
+                &self.bridge_ns,
+                "link",
+                "set",
+                &format!("p{i}"),
+                "mtu",
+                &mtu,
+            ])?;
+        }
+        ip(&["-n", &self.bridge_ns, "link", "set", "br0", "mtu", &mtu])
+    }
+
     /// Cuts (`up == false`) or restores node `i`'s link, from inside its
     /// namespace, as a pulled cable would.
     pub fn link(&self, i: usize, up: bool) -> Result<(), String> {
