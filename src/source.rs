@@ -9,7 +9,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -217,20 +217,15 @@ impl Source for DirSource {
             }
             Ok(())
         };
-        let mut buf = vec![0u8; len];
-        let mut done = 0;
-        while done < len {
-            match file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => {
-                    return Err(SourceError::Changed {
-                        path: rel.to_owned(),
-                    })
+        let buf = crate::sys::read_vec_at(&file, len, offset).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                SourceError::Changed {
+                    path: rel.to_owned(),
                 }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(SourceError::io(rel, e)),
+            } else {
+                SourceError::io(rel, e)
             }
-        }
+        })?;
         // The bytes are good only if the file is still the asked-for version
         // after the read: a file rewritten before or during the read has
         // another size, mtime or inode by then.

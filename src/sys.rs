@@ -193,6 +193,37 @@ pub fn raise_nofile_limit() {
     }
 }
 
+/// Reads exactly `len` bytes at `offset` of `f` into a new vector, without
+/// zeroing it first (that would be one more pass over memory per byte
+/// read). An end of file before `len` bytes is `UnexpectedEof`.
+pub fn read_vec_at(f: &std::fs::File, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+    use std::os::unix::io::AsRawFd;
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    while buf.len() < len {
+        let done = buf.len();
+        let off = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let spare = &mut buf.spare_capacity_mut()[..len - done];
+        // SAFETY: the kernel writes at most spare.len() bytes into spare, a
+        // valid writable region of the vector's capacity.
+        let n = unsafe { libc::pread(f.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), off) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        // SAFETY: pread initialized the first n <= spare.len() bytes past
+        // the vector's length.
+        unsafe { buf.set_len(done + n as usize) };
+    }
+    Ok(buf)
+}
+
 /// Sets glibc's allocator for a daemon whose big allocations are block
 /// buffers of at most `block_size` bytes, churned at the source's rate.
 ///
@@ -217,4 +248,22 @@ pub fn tune_allocator(block_size: u64) {
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = block_size;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_vec_at_reads_exactly_and_reports_a_short_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        assert_eq!(read_vec_at(&f, 4000, 5000).unwrap(), &data[5000..9000]);
+        assert_eq!(read_vec_at(&f, 0, 0).unwrap(), Vec::<u8>::new());
+        let e = read_vec_at(&f, 2000, 9000).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
 }

@@ -952,12 +952,14 @@ impl DiskCache {
         sum: &[u8; 32],
     ) -> Option<ChecksummedBytes> {
         let len = file.block_len(index, self.block_size);
-        let mut buf = vec![0u8; len];
-        if let Err(e) = f.read_exact_at(&mut buf, index * self.block_size) {
-            debug!(file = %file.rel.display(), "cache read failed: {e}");
-            self.drop_block(file, index, true);
-            return None;
-        }
+        let buf = match crate::sys::read_vec_at(f, len, index * self.block_size) {
+            Ok(b) => b,
+            Err(e) => {
+                debug!(file = %file.rel.display(), "cache read failed: {e}");
+                self.drop_block(file, index, true);
+                return None;
+            }
+        };
         match ChecksummedBytes::verified(Bytes::from(buf), *sum) {
             Some(b) => Some(b),
             None => {
