@@ -367,6 +367,20 @@ impl Mount {
                 format!("mount on {} failed: {e}", cfg.mountpoint.display()),
             )
         })?;
+        // Larger kernel read-ahead: bigger reads reach the daemon (its
+        // 128 KiB default caps a sequential read served by the daemon at
+        // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).
+        if cfg.kernel_readahead > 0 {
+            match crate::sys::set_bdi_readahead(&cfg.mountpoint, cfg.kernel_readahead) {
+                Ok(()) => debug!(
+                    "kernel read-ahead on the mount: {}",
+                    format_size(cfg.kernel_readahead)
+                ),
+                Err(e) => info!(
+                    "kernel read-ahead left at the kernel's default (setting it needs root): {e}"
+                ),
+            }
+        }
         let summary = format!(
             "mounted {} on {} (read-only); cache {} limit {}",
             cfg.source.display(),

@@ -193,6 +193,27 @@ pub fn raise_nofile_limit() {
     }
 }
 
+/// The sysfs file holding the kernel read-ahead (in KiB) of the file system
+/// mounted at `mountpoint`: `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`.
+pub fn bdi_readahead_file(mountpoint: &Path) -> io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mountpoint)?.dev();
+    Ok(PathBuf::from(format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    )))
+}
+
+/// Sets the kernel read-ahead of the file system mounted at `mountpoint` to
+/// `bytes` (rounded down to KiB). Needs root.
+pub fn set_bdi_readahead(mountpoint: &Path, bytes: u64) -> io::Result<()> {
+    std::fs::write(
+        bdi_readahead_file(mountpoint)?,
+        format!("{}\n", bytes / 1024),
+    )
+}
+
 /// Reads exactly `len` bytes at `offset` of `f` into a new vector, without
 /// zeroing it first (that would be one more pass over memory per byte
 /// read). An end of file before `len` bytes is `UnexpectedEof`.

@@ -517,3 +517,24 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
     );
     drop(m);
 }
+
+#[test]
+fn the_kernel_read_ahead_of_the_mount_is_set() {
+    if !fuse_available("the_kernel_read_ahead_of_the_mount_is_set") {
+        return;
+    }
+    for (args, want_kb) in [(vec![], 4096u64), (vec!["--kernel-readahead", "1M"], 1024)] {
+        let d = dirs();
+        write_file(&d.src.join("f"), 4096, 1);
+        let cfg = config(&d, &args);
+        let m = mount(&cfg, Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0)));
+        let file = locafs::sys::bdi_readahead_file(m.mountpoint()).unwrap();
+        let kb: u64 = std::fs::read_to_string(&file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(kb, want_kb, "{} with {args:?}", file.display());
+        drop(m);
+    }
+}
