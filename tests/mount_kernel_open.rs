@@ -58,34 +58,6 @@ fn generate_tree(src: &Path) -> Vec<&'static str> {
     vec!["sizes/big", "sizes/small", "sizes/one", "many/007.jpg"]
 }
 
-/// Maps a file read-only and returns a copy of its bytes.
-fn mmap_read(p: &Path) -> Vec<u8> {
-    use std::os::fd::AsRawFd;
-    let f = File::open(p).unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    // SAFETY: a shared read-only mapping of a file we keep open; we only read
-    // `len` bytes from it and unmap it before returning.
-    unsafe {
-        let ptr = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            ptr,
-            libc::MAP_FAILED,
-            "mmap {p:?}: {}",
-            std::io::Error::last_os_error()
-        );
-        let v = std::slice::from_raw_parts(ptr as *const u8, len).to_vec();
-        libc::munmap(ptr, len);
-        v
-    }
-}
-
 /// The whole tree and the mmap reads equal the source.
 fn check_tree(s: &Scratch, mmaps: &[&str], pass: &str) {
     assert_same_tree(&s.src, &s.mnt);

@@ -140,20 +140,7 @@ fn a_node_with_another_secret_gets_nothing() {
     for (rel, data) in &c.files {
         stranger.read_check(rel, data);
     }
-    let s = stranger.stats();
-    assert_eq!(s.read_errors, 0);
-    assert_eq!(s.peer_bytes, 0, "the stranger got bytes from a peer");
-    assert_eq!(
-        s.source_bytes,
-        c.total_bytes(),
-        "all from its own source reads"
-    );
-    for p in &s.peers {
-        assert!(
-            p.state == "down" || p.state == "self",
-            "stranger sees {p:?}"
-        );
-    }
+    assert_stranger_got_nothing(&c, &stranger);
     for n in [&a, &b] {
         let s = n.stats();
         assert_eq!(s.peer_served_bytes, 0, "{} served the stranger", n.name);

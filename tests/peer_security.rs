@@ -481,20 +481,7 @@ fn nodes_with_admin_certificates_share_blocks_and_a_node_of_another_ca_gets_noth
         "each block from the source once between a and b"
     );
 
-    let s = stranger.stats();
-    assert_eq!(s.read_errors, 0);
-    assert_eq!(s.peer_bytes, 0, "the stranger got bytes from a peer");
-    assert_eq!(
-        s.source_bytes,
-        c.total_bytes(),
-        "all from its own source reads"
-    );
-    for p in &s.peers {
-        assert!(
-            p.state == "down" || p.state == "self",
-            "stranger sees {p:?}"
-        );
-    }
+    assert_stranger_got_nothing(&c, &stranger);
     for n in [&a, &b] {
         assert_eq!(
             n.peer_state(ports[2]).as_deref(),

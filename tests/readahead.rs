@@ -34,6 +34,18 @@ fn write_file(path: &Path, len: u64, seed: u64) {
     std::fs::write(path, data).unwrap();
 }
 
+/// Asserts that no block reached `source` twice.
+fn assert_each_block_read_once(source: &SlowSource) {
+    let mut per_block: HashMap<(PathBuf, u64), u32> = HashMap::new();
+    for r in source.reads() {
+        *per_block.entry((r.path, r.offset)).or_default() += 1;
+    }
+    assert!(
+        per_block.values().all(|c| *c == 1),
+        "a block was fetched twice"
+    );
+}
+
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
@@ -445,14 +457,7 @@ fn loader_reads_are_served_while_background_prefetch_saturates_the_source() {
         "background prefetch never ran"
     );
     // Every block reached the source once, prefetched or read.
-    let mut per_block: HashMap<(PathBuf, u64), u32> = HashMap::new();
-    for r in source.reads() {
-        *per_block.entry((r.path, r.offset)).or_default() += 1;
-    }
-    assert!(
-        per_block.values().all(|c| *c == 1),
-        "a block was fetched twice"
-    );
+    assert_each_block_read_once(&source);
     drop(m);
 }
 
@@ -507,14 +512,7 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
     }
     let s = stats(m.mountpoint());
     assert_eq!(s.source_bytes, (files - 1) * len + MIB, "{s:?}");
-    let mut per_block: HashMap<(PathBuf, u64), u32> = HashMap::new();
-    for r in source.reads() {
-        *per_block.entry((r.path, r.offset)).or_default() += 1;
-    }
-    assert!(
-        per_block.values().all(|c| *c == 1),
-        "a block was fetched twice"
-    );
+    assert_each_block_read_once(&source);
     drop(m);
 }
 

@@ -430,6 +430,25 @@ pub fn shares(files: usize, n: usize, epoch: u64, seed: u64) -> Vec<Vec<usize>> 
 }
 
 /// Reads each node's share of one epoch, all nodes at once, checking bytes.
+/// A node outside the cluster (another secret or CA) read everything from
+/// its own source, correctly, and sees every peer down.
+pub fn assert_stranger_got_nothing(c: &Cluster, stranger: &Node) {
+    let s = stranger.stats();
+    assert_eq!(s.read_errors, 0);
+    assert_eq!(s.peer_bytes, 0, "the stranger got bytes from a peer");
+    assert_eq!(
+        s.source_bytes,
+        c.total_bytes(),
+        "all from its own source reads"
+    );
+    for p in &s.peers {
+        assert!(
+            p.state == "down" || p.state == "self",
+            "stranger sees {p:?}"
+        );
+    }
+}
+
 pub fn run_epoch(c: &Cluster, nodes: &[&Node], epoch: u64, seed: u64) {
     let shares = shares(c.files.len(), nodes.len(), epoch, seed);
     std::thread::scope(|s| {
