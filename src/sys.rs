@@ -95,23 +95,26 @@ pub fn is_mountpoint(p: &Path) -> bool {
     false
 }
 
+/// The /proc/self/mountinfo line of the mount whose root is `p` (the last
+/// one if several are stacked).
+fn mountinfo_line(p: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = p.as_os_str().as_bytes();
+    info.lines()
+        .filter(|line| line.split(' ').nth(4).map(unescape_mount).as_deref() == Some(target))
+        .last()
+        .map(str::to_owned)
+}
+
 /// The file system type of the mount whose root is `p` (the last one if
 /// several are stacked), e.g. "fuse.locafs".
 pub fn mount_fstype(p: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let target = p.as_os_str().as_bytes();
-    let mut found = None;
-    for line in info.lines() {
-        let mut fields = line.split(' ');
-        if fields.clone().nth(4).map(unescape_mount).as_deref() != Some(target) {
-            continue;
-        }
-        // After the optional fields, "-" then the type.
-        if let Some(t) = fields.by_ref().skip_while(|f| *f != "-").nth(1) {
-            found = Some(t.to_owned());
-        }
-    }
-    found
+    let line = mountinfo_line(p)?;
+    // After the optional fields, "-" then the type.
+    line.split(' ')
+        .skip_while(|f| *f != "-")
+        .nth(1)
+        .map(str::to_owned)
 }
 
 /// Decodes the octal escapes (`\040` for a space, ...) of /proc/self/mountinfo.
@@ -194,15 +197,20 @@ pub fn raise_nofile_limit() {
 }
 
 /// The sysfs file holding the kernel read-ahead (in KiB) of the file system
-/// mounted at `mountpoint`: `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`.
+/// mounted at `mountpoint`: `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`,
+/// the device taken from /proc/self/mountinfo. (Not from a `stat` of the
+/// mountpoint: that would go through the mount itself, and leave the
+/// kernel holding the root's attributes, so a dead mount would still
+/// answer `stat` until they expire.)
 pub fn bdi_readahead_file(mountpoint: &Path) -> io::Result<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(mountpoint)?.dev();
-    Ok(PathBuf::from(format!(
-        "/sys/class/bdi/{}:{}/read_ahead_kb",
-        libc::major(dev),
-        libc::minor(dev)
-    )))
+    let line = mountinfo_line(mountpoint).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} is not a mountpoint", mountpoint.display()),
+        )
+    })?;
+    let dev = line.split(' ').nth(2).unwrap_or_default();
+    Ok(PathBuf::from(format!("/sys/class/bdi/{dev}/read_ahead_kb")))
 }
 
 /// Sets the kernel read-ahead of the file system mounted at `mountpoint` to
