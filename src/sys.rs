@@ -101,8 +101,8 @@ fn mountinfo_line(p: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let target = p.as_os_str().as_bytes();
     info.lines()
-        .filter(|line| line.split(' ').nth(4).map(unescape_mount).as_deref() == Some(target))
-        .last()
+        .rev()
+        .find(|line| line.split(' ').nth(4).map(unescape_mount).as_deref() == Some(target))
         .map(str::to_owned)
 }
 
