@@ -935,21 +935,13 @@ mod tests {
 
     /// A CA and a node certificate and key signed by it, as PEM files in `d`.
     fn write_test_pki(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-        let issuer = Issuer::new(ca, ca_key);
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["node1.example.com".to_owned()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
+        use crate::peer::tls::test_pki::{node_cert, test_ca};
+        let ca = test_ca("test CA");
+        let (cert, key) = node_cert(&ca, "node1.example.com");
         let paths = (d.join("ca.pem"), d.join("node.pem"), d.join("node.key"));
-        std::fs::write(&paths.0, ca_pem).unwrap();
-        std::fs::write(&paths.1, cert.pem()).unwrap();
-        std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+        std::fs::write(&paths.0, &ca.pem).unwrap();
+        std::fs::write(&paths.1, cert).unwrap();
+        std::fs::write(&paths.2, key).unwrap();
         paths
     }
 

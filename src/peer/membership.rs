@@ -563,23 +563,8 @@ mod tests {
 
     /// One admin certificate (and key) that several nodes are given.
     fn shared_identity() -> ClusterIdentity {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-        let issuer = Issuer::new(ca, ca_key);
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["locafs.example.com".to_owned()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        ClusterIdentity::from_pem(
-            ca_pem.as_bytes(),
-            cert.pem().as_bytes(),
-            key.serialize_pem().as_bytes(),
-        )
-        .unwrap()
+        use crate::peer::tls::test_pki::{admin_identity, test_ca};
+        admin_identity(&test_ca("test CA"), "locafs.example.com")
     }
 
     /// A node's endpoint whose server side reports what it accepts to

@@ -610,8 +610,75 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// Certificates for tests: a CA and node certificates signed by it.
+#[cfg(test)]
+pub(crate) mod test_pki {
+    use super::*;
+    use rcgen::{date_time_ymd, SanType};
+
+    pub(crate) struct TestCa {
+        pub issuer: Issuer<'static, KeyPair>,
+        pub pem: String,
+    }
+
+    /// A CA made with rcgen, as an admin's PKI would be.
+    pub(crate) fn test_ca(name: &str) -> TestCa {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// A node certificate (PEM) and its key (PKCS#8 PEM) signed by `ca`.
+    pub(crate) fn node_cert_with(
+        ca: &TestCa,
+        dns: &str,
+        ekus: Vec<ExtendedKeyUsagePurpose>,
+        expired: bool,
+    ) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![dns.to_owned()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("10.1.2.3".parse().unwrap()));
+        params.distinguished_name.push(DnType::CommonName, dns);
+        params.extended_key_usages = ekus;
+        params.use_authority_key_identifier_extension = true;
+        if expired {
+            params.not_before = date_time_ymd(2000, 1, 1);
+            params.not_after = date_time_ymd(2001, 1, 1);
+        }
+        let cert = params.signed_by(&key, &ca.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    pub(crate) fn node_cert(ca: &TestCa, dns: &str) -> (String, String) {
+        node_cert_with(
+            ca,
+            dns,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            false,
+        )
+    }
+
+    pub(crate) fn admin_identity(ca: &TestCa, dns: &str) -> ClusterIdentity {
+        let (cert, key) = node_cert(ca, dns);
+        ClusterIdentity::from_pem(ca.pem.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_pki::*;
     use super::*;
     use std::net::{Ipv4Addr, SocketAddr};
     use std::time::Duration;
@@ -752,20 +819,7 @@ mod tests {
     async fn nodes_with_the_same_secret_connect_and_exchange_a_message() {
         let a = ClusterIdentity::from_secret(SECRET).unwrap();
         let b = ClusterIdentity::from_secret(SECRET).unwrap();
-        let srv = server(&a);
-        let addr = srv.local_addr().unwrap();
-        let server_task = tokio::spawn(serve_one(srv));
-        let cli = client(b.client_config());
-        let reply = timeout(LIMIT, ping(&cli, addr))
-            .await
-            .expect("no hang")
-            .unwrap();
-        assert_eq!(reply, b"pong:ping");
-        timeout(LIMIT, server_task)
-            .await
-            .expect("no hang")
-            .unwrap()
-            .unwrap();
+        exchange_ok(&a, b.client_config()).await;
     }
 
     #[tokio::test]
@@ -813,68 +867,7 @@ mod tests {
         assert_refused(&a, config).await;
     }
 
-    // ---- Admin-provided CA and certificates ----
-
-    use rcgen::{date_time_ymd, SanType};
-
-    /// A test CA made with rcgen, as an admin's PKI would be.
-    struct TestCa {
-        issuer: Issuer<'static, KeyPair>,
-        pem: String,
-    }
-
-    fn test_ca(name: &str) -> TestCa {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let pem = params.self_signed(&key).unwrap().pem();
-        TestCa {
-            issuer: Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A node certificate (PEM) and its key (PKCS#8 PEM) signed by `ca`.
-    fn node_cert_with(
-        ca: &TestCa,
-        dns: &str,
-        ekus: Vec<ExtendedKeyUsagePurpose>,
-        expired: bool,
-    ) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec![dns.to_owned()]).unwrap();
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress("10.1.2.3".parse().unwrap()));
-        params.distinguished_name.push(DnType::CommonName, dns);
-        params.extended_key_usages = ekus;
-        params.use_authority_key_identifier_extension = true;
-        if expired {
-            params.not_before = date_time_ymd(2000, 1, 1);
-            params.not_after = date_time_ymd(2001, 1, 1);
-        }
-        let cert = params.signed_by(&key, &ca.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    fn node_cert(ca: &TestCa, dns: &str) -> (String, String) {
-        node_cert_with(
-            ca,
-            dns,
-            vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-            false,
-        )
-    }
-
-    fn admin_identity(ca: &TestCa, dns: &str) -> ClusterIdentity {
-        let (cert, key) = node_cert(ca, dns);
-        ClusterIdentity::from_pem(ca.pem.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap()
-    }
+    // ---- Admin-provided CA and certificates (made by `test_pki`) ----
 
     fn pem_err(ca: &str, cert: &str, key: &str) -> (PemFile, String) {
         match ClusterIdentity::from_pem(ca.as_bytes(), cert.as_bytes(), key.as_bytes()) {
