@@ -107,6 +107,11 @@ impl Reader {
     ) -> Arc<Self> {
         let memory = moka::sync::Cache::builder()
             .max_capacity(cfg.memory_bytes)
+            // LRU, not moka's default TinyLFU: TinyLFU may refuse a block
+            // just fetched (seen once) in favour of older ones, and the next
+            // small read of that block then fetches it again; the block
+            // just fetched is the one most likely to be read next.
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
             .weigher(|_k: &BlockId, v: &ChecksummedBytes| {
                 v.data().len().try_into().unwrap_or(u32::MAX)
             })

@@ -12,7 +12,7 @@ mod slow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -535,4 +535,54 @@ fn the_kernel_read_ahead_of_the_mount_is_set() {
         assert_eq!(kb, want_kb, "{} with {args:?}", file.display());
         drop(m);
     }
+}
+
+#[test]
+fn small_reads_of_a_block_fetch_it_once_when_memory_is_full() {
+    if !fuse_available("small_reads_of_a_block_fetch_it_once_when_memory_is_full") {
+        return;
+    }
+    // A memory tier of 2 blocks, kept full, and a disk cache too small to
+    // take anything: a block lives only in memory between the small reads
+    // that cover it. The block just fetched must stay there for the next
+    // read (an admission policy that turned it away had each 128 KiB read
+    // of a block fetch it again).
+    let d = dirs();
+    for i in 0..4 {
+        write_file(&d.src.join(format!("f{i}")), 4 * MIB, 10 + i);
+    }
+    let cfg = config(
+        &d,
+        &[
+            "--no-passthrough",
+            "--no-readahead",
+            "--prefetch-memory",
+            "16M",
+            "--memory-cache",
+            "2M",
+            "--cache-size",
+            "4M",
+            "--kernel-readahead",
+            "0",
+        ],
+    );
+    let source = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
+    let m = mount(&cfg, source.clone());
+    for i in 0..4 {
+        let path = d.mnt.join(format!("f{i}"));
+        let want = std::fs::read(d.src.join(format!("f{i}"))).unwrap();
+        // O_DIRECT: every 64 KiB read reaches the daemon, in order.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        for off in (0..4 * MIB).step_by(64 << 10) {
+            let n = f.read_at(&mut buf, off).unwrap();
+            assert_eq!(&buf[..n], &want[off as usize..off as usize + n]);
+        }
+    }
+    assert_each_block_read_once(&source);
+    drop(m);
 }
