@@ -283,14 +283,12 @@ impl InodeHandles {
     }
 
     /// Inodes in the table.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         let inner = self.inner.lock();
         inner.current.len() + inner.old.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

@@ -192,6 +192,13 @@ pub struct DiskCache {
     stats: Arc<Stats>,
 }
 
+/// A data file open for writing blocks, and whether it was opened with
+/// O_DIRECT.
+struct DataFile {
+    file: File,
+    direct: bool,
+}
+
 /// Direct I/O alignment (offsets, lengths and buffer addresses).
 const DIRECT_ALIGN: usize = 4096;
 /// Bounce buffers kept for reuse.
@@ -625,7 +632,7 @@ impl DiskCache {
 
     /// Creates the data and meta files of a new version; returns them open
     /// for writing the first block.
-    fn create_files(&self, file: &FileVersion, nblocks: u64) -> io::Result<(File, File)> {
+    fn create_files(&self, file: &FileVersion, nblocks: u64) -> io::Result<(DataFile, File)> {
         let (data, meta) = self.paths(&file.key);
         let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
         let mut header = Vec::with_capacity(table as usize);
@@ -657,7 +664,7 @@ impl DiskCache {
     /// host, a page fault on the host per 4 KiB: the larger part of the
     /// daemon's CPU on a cold pass). Falls back to buffered writes for good
     /// when the file system refuses O_DIRECT (tmpfs).
-    fn open_data(&self, path: &Path, create: bool) -> io::Result<File> {
+    fn open_data(&self, path: &Path, create: bool) -> io::Result<DataFile> {
         use std::os::unix::fs::OpenOptionsExt;
         let mut o = OpenOptions::new();
         o.write(true);
@@ -667,10 +674,13 @@ impl DiskCache {
         if self.direct.load(Ordering::Relaxed) {
             match o.clone().custom_flags(libc::O_DIRECT).open(path) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct_refused(&e),
-                r => return r,
+                r => return r.map(|file| DataFile { file, direct: true }),
             }
         }
-        o.open(path)
+        o.open(path).map(|file| DataFile {
+            file,
+            direct: false,
+        })
     }
 
     fn direct_refused(&self, e: &io::Error) {
@@ -684,12 +694,16 @@ impl DiskCache {
     /// buffer, padded to the alignment; the padding past the end of the file
     /// is cut off again before the block's slot is written, so a complete
     /// data file is exactly the source file's size.
-    fn write_data(&self, d: &File, offset: u64, data: &[u8], file_size: u64) -> io::Result<()> {
+    fn write_data(
+        &self,
+        d: &DataFile,
+        offset: u64,
+        data: &[u8],
+        file_size: u64,
+    ) -> io::Result<()> {
         use std::os::unix::io::AsRawFd;
-        // SAFETY: fcntl(F_GETFL) on an open descriptor has no other effect.
-        let flags = unsafe { libc::fcntl(d.as_raw_fd(), libc::F_GETFL) };
-        if flags < 0 || flags & libc::O_DIRECT == 0 {
-            return d.write_all_at(data, offset);
+        if !d.direct {
+            return d.file.write_all_at(data, offset);
         }
         let padded = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
         let mut buf = self
@@ -703,7 +717,7 @@ impl DiskCache {
             let aligned = &mut buf[start..start + padded];
             aligned[..data.len()].copy_from_slice(data);
             aligned[data.len()..].fill(0);
-            d.write_all_at(aligned, offset)
+            d.file.write_all_at(aligned, offset)
         };
         {
             let mut pool = self.bounce.lock();
@@ -716,18 +730,23 @@ impl DiskCache {
                 // The device wants a larger alignment: buffered from now on
                 // (O_DIRECT can be cleared on the open descriptor).
                 self.direct_refused(&e);
-                // SAFETY: F_SETFL with the flags F_GETFL returned, minus O_DIRECT.
-                if unsafe { libc::fcntl(d.as_raw_fd(), libc::F_SETFL, flags & !libc::O_DIRECT) } < 0
-                {
+                let fd = d.file.as_raw_fd();
+                // SAFETY: F_GETFL/F_SETFL on an open descriptor, clearing
+                // only O_DIRECT.
+                let ok = unsafe {
+                    let flags = libc::fcntl(fd, libc::F_GETFL);
+                    flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) >= 0
+                };
+                if !ok {
                     return Err(io::Error::last_os_error());
                 }
-                d.write_all_at(data, offset)?;
+                d.file.write_all_at(data, offset)?;
             }
             Err(e) => return Err(e),
             Ok(()) => {}
         }
         if offset + padded as u64 > file_size {
-            d.set_len(file_size)?;
+            d.file.set_len(file_size)?;
         }
         Ok(())
     }
@@ -738,7 +757,7 @@ impl DiskCache {
         index: u64,
         block: &ChecksummedBytes,
         guest: bool,
-        created: Option<(File, File)>,
+        created: Option<(DataFile, File)>,
     ) -> io::Result<()> {
         let (data, meta) = self.paths(&file.key);
         let nblocks = file.block_count(self.block_size);
