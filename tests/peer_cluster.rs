@@ -129,14 +129,7 @@ fn a_node_with_another_secret_gets_nothing() {
             ..opts(&ports, &c)
         },
     );
-    a.wait_peers_up(&ports[..2]);
-    b.wait_peers_up(&ports[..2]);
-    // Let the stranger try (and retry) the others for a while.
-    wait_until(
-        "the stranger to be refused",
-        Duration::from_secs(10),
-        || a.stats().peer_refused_connections > 0 && b.stats().peer_refused_connections > 0,
-    );
+    wait_pair_up_and_stranger_refused(&a, &b, &ports[..2]);
     for (rel, data) in &c.files {
         stranger.read_check(rel, data);
     }

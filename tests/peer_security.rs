@@ -206,17 +206,12 @@ fn version_of(p: &std::path::Path) -> SourceVersion {
     SourceAttr::from_metadata(&std::fs::metadata(p).unwrap()).version()
 }
 
-#[test]
-fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serving() {
-    if !can_run() {
-        return;
-    }
-    let c = Cluster::new(10, 100_000, 200_000, 11);
-    // A directory symlink in the data set that leads out of it.
-    std::os::unix::fs::symlink("/etc", c.source().join("train/escape")).unwrap();
+/// One node of `c` listening alone, with what a hand-made peer needs to talk
+/// to it: its port, the data set's wire id and the cluster identity.
+fn lone_target(c: &Cluster) -> (Node, u16, [u8; 16], ClusterIdentity) {
     let port = free_port();
     let node = Node::start(
-        &c,
+        c,
         "target",
         port,
         NodeOpts {
@@ -230,6 +225,18 @@ fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serv
         &std::fs::canonicalize(c.source()).unwrap(),
     ));
     let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();
+    (node, port, dataset, identity)
+}
+
+#[test]
+fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serving() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(10, 100_000, 200_000, 11);
+    // A directory symlink in the data set that leads out of it.
+    std::os::unix::fs::symlink("/etc", c.source().join("train/escape")).unwrap();
+    let (node, port, dataset, identity) = lone_target(&c);
     let rt = runtime();
     let (rel, data) = c.files[3].clone();
     let v = version_of(&c.source().join(&rel));
@@ -353,22 +360,7 @@ fn one_peer_cannot_open_more_than_its_share_of_connections() {
         return;
     }
     let c = Cluster::new(4, 100_000, 200_000, 12);
-    let port = free_port();
-    let node = Node::start(
-        &c,
-        "target",
-        port,
-        NodeOpts {
-            peers: &[port],
-            secret: &c.secret,
-            cache_size: "256M",
-            peer_timeout: "1s",
-        },
-    );
-    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
-        &std::fs::canonicalize(c.source()).unwrap(),
-    ));
-    let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();
+    let (node, port, dataset, identity) = lone_target(&c);
     let (rel, data) = c.files[0].clone();
     let v = version_of(&c.source().join(&rel));
     let request = encoded(&get_block(dataset, &rel, v, 0));
@@ -441,13 +433,7 @@ fn nodes_with_admin_certificates_share_blocks_and_a_node_of_another_ca_gets_noth
     let a = Node::start_auth(&c, "a", ports[0], &ports, Auth::Certs(&a_files));
     let b = Node::start_auth(&c, "b", ports[1], &ports, Auth::CertsInO(&b_files));
     let stranger = Node::start_auth(&c, "stranger", ports[2], &ports, Auth::Certs(&x_files));
-    a.wait_peers_up(&ports[..2]);
-    b.wait_peers_up(&ports[..2]);
-    wait_until(
-        "the stranger to be refused",
-        Duration::from_secs(10),
-        || a.stats().peer_refused_connections > 0 && b.stats().peer_refused_connections > 0,
-    );
+    wait_pair_up_and_stranger_refused(&a, &b, &ports[..2]);
 
     run_epoch(&c, &[&a, &b], 0, 13);
     for (rel, data) in &c.files {

@@ -430,6 +430,18 @@ pub fn shares(files: usize, n: usize, epoch: u64, seed: u64) -> Vec<Vec<usize>> 
 }
 
 /// Reads each node's share of one epoch, all nodes at once, checking bytes.
+/// Waits until nodes `a` and `b` (listening on `ports`) see each other up
+/// and both have refused the stranger at least once.
+pub fn wait_pair_up_and_stranger_refused(a: &Node, b: &Node, ports: &[u16]) {
+    a.wait_peers_up(ports);
+    b.wait_peers_up(ports);
+    wait_until(
+        "the stranger to be refused",
+        Duration::from_secs(10),
+        || a.stats().peer_refused_connections > 0 && b.stats().peer_refused_connections > 0,
+    );
+}
+
 /// A node outside the cluster (another secret or CA) read everything from
 /// its own source, correctly, and sees every peer down.
 pub fn assert_stranger_got_nothing(c: &Cluster, stranger: &Node) {
