@@ -187,8 +187,9 @@ pub struct DiskCache {
     /// Whether block data is written with O_DIRECT (until the cache's file
     /// system refuses it, e.g. tmpfs).
     direct: std::sync::atomic::AtomicBool,
-    /// Aligned bounce buffers for direct writes, reused.
-    bounce: Mutex<Vec<Vec<u8>>>,
+    /// Bounce buffers for direct writes: at most `BOUNCE_MAX`, reused.
+    bounce: Mutex<Bounce>,
+    bounce_free: parking_lot::Condvar,
     stats: Arc<Stats>,
 }
 
@@ -201,8 +202,16 @@ struct DataFile {
 
 /// Direct I/O alignment (offsets, lengths and buffer addresses).
 const DIRECT_ALIGN: usize = 4096;
-/// Bounce buffers kept for reuse.
-const BOUNCE_KEEP: usize = 8;
+/// Bounce buffers for direct writes, at most: a writer beyond that waits for
+/// one, so the copies stay a fixed few blocks of memory whatever the number
+/// of writes in flight.
+const BOUNCE_MAX: usize = 8;
+
+#[derive(Default)]
+struct Bounce {
+    free: Vec<Vec<u8>>,
+    made: usize,
+}
 
 /// What the cache found in its directory at start-up.
 #[derive(Debug, Default)]
@@ -264,7 +273,8 @@ impl DiskCache {
             aux_bytes: Mutex::new(0),
             create_lock: Mutex::new(()),
             direct: std::sync::atomic::AtomicBool::new(true),
-            bounce: Mutex::new(Vec::new()),
+            bounce: Mutex::new(Bounce::default()),
+            bounce_free: parking_lot::Condvar::new(),
             stats,
         };
         let mut cache = cache;
@@ -683,6 +693,23 @@ impl DiskCache {
         })
     }
 
+    /// A bounce buffer (one block plus the alignment), waiting for one if
+    /// `BOUNCE_MAX` are in use.
+    fn take_bounce(&self) -> Vec<u8> {
+        let mut b = self.bounce.lock();
+        loop {
+            if let Some(buf) = b.free.pop() {
+                return buf;
+            }
+            if b.made < BOUNCE_MAX {
+                b.made += 1;
+                drop(b);
+                return vec![0u8; self.block_size as usize + DIRECT_ALIGN];
+            }
+            self.bounce_free.wait(&mut b);
+        }
+    }
+
     fn direct_refused(&self, e: &io::Error) {
         if self.direct.swap(false, Ordering::Relaxed) {
             info!("cache: the cache directory's file system refuses direct I/O ({e}); writing blocks through the page cache");
@@ -705,13 +732,9 @@ impl DiskCache {
         if !d.direct {
             return d.file.write_all_at(data, offset);
         }
+        // Blocks are at most block_size, a multiple of the alignment.
         let padded = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-        let mut buf = self
-            .bounce
-            .lock()
-            .pop()
-            .filter(|b| b.len() >= padded + DIRECT_ALIGN)
-            .unwrap_or_else(|| vec![0u8; (self.block_size as usize).max(padded) + DIRECT_ALIGN]);
+        let mut buf = self.take_bounce();
         let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
         let res = {
             let aligned = &mut buf[start..start + padded];
@@ -719,12 +742,8 @@ impl DiskCache {
             aligned[data.len()..].fill(0);
             d.file.write_all_at(aligned, offset)
         };
-        {
-            let mut pool = self.bounce.lock();
-            if pool.len() < BOUNCE_KEEP {
-                pool.push(buf);
-            }
-        }
+        self.bounce.lock().free.push(buf);
+        self.bounce_free.notify_one();
         match res {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 // The device wants a larger alignment: buffered from now on
