@@ -205,7 +205,7 @@ const DIRECT_ALIGN: usize = 4096;
 /// Bounce buffers for direct writes, at most: a writer beyond that waits for
 /// one, so the copies stay a fixed few blocks of memory whatever the number
 /// of writes in flight.
-const BOUNCE_MAX: usize = 8;
+const BOUNCE_MAX: usize = 16;
 
 #[derive(Default)]
 struct Bounce {
