@@ -24,6 +24,9 @@
 //!   columns (experiments, e.g. `--fuse-threads 4`).
 //! - `LOCAFS_BENCH_DIR` (default /var/tmp/locafs-bench): generated data (kept
 //!   and reused across runs), mountpoints, caches and daemon logs.
+//! - `LOCAFS_BENCH_CACHE_DIR` (default `$LOCAFS_BENCH_DIR/cache`): where the
+//!   locafs and rclone caches (and figure 4's copy floor) go; point it at
+//!   another device to measure a cache that does not share the source's disk.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
@@ -48,6 +51,7 @@ struct Settings {
     tools: Option<BTreeSet<String>>,
     runs: usize,
     root: PathBuf,
+    cache_root: PathBuf,
 }
 
 impl Settings {
@@ -103,12 +107,16 @@ impl Settings {
         let root = var("LOCAFS_BENCH_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/tmp/locafs-bench"));
+        let cache_root = var("LOCAFS_BENCH_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("cache"));
         Ok(Settings {
             scale,
             only,
             tools,
             runs,
             root,
+            cache_root,
         })
     }
 
@@ -338,7 +346,8 @@ impl Mounted {
     /// Mounts the data set `source` at `root/mnt/TOOL-TAG/NAME` (NAME the
     /// source's own name, so paths relative to the source's parent work under
     /// the mountpoint's parent).
-    fn start(tool: Tool, source: &Path, root: &Path, tag: &str) -> Result<Mounted, String> {
+    fn start(tool: Tool, source: &Path, s: &Settings, tag: &str) -> Result<Mounted, String> {
+        let root = &s.root;
         let program = tool.program().ok_or_else(|| "not installed".to_string())?;
         let name = source
             .file_name()
@@ -347,7 +356,7 @@ impl Mounted {
             .join("mnt")
             .join(format!("{}-{tag}", tool.tag()))
             .join(name);
-        let cache = root.join("cache").join(format!("{}-{tag}", tool.tag()));
+        let cache = s.cache_root.join(format!("{}-{tag}", tool.tag()));
         let logs = root.join("logs");
         for d in [&mnt, &logs] {
             fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -754,6 +763,74 @@ fn random_pass(base: &Path, files: &FileList, seed: u64) -> io::Result<(f64, f64
     Ok((secs, files.len() as f64 / secs))
 }
 
+/// `random_pass` that also writes each file to `dst` (flat, one file per
+/// index) with O_DIRECT from an aligned buffer, padded to 4 KiB and cut back
+/// to size: a cache's writes without the cache. (seconds, files/s).
+fn copy_pass(base: &Path, files: &FileList, seed: u64, dst: &Path) -> io::Result<(f64, f64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    Rng(seed).shuffle(&mut order);
+    let next = AtomicUsize::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| -> io::Result<()> {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| -> io::Result<()> {
+                    let cap = 256 * KIB as usize + 4096;
+                    let layout =
+                        std::alloc::Layout::from_size_align(cap, 4096).map_err(io::Error::other)?;
+                    // SAFETY: the layout is non-zero; the buffer is zeroed,
+                    // freed below with the same layout, and only used as a
+                    // byte slice of `cap` bytes in between.
+                    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+                    if ptr.is_null() {
+                        return Err(io::Error::other("out of memory"));
+                    }
+                    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, cap) };
+                    let r = (|| loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&k) = order.get(i) else {
+                            return Ok(());
+                        };
+                        let (rel, size) = &files[k];
+                        let mut f = File::open(base.join(rel))?;
+                        let mut n = 0usize;
+                        loop {
+                            match f.read(&mut buf[n..])? {
+                                0 => break,
+                                m => n += m,
+                            }
+                        }
+                        if n as u64 != *size {
+                            return Err(io::Error::other(format!("{}: short read", rel.display())));
+                        }
+                        let padded = n.div_ceil(4096) * 4096;
+                        buf[n..padded].fill(0);
+                        let mut o = fs::OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(true)
+                            .custom_flags(libc::O_DIRECT)
+                            .open(dst.join(k.to_string()))?;
+                        o.write_all(&buf[..padded])?;
+                        o.set_len(n as u64)?;
+                    })();
+                    // SAFETY: allocated above with this layout.
+                    unsafe { std::alloc::dealloc(ptr, layout) };
+                    r
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| io::Error::other("copy thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok((secs, files.len() as f64 / secs))
+}
+
 /// os.walk-like: list every directory, lstat every entry. Returns the number
 /// of entries.
 fn walk(dir: &Path) -> io::Result<u64> {
@@ -826,6 +903,9 @@ struct Bench {
     ratios: BTreeMap<(String, Tool), f64>,
     /// The direct cold pass paired with the next tool's figure 4.
     direct_cold: Option<f64>,
+    /// Figure 4's floor for a cache on the cache directory's disk: (copy
+    /// pass seconds, the direct cold pass just before it).
+    floor4: Option<(f64, f64)>,
 }
 
 impl Bench {
@@ -911,6 +991,35 @@ impl Bench {
         self.record(row, tool, r.map(|_| vals), unit);
     }
 
+    /// Figure 4's floor on this machine: the same cold pass, every file
+    /// also written to the cache directory's disk as a cache would write it
+    /// (O_DIRECT, 4 KiB aligned, no FUSE, no hashing): what a cache costs
+    /// when it shares the source's disk, whatever its code does.
+    fn floor_figure(&mut self, small: &FileList, direct: f64) {
+        let dst = self.s.cache_root.join("copy-floor");
+        let r = (|| -> io::Result<f64> {
+            if dst.exists() {
+                fs::remove_dir_all(&dst)?;
+            }
+            fs::create_dir_all(&dst)?;
+            drop_caches()?;
+            let (secs, _) = copy_pass(&self.data, small, 1, &dst)?;
+            Ok(secs)
+        })();
+        let _ = fs::remove_dir_all(&dst);
+        match r {
+            Ok(secs) => {
+                eprintln!(
+                    "  [4] floor (read + O_DIRECT copy to {}): {secs:.2} s, {:.2}x the direct pass",
+                    self.s.cache_root.display(),
+                    secs / direct
+                );
+                self.floor4 = Some((secs, direct));
+            }
+            Err(e) => eprintln!("  [4] floor: ERROR {e}"),
+        }
+    }
+
     /// Figures 1-4 for one tool, on one mount of the data directory.
     fn main_figures(&mut self, tool: Tool) {
         let rows = ["1", "1b", "2", "2b", "3", "4"];
@@ -951,6 +1060,11 @@ impl Bench {
             if let (Ok(v), Some(d)) = (&r, self.direct_cold.take()) {
                 eprintln!("  [4] paired direct cold pass: {d:.2} s");
                 self.ratios.insert(("4".into(), tool), v[0] / d);
+            }
+            if tool == Tool::Direct {
+                if let Ok(v) = &r {
+                    self.floor_figure(&small, v[0]);
+                }
             }
             self.record("4", tool, r, Unit::Seconds);
         }
@@ -1040,7 +1154,7 @@ impl Bench {
         if tool == Tool::Direct {
             return Some((None, self.data.clone()));
         }
-        match Mounted::start(tool, &self.data.join(dir), &self.s.root, "set") {
+        match Mounted::start(tool, &self.data.join(dir), &self.s, "set") {
             Ok(m) => {
                 let base = m.mnt.parent().map(Path::to_path_buf).unwrap_or_default();
                 Some((Some(m), base))
@@ -1075,7 +1189,7 @@ impl Bench {
             return;
         }
         eprintln!("== {} (figure 5) ==", tool.name());
-        let m = match Mounted::start(tool, tree, &self.s.root, "tree") {
+        let m = match Mounted::start(tool, tree, &self.s, "tree") {
             Ok(m) => m,
             Err(e) => {
                 self.record("5", tool, Err(io::Error::other(e)), Unit::MiB);
@@ -1293,6 +1407,7 @@ fn main() {
         cells: BTreeMap::new(),
         ratios: BTreeMap::new(),
         direct_cold: None,
+        floor4: None,
     };
     let started = Instant::now();
     let gen = || -> io::Result<PathBuf> {
@@ -1355,4 +1470,23 @@ fn main() {
     );
     println!();
     print!("{}", b.table());
+    if let Some((floor, direct)) = b.floor4 {
+        let f = floor / direct;
+        println!();
+        println!(
+            "4 floor: the direct cold pass plus an O_DIRECT write of every file to {} (a cache's \
+             disk traffic, no FUSE, no hashing): {floor:.2} s against {direct:.2} s, {f:.2}x direct.",
+            b.s.cache_root.display()
+        );
+        for t in [
+            Tool::Locafs,
+            Tool::LocafsNoPt,
+            Tool::LocafsKernel,
+            Tool::Rclone,
+        ] {
+            if let Some(r) = b.ratios.get(&("4".to_string(), t)) {
+                println!("  {}: {r:.2}x direct = {:.2}x the floor", t.name(), r / f);
+            }
+        }
+    }
 }
