@@ -288,7 +288,6 @@ impl InodeHandles {
         let inner = self.inner.lock();
         inner.current.len() + inner.old.len()
     }
-
 }
 
 #[cfg(test)]

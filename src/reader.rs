@@ -348,7 +348,7 @@ impl Reader {
                 let guest = !self.owns(&file, index);
                 let me = Arc::clone(&self);
                 tokio::task::spawn_blocking(move || {
-                    me.write_block(&file, index, &block, guest);
+                    me.cache.put_ahead(&file, index, &block, guest);
                     drop(permit);
                 });
             }
@@ -363,8 +363,19 @@ impl Reader {
         .map(|_| ())
     }
 
-    fn write_block(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes, guest: bool) {
-        if guest {
+    /// Writes a fetched block to the disk cache; `ahead` if read-ahead
+    /// fetched it (the loader has not read it yet).
+    fn write_block(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+        guest: bool,
+        ahead: bool,
+    ) {
+        if ahead {
+            self.cache.put_ahead(file, index, block, guest);
+        } else if guest {
             self.cache.put_guest(file, index, block);
         } else {
             self.cache.put(file, index, block);
@@ -430,6 +441,8 @@ impl Reader {
                 // Written after the waiters got their bytes, if the write
                 // queue has room (else the block lives in memory only).
                 let kib = (block.data().len() as u64).div_ceil(1024) as u32;
+                // Only read-ahead brings its own room in the queue.
+                let ahead = permit.is_some();
                 let permit =
                     permit.or_else(|| Arc::clone(&me.write_queue).try_acquire_many_owned(kib).ok());
                 if let Some(permit) = permit {
@@ -441,7 +454,7 @@ impl Reader {
                         *from_peer,
                     );
                     tokio::task::spawn_blocking(move || {
-                        me3.write_block(&file3, index, &block3, guest);
+                        me3.write_block(&file3, index, &block3, guest, ahead);
                         drop(permit);
                         me3.inflight.lock().remove(&id);
                     });

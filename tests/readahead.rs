@@ -513,7 +513,63 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
     let s = stats(m.mountpoint());
     assert_eq!(s.source_bytes, (files - 1) * len + MIB, "{s:?}");
     assert_each_block_read_once(&source);
+    // What read-ahead wrote is still in memory for the loader's coming
+    // reads (written through the page cache, not straight to the disk to
+    // be read back).
+    let data_files = cache_data_files(&d.cache);
+    assert_eq!(data_files.len() as u64, files, "{data_files:?}");
+    let resident: u64 = data_files.iter().map(|p| resident_bytes(p)).sum();
+    assert!(
+        resident >= (files - 1) * len,
+        "only {resident} bytes of the prefetched files are in the page cache"
+    );
     drop(m);
+}
+
+/// The `.data` files under a cache directory.
+fn cache_data_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "data") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Bytes of `path` in the page cache (mincore over a mapping of it).
+fn resident_bytes(path: &Path) -> u64 {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    if len == 0 {
+        return 0;
+    }
+    let page = 4096usize;
+    // SAFETY: a private read-only mapping of an open file, unmapped below;
+    // mincore writes one byte per page into a vector of that many bytes.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap {}", path.display());
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        let r = libc::mincore(p, len, vec.as_mut_ptr());
+        libc::munmap(p, len);
+        assert_eq!(r, 0, "mincore {}", path.display());
+        vec.iter().filter(|b| **b & 1 == 1).count() as u64 * page as u64
+    }
 }
 
 #[test]

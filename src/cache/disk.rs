@@ -182,8 +182,10 @@ pub struct DiskCache {
     dataset_bytes: Arc<AtomicU64>,
     /// Bytes booked by `reserve_aux`.
     aux_bytes: Mutex<u64>,
-    /// Held while the files of a new version are created.
-    create_lock: Mutex<()>,
+    /// Held while the files of a new version are created: one of
+    /// `CREATE_LOCKS`, picked by the version key, so that creations of
+    /// different files go on in parallel.
+    create_locks: Vec<Mutex<()>>,
     /// Whether block data is written with O_DIRECT (until the cache's file
     /// system refuses it, e.g. tmpfs).
     direct: std::sync::atomic::AtomicBool,
@@ -198,8 +200,19 @@ pub struct DiskCache {
 struct DataFile {
     file: File,
     direct: bool,
+    path: PathBuf,
 }
 
+/// How a block is written: straight to the disk, or through the page cache
+/// because the loader will read it soon (see [`BlockCache::put_ahead`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Via {
+    Direct,
+    PageCache,
+}
+
+/// Locks serializing the creation of new versions' files (by key).
+const CREATE_LOCKS: usize = 64;
 /// Direct I/O alignment (offsets, lengths and buffer addresses).
 const DIRECT_ALIGN: usize = 4096;
 /// Bounce buffers for direct writes, at most: a writer beyond that waits for
@@ -271,7 +284,7 @@ impl DiskCache {
             writes_off_until: Mutex::new(None),
             dataset_bytes: Arc::new(AtomicU64::new(0)),
             aux_bytes: Mutex::new(0),
-            create_lock: Mutex::new(()),
+            create_locks: (0..CREATE_LOCKS).map(|_| Mutex::new(())).collect(),
             direct: std::sync::atomic::AtomicBool::new(true),
             bounce: Mutex::new(Bounce::default()),
             bounce_free: parking_lot::Condvar::new(),
@@ -642,7 +655,12 @@ impl DiskCache {
 
     /// Creates the data and meta files of a new version; returns them open
     /// for writing the first block.
-    fn create_files(&self, file: &FileVersion, nblocks: u64) -> io::Result<(DataFile, File)> {
+    fn create_files(
+        &self,
+        file: &FileVersion,
+        nblocks: u64,
+        via: Via,
+    ) -> io::Result<(DataFile, File)> {
         let (data, meta) = self.paths(&file.key);
         let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
         let mut header = Vec::with_capacity(table as usize);
@@ -660,7 +678,7 @@ impl DiskCache {
         // no set_len: it reaches its full size once every block is written,
         // and only a complete file is handed to the kernel.
         header.resize(meta_len as usize, 0);
-        let d = self.open_data(&data, true)?;
+        let d = self.open_data(&data, true, via)?;
         let mut m = File::create(&meta)?;
         m.write_all(&header)?;
         Ok((d, m))
@@ -673,23 +691,31 @@ impl DiskCache {
     /// memory copy per byte, and in VMs that hand freed memory back to the
     /// host, a page fault on the host per 4 KiB: the larger part of the
     /// daemon's CPU on a cold pass). Falls back to buffered writes for good
-    /// when the file system refuses O_DIRECT (tmpfs).
-    fn open_data(&self, path: &Path, create: bool) -> io::Result<DataFile> {
+    /// when the file system refuses O_DIRECT. `Via::PageCache` (blocks the
+    /// loader has yet to read) opens it buffered.
+    fn open_data(&self, path: &Path, create: bool, via: Via) -> io::Result<DataFile> {
         use std::os::unix::fs::OpenOptionsExt;
         let mut o = OpenOptions::new();
         o.write(true);
         if create {
             o.create(true).truncate(true);
         }
-        if self.direct.load(Ordering::Relaxed) {
+        if via == Via::Direct && self.direct.load(Ordering::Relaxed) {
             match o.clone().custom_flags(libc::O_DIRECT).open(path) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct_refused(&e),
-                r => return r.map(|file| DataFile { file, direct: true }),
+                r => {
+                    return r.map(|file| DataFile {
+                        file,
+                        direct: true,
+                        path: path.to_path_buf(),
+                    })
+                }
             }
         }
         o.open(path).map(|file| DataFile {
             file,
             direct: false,
+            path: path.to_path_buf(),
         })
     }
 
@@ -718,54 +744,55 @@ impl DiskCache {
 
     /// Writes one block's data at `offset` of data file `d` (see
     /// [`Self::open_data`]). A direct write goes through an aligned bounce
-    /// buffer, padded to the alignment; the padding past the end of the file
-    /// is cut off again before the block's slot is written, so a complete
-    /// data file is exactly the source file's size.
-    fn write_data(
-        &self,
-        d: &DataFile,
-        offset: u64,
-        data: &[u8],
-        file_size: u64,
-    ) -> io::Result<()> {
+    /// buffer. Only the last block of a file can end off the alignment: its
+    /// tail (under 4 KiB) is written through the page cache by a second,
+    /// buffered descriptor, so the file ends exactly at the source file's
+    /// size without padding to cut back (a truncate to an unaligned size
+    /// reads the last disk block back to zero its end: a synchronous read
+    /// per cached file).
+    fn write_data(&self, d: &DataFile, offset: u64, data: &[u8]) -> io::Result<()> {
         use std::os::unix::io::AsRawFd;
         if !d.direct {
             return d.file.write_all_at(data, offset);
         }
         // Blocks are at most block_size, a multiple of the alignment.
-        let padded = data.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-        let mut buf = self.take_bounce();
-        let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
-        let res = {
-            let aligned = &mut buf[start..start + padded];
-            aligned[..data.len()].copy_from_slice(data);
-            aligned[data.len()..].fill(0);
-            d.file.write_all_at(aligned, offset)
-        };
-        self.bounce.lock().free.push(buf);
-        self.bounce_free.notify_one();
-        match res {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                // The device wants a larger alignment: buffered from now on
-                // (O_DIRECT can be cleared on the open descriptor).
-                self.direct_refused(&e);
-                let fd = d.file.as_raw_fd();
-                // SAFETY: F_GETFL/F_SETFL on an open descriptor, clearing
-                // only O_DIRECT.
-                let ok = unsafe {
-                    let flags = libc::fcntl(fd, libc::F_GETFL);
-                    flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) >= 0
-                };
-                if !ok {
-                    return Err(io::Error::last_os_error());
+        let (head, tail) = data.split_at(data.len() / DIRECT_ALIGN * DIRECT_ALIGN);
+        if !head.is_empty() {
+            let mut buf = self.take_bounce();
+            let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+            let res = {
+                let aligned = &mut buf[start..start + head.len()];
+                aligned.copy_from_slice(head);
+                d.file.write_all_at(aligned, offset)
+            };
+            self.bounce.lock().free.push(buf);
+            self.bounce_free.notify_one();
+            match res {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    // The device wants a larger alignment: buffered from now
+                    // on (O_DIRECT can be cleared on the open descriptor).
+                    self.direct_refused(&e);
+                    let fd = d.file.as_raw_fd();
+                    // SAFETY: F_GETFL/F_SETFL on an open descriptor,
+                    // clearing only O_DIRECT.
+                    let ok = unsafe {
+                        let flags = libc::fcntl(fd, libc::F_GETFL);
+                        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) >= 0
+                    };
+                    if !ok {
+                        return Err(io::Error::last_os_error());
+                    }
+                    d.file.write_all_at(head, offset)?;
                 }
-                d.file.write_all_at(data, offset)?;
+                Err(e) => return Err(e),
+                Ok(()) => {}
             }
-            Err(e) => return Err(e),
-            Ok(()) => {}
         }
-        if offset + padded as u64 > file_size {
-            d.file.set_len(file_size)?;
+        if !tail.is_empty() {
+            OpenOptions::new()
+                .write(true)
+                .open(&d.path)?
+                .write_all_at(tail, offset + head.len() as u64)?;
         }
         Ok(())
     }
@@ -776,6 +803,7 @@ impl DiskCache {
         index: u64,
         block: &ChecksummedBytes,
         guest: bool,
+        via: Via,
         created: Option<(DataFile, File)>,
     ) -> io::Result<()> {
         let (data, meta) = self.paths(&file.key);
@@ -783,11 +811,11 @@ impl DiskCache {
         let (d, m) = match created {
             Some(files) => files,
             None => (
-                self.open_data(&data, false)?,
+                self.open_data(&data, false, via)?,
                 OpenOptions::new().write(true).open(&meta)?,
             ),
         };
-        self.write_data(&d, index * self.block_size, block.data(), file.version.size)?;
+        self.write_data(&d, index * self.block_size, block.data())?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
         let mut slot = [0u8; SLOT as usize];
         slot[..32].copy_from_slice(block.checksum());
@@ -841,7 +869,14 @@ impl DiskCache {
     }
 
     /// Writes one block as an own block or a guest.
-    fn store(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes, guest: bool) -> bool {
+    fn store(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+        guest: bool,
+        via: Via,
+    ) -> bool {
         let nblocks = file.block_count(self.block_size);
         if index >= nblocks || block.data().len() != file.block_len(index, self.block_size) {
             return false;
@@ -933,9 +968,10 @@ impl DiskCache {
             // Writers of different blocks of a new version (read-ahead asks
             // for several at once) must not each create, and so truncate,
             // the files: creation is serialized and checked again inside.
-            let _creating = self.create_lock.lock();
+            let lock = &self.create_locks[file.key.0[0] as usize % CREATE_LOCKS];
+            let _creating = lock.lock();
             if !created(self) {
-                match self.create_files(file, nblocks) {
+                match self.create_files(file, nblocks, via) {
                     Ok(files) => {
                         handles = Some(files);
                         if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
@@ -947,7 +983,7 @@ impl DiskCache {
             }
         }
         if result.is_ok() {
-            result = self.write_block(file, index, block, guest, handles);
+            result = self.write_block(file, index, block, guest, via, handles);
         }
         let mut st = self.state.lock();
         st.policy.unpin(&part);
@@ -1042,11 +1078,21 @@ impl BlockCache for DiskCache {
     }
 
     fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.store(file, index, block, false)
+        self.store(file, index, block, false, Via::Direct)
     }
 
     fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.store(file, index, block, true)
+        self.store(file, index, block, true, Via::Direct)
+    }
+
+    fn put_ahead(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+        guest: bool,
+    ) -> bool {
+        self.store(file, index, block, guest, Via::PageCache)
     }
 
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
@@ -1097,8 +1143,8 @@ impl BlockCache for DiskCache {
             return fail();
         };
         // The kernel reads a passthrough file to its own end: it must be
-        // exactly the source file's size (a crash between a padded direct
-        // write and cutting it back could leave it longer).
+        // exactly the source file's size (a cache directory edited by hand,
+        // or written by an older version that padded direct writes).
         if f.metadata().map(|m| m.len()).ok() != Some(file.version.size) {
             return fail();
         }
@@ -1305,39 +1351,51 @@ mod tests {
 
     #[test]
     fn a_complete_file_is_exactly_its_size_whatever_the_write_path() {
-        // Odd sizes: the last block is not a multiple of the direct-I/O
-        // alignment, so a direct write pads it and must cut it back.
-        for (tmp, direct) in [
-            (tempfile::tempdir().unwrap(), true),
-            (tempfile::tempdir().unwrap(), false),
+        // Odd sizes: the last block does not end on the direct-I/O alignment,
+        // so a direct write sends its tail through the page cache. Blocks
+        // fetched ahead (put_ahead) go through the page cache whole; a file
+        // can mix both.
+        for (direct, ahead) in [
+            (true, [false; 3]),
+            (false, [false; 3]),
+            (true, [true; 3]),
+            (true, [true, false, true]),
         ] {
-            let c = open(tmp.path(), 64 << 20);
-            if !direct {
-                c.direct.store(false, Ordering::Relaxed);
+            for size in [2 * BS + 1234, 100, 3 * BS - 4096] {
+                let tmp = tempfile::tempdir().unwrap();
+                let c = open(tmp.path(), 64 << 20);
+                if !direct {
+                    c.direct.store(false, Ordering::Relaxed);
+                }
+                let f = FileVersion::new(
+                    Arc::from(Path::new("odd")),
+                    SourceVersion {
+                        size,
+                        mtime_ns: 1,
+                        ino: 9,
+                    },
+                );
+                let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+                let what = format!("size {size}, direct {direct}, ahead {ahead:?}");
+                // The last block first: the file must end at its size.
+                for i in [2u64, 0, 1].into_iter().filter(|i| i * BS < size) {
+                    let s = (i * BS) as usize;
+                    let e = ((i + 1) * BS).min(size) as usize;
+                    let b = ChecksummedBytes::from_source(Bytes::copy_from_slice(&data[s..e]));
+                    let stored = if ahead[i as usize] {
+                        c.put_ahead(&f, i, &b, false)
+                    } else {
+                        c.put(&f, i, &b)
+                    };
+                    assert!(stored, "block {i} ({what})");
+                }
+                let h = c.open_complete(&f).expect("complete file opens");
+                assert_eq!(h.metadata().unwrap().len(), size, "{what}");
+                let mut back = vec![0u8; size as usize];
+                h.read_exact_at(&mut back, 0).unwrap();
+                assert!(back == data, "bytes differ ({what})");
+                c.unpin(&f);
             }
-            let size = 2 * BS + 1234;
-            let f = FileVersion::new(
-                Arc::from(Path::new("odd")),
-                SourceVersion {
-                    size,
-                    mtime_ns: 1,
-                    ino: 9,
-                },
-            );
-            let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
-            // The last block first: the file must not stay padded.
-            for i in [2u64, 0, 1] {
-                let s = (i * BS) as usize;
-                let e = ((i + 1) * BS).min(size) as usize;
-                let b = ChecksummedBytes::from_source(Bytes::copy_from_slice(&data[s..e]));
-                assert!(c.put(&f, i, &b), "block {i} (direct {direct})");
-            }
-            let h = c.open_complete(&f).expect("complete file opens");
-            assert_eq!(h.metadata().unwrap().len(), size);
-            let mut back = vec![0u8; size as usize];
-            h.read_exact_at(&mut back, 0).unwrap();
-            assert!(back == data, "bytes differ (direct {direct})");
-            c.unpin(&f);
         }
     }
 }

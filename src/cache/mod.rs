@@ -132,6 +132,23 @@ pub trait BlockCache: Send + Sync + 'static {
     fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
         self.put(file, index, block)
     }
+    /// Stores a block that was fetched ahead of the loader (read-ahead), as
+    /// `put` or `put_guest`: the loader will read it soon, so the cache may
+    /// keep a copy in memory for that read (the page cache) rather than
+    /// send it to the disk only and read it back.
+    fn put_ahead(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+        guest: bool,
+    ) -> bool {
+        if guest {
+            self.put_guest(file, index, block)
+        } else {
+            self.put(file, index, block)
+        }
+    }
     /// Whether one block is cached (not verified).
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool;
     /// Whether every block of the file is cached (not verified).
