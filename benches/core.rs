@@ -20,6 +20,8 @@
 //!   `direct,locafs` (names: direct, locafs, locafs-nopt, locafs-kernel,
 //!   bindfs, rclone).
 //! - `LOCAFS_BENCH_RUNS` (default 3): timed passes per warm figure (median).
+//! - `LOCAFS_BENCH_COLD_RUNS` (default 3): cold passes of figure 4 (median),
+//!   each on a fresh mount with an empty cache.
 //! - `LOCAFS_BENCH_LOCAFS_ARGS`: extra `locafs mount` options for both locafs
 //!   columns (experiments, e.g. `--fuse-threads 4`).
 //! - `LOCAFS_BENCH_DIR` (default /var/tmp/locafs-bench): generated data (kept
@@ -50,6 +52,7 @@ struct Settings {
     only: Option<BTreeSet<String>>,
     tools: Option<BTreeSet<String>>,
     runs: usize,
+    cold_runs: usize,
     root: PathBuf,
     cache_root: PathBuf,
 }
@@ -104,6 +107,15 @@ impl Settings {
                 .ok_or_else(|| format!("LOCAFS_BENCH_RUNS={v}: want a whole number >= 1"))?,
             None => 3,
         };
+        let cold_runs = match var("LOCAFS_BENCH_COLD_RUNS") {
+            Some(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| format!("LOCAFS_BENCH_COLD_RUNS={v}: want a whole number >= 1"))?,
+            None => 3,
+        };
         let root = var("LOCAFS_BENCH_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/tmp/locafs-bench"));
@@ -115,6 +127,7 @@ impl Settings {
             only,
             tools,
             runs,
+            cold_runs,
             root,
             cache_root,
         })
@@ -239,7 +252,7 @@ impl Sizes {
             "2" => format!("2 warm random reads, {small}; page cache warm; median of {runs}"),
             "2b" => format!("2b random reads, {small}; page cache dropped before each pass, locafs/rclone cache warm; median of {runs}"),
             "3" => format!("3 warm metadata walk (readdir + lstat), {} files in {CLASSES} dirs; kernel caches warm; median of {runs}", self.meta_files),
-            "4" => format!("4 cold first pass, {small}; page cache dropped, empty cache, fresh mount; 1 run"),
+            "4" => format!("4 cold first pass, {small}; page cache dropped, empty cache, fresh mount each run; median of {runs}"),
             "5" => format!("5 daemon peak RSS (VmHWM) after lstat of {} files in {} dirs; fresh mount", self.tree_files, self.tree_dirs),
             _ => row.to_string(),
         }
@@ -763,9 +776,11 @@ fn random_pass(base: &Path, files: &FileList, seed: u64) -> io::Result<(f64, f64
     Ok((secs, files.len() as f64 / secs))
 }
 
-/// `random_pass` that also writes each file to `dst` (flat, one file per
-/// index) with O_DIRECT from an aligned buffer, padded to 4 KiB and cut back
-/// to size: a cache's writes without the cache. (seconds, files/s).
+/// `random_pass` with O_DIRECT reads (no page cache) that also writes each
+/// file to `dst` (flat, one file per index) with O_DIRECT from an aligned
+/// buffer, padded to 4 KiB and cut back to size: each byte read once and
+/// written once, the least disk traffic a cache can cause, with no FUSE and
+/// no hashing. (seconds, files/s).
 fn copy_pass(base: &Path, files: &FileList, seed: u64, dst: &Path) -> io::Result<(f64, f64)> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut order: Vec<usize> = (0..files.len()).collect();
@@ -793,12 +808,20 @@ fn copy_pass(base: &Path, files: &FileList, seed: u64, dst: &Path) -> io::Result
                             return Ok(());
                         };
                         let (rel, size) = &files[k];
-                        let mut f = File::open(base.join(rel))?;
+                        let mut f = fs::OpenOptions::new()
+                            .read(true)
+                            .custom_flags(libc::O_DIRECT)
+                            .open(base.join(rel))?;
                         let mut n = 0usize;
                         loop {
-                            match f.read(&mut buf[n..])? {
+                            // Whole aligned reads until a short one (the end).
+                            let want = (*size as usize - n).div_ceil(4096) * 4096;
+                            match f.read(&mut buf[n..n + want])? {
                                 0 => break,
                                 m => n += m,
+                            }
+                            if n % 4096 != 0 {
+                                break;
                             }
                         }
                         if n as u64 != *size {
@@ -901,8 +924,6 @@ struct Bench {
     cells: BTreeMap<(String, Tool), Cell>,
     /// Median of the per-pair ratios to direct, per row and tool.
     ratios: BTreeMap<(String, Tool), f64>,
-    /// The direct cold pass paired with the next tool's figure 4.
-    direct_cold: Option<f64>,
     /// Figure 4's floor for a cache on the cache directory's disk: (copy
     /// pass seconds, the direct cold pass just before it).
     floor4: Option<(f64, f64)>,
@@ -977,7 +998,7 @@ impl Bench {
             }
             Ok(())
         };
-        let runs = if row == "4" { 1 } else { self.s.runs };
+        let runs = self.s.runs;
         let r = (0..runs as u64).try_for_each(&mut one);
         if !ratios.is_empty() {
             let parts: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
@@ -992,9 +1013,10 @@ impl Bench {
     }
 
     /// Figure 4's floor on this machine: the same cold pass, every file
-    /// also written to the cache directory's disk as a cache would write it
-    /// (O_DIRECT, 4 KiB aligned, no FUSE, no hashing): what a cache costs
-    /// when it shares the source's disk, whatever its code does.
+    /// read with O_DIRECT and written to the cache directory's disk as a
+    /// cache would write it (O_DIRECT, 4 KiB aligned, no FUSE, no hashing):
+    /// what a cache costs when it shares the source's disk, whatever its
+    /// code does.
     fn floor_figure(&mut self, small: &FileList, direct: f64) {
         let dst = self.s.cache_root.join("copy-floor");
         let r = (|| -> io::Result<f64> {
@@ -1034,40 +1056,71 @@ impl Bench {
         let (_, small) = small_list(&self.sz);
         let (_, large) = large_list(&self.sz);
         let data = self.data.clone();
-        if self.s.wants("4") && tool != Tool::Direct {
-            // The paired direct cold pass runs before the mount exists.
-            let r = drop_caches().and_then(|_| random_pass(&data, &small, 1));
-            match r {
-                Ok((secs, _)) => self.direct_cold = Some(secs),
-                Err(e) => eprintln!("  direct cold pass failed: {e}"),
-            }
-        }
         // One mount per data set, as a user mounts one data set: a mount of
         // the whole bench directory would have background prefetch read the
         // other figures' files while this one is timed.
         let (small_dir, _) = small_list(&self.sz);
         let (large_dir, _) = large_list(&self.sz);
         let meta_dir = format!("meta-{}", self.sz.meta_files);
-        let Some((mount, base)) = self.mount_set(tool, &small_dir, &rows) else {
-            return;
-        };
         let mut small_passes = 0;
+        let mut mounted = None;
         if self.s.wants("4") {
-            let r = drop_caches()
-                .and_then(|_| random_pass(&base, &small, 1))
-                .map(|(secs, _)| vec![secs]);
-            small_passes += 1;
-            if let (Ok(v), Some(d)) = (&r, self.direct_cold.take()) {
-                eprintln!("  [4] paired direct cold pass: {d:.2} s");
-                self.ratios.insert(("4".into(), tool), v[0] / d);
-            }
-            if tool == Tool::Direct {
-                if let Ok(v) = &r {
-                    self.floor_figure(&small, v[0]);
+            // Each run: a direct cold pass (for the ratio), then a fresh
+            // mount with an empty cache and the same pass through it. The
+            // last mount stays for figure 2.
+            let mut vals = Vec::new();
+            let mut ratios = Vec::new();
+            let mut err = None;
+            for _ in 0..self.s.cold_runs {
+                let direct = if tool == Tool::Direct {
+                    None
+                } else {
+                    match drop_caches().and_then(|_| random_pass(&data, &small, 1)) {
+                        Ok((secs, _)) => Some(secs),
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                };
+                drop(mounted.take());
+                let Some((mount, base)) = self.mount_set(tool, &small_dir, &rows) else {
+                    return;
+                };
+                match drop_caches().and_then(|_| random_pass(&base, &small, 1)) {
+                    Ok((secs, _)) => {
+                        if let Some(d) = direct {
+                            eprintln!(
+                                "  [4] {}: {secs:.2} s, paired direct cold pass {d:.2} s",
+                                tool.name()
+                            );
+                            ratios.push(secs / d);
+                        }
+                        vals.push(secs);
+                    }
+                    Err(e) => err = Some(e),
+                }
+                mounted = Some((mount, base));
+                if err.is_some() {
+                    break;
                 }
             }
-            self.record("4", tool, r, Unit::Seconds);
+            small_passes += 1;
+            if !ratios.is_empty() {
+                self.ratios.insert(("4".into(), tool), median(&ratios));
+            }
+            if tool == Tool::Direct && !vals.is_empty() {
+                self.floor_figure(&small, median(&vals));
+            }
+            self.record("4", tool, err.map_or(Ok(vals), Err), Unit::Seconds);
         }
+        let (mount, base) = match mounted {
+            Some(m) => m,
+            None => match self.mount_set(tool, &small_dir, &rows) {
+                Some(m) => m,
+                None => return,
+            },
+        };
         if self.s.wants("2") || self.s.wants("2b") {
             // Warm-up: fills the locafs/rclone cache, then a pass that opens
             // every file from the complete cache (passthrough); and one
@@ -1253,7 +1306,14 @@ impl Bench {
             }
             out.push_str(&format!(
                 "| {} | {} |",
-                self.sz.label(row.id, self.s.runs),
+                self.sz.label(
+                    row.id,
+                    if row.id == "4" {
+                        self.s.cold_runs
+                    } else {
+                        self.s.runs
+                    }
+                ),
                 unit_name(row.unit)
             ));
             let direct = match self.cells.get(&(row.id.to_string(), Tool::Direct)) {
@@ -1406,7 +1466,6 @@ fn main() {
         s,
         cells: BTreeMap::new(),
         ratios: BTreeMap::new(),
-        direct_cold: None,
         floor4: None,
     };
     let started = Instant::now();
@@ -1474,8 +1533,9 @@ fn main() {
         let f = floor / direct;
         println!();
         println!(
-            "4 floor: the direct cold pass plus an O_DIRECT write of every file to {} (a cache's \
-             disk traffic, no FUSE, no hashing): {floor:.2} s against {direct:.2} s, {f:.2}x direct.",
+            "4 floor: the cold pass with O_DIRECT reads, plus an O_DIRECT write of every file to {} \
+             (a cache's disk traffic, no FUSE, no hashing): {floor:.2} s against {direct:.2} s, \
+             {f:.2}x direct.",
             b.s.cache_root.display()
         );
         for t in [
