@@ -1072,6 +1072,10 @@ impl Bench {
             let mut ratios = Vec::new();
             let mut err = None;
             for _ in 0..self.s.cold_runs {
+                // The previous run's mount and cache go first: a cache on
+                // tmpfs would otherwise hold its memory through the direct
+                // pass.
+                drop(mounted.take());
                 let direct = if tool == Tool::Direct {
                     None
                 } else {
@@ -1083,7 +1087,6 @@ impl Bench {
                         }
                     }
                 };
-                drop(mounted.take());
                 let Some((mount, base)) = self.mount_set(tool, &small_dir, &rows) else {
                     return;
                 };
