@@ -810,9 +810,12 @@ impl DiskCache {
             }
         }
         if !tail.is_empty() {
-            let f = OpenOptions::new().write(true).open(&d.path)?;
-            f.write_all_at(tail, offset + head.len() as u64)?;
-            start_writeback(&f, offset + head.len() as u64, tail.len());
+            // Under 4 KiB: left to the kernel's writeback (starting it here
+            // cost a syscall per cached file).
+            OpenOptions::new()
+                .write(true)
+                .open(&d.path)?
+                .write_all_at(tail, offset + head.len() as u64)?;
         }
         Ok(())
     }
