@@ -276,6 +276,7 @@ fn update(src: &MetricsSources) {
         ("read", s.read_errors),
         ("cache_corrupt", s.corrupt_blocks),
         ("cache_write", s.cache_write_errors),
+        ("cache_write_skipped", s.cache_writes_skipped),
         ("peer", PEER_FAILURES.load(Relaxed)),
     ];
     for (kind, n) in errors {

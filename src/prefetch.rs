@@ -469,15 +469,23 @@ impl ReadAhead {
         let jobs = Arc::new(Semaphore::new(self.cfg.jobs.max(1)));
         let mut bucket = TokenBucket::new(self.cfg.bandwidth);
         loop {
-            let Some((ino, planned)) = self.next_background() else {
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
-                continue;
+            // First the files the loader read but whose blocks did not all
+            // reach the disk cache (its write queue was full), so that they
+            // are complete (passthrough) before the next epoch; then the
+            // epoch's unread files.
+            let (file, planned) = if let Some(f) = self.reader.take_unwritten() {
+                (f, false)
+            } else {
+                let Some((ino, planned)) = self.next_background() else {
+                    let _ = tokio::time::timeout(Duration::from_millis(500), self.wake.notified())
+                        .await;
+                    continue;
+                };
+                let Ok((rel, attr)) = self.ns.open_file(ino) else {
+                    continue;
+                };
+                (Arc::new(FileVersion::new(rel, attr.version())), planned)
             };
-            let Ok((rel, attr)) = self.ns.open_file(ino) else {
-                continue;
-            };
-            let file = Arc::new(FileVersion::new(rel, attr.version()));
             let cache = self.reader.cache();
             if file.version.size == 0 || cache.is_complete(&file) {
                 continue;

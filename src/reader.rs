@@ -10,7 +10,7 @@
 //! source version that was opened; a cache fault is a miss, and only a source
 //! failure fails a read, and then only that read.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use thiserror::Error;
 use tokio::runtime::Handle;
 
-use crate::cache::{BlockCache, BlockId, ChecksummedBytes, FileVersion};
+use crate::cache::{BlockCache, BlockId, ChecksummedBytes, FileVersion, VersionKey};
 use crate::metrics::{self, Tier};
 use crate::source::{Source, SourceError};
 use crate::stats::Stats;
@@ -94,7 +94,15 @@ pub struct Reader {
     demand: AtomicU64,
     /// Bounds the blocks waiting to be written to the disk cache (KiB).
     write_queue: Arc<tokio::sync::Semaphore>,
+    /// Files with a block the loader read but that was not written to the
+    /// disk cache (the write queue was full), for background prefetch to
+    /// complete ([`Reader::take_unwritten`]); at most `UNWRITTEN_MAX`.
+    unwritten: Mutex<(Vec<Arc<FileVersion>>, HashSet<VersionKey>)>,
 }
+
+/// Files remembered as having unwritten blocks, at most (a file beyond that
+/// is completed by the next epoch's reads instead).
+const UNWRITTEN_MAX: usize = 4096;
 
 impl Reader {
     pub fn new(
@@ -128,7 +136,26 @@ impl Reader {
             stats,
             demand: AtomicU64::new(0),
             write_queue: Arc::new(tokio::sync::Semaphore::new(write_queue_kib)),
+            unwritten: Mutex::new((Vec::new(), HashSet::new())),
         })
+    }
+
+    /// A file with a block that the loader read but that was not written to
+    /// the disk cache, if any: background prefetch completes it (from memory
+    /// if the block is still there, else from the source again), so that the
+    /// file reaches passthrough without waiting for the next epoch.
+    pub fn take_unwritten(&self) -> Option<Arc<FileVersion>> {
+        let mut u = self.unwritten.lock();
+        let f = u.0.pop()?;
+        u.1.remove(&f.key);
+        Some(f)
+    }
+
+    fn note_unwritten(&self, file: &Arc<FileVersion>) {
+        let mut u = self.unwritten.lock();
+        if u.0.len() < UNWRITTEN_MAX && u.1.insert(file.key) {
+            u.0.push(Arc::clone(file));
+        }
     }
 
     pub fn cache(&self) -> &Arc<dyn BlockCache> {
@@ -462,6 +489,10 @@ impl Reader {
             }
             if !writing {
                 me.inflight.lock().remove(&id);
+                if res.is_ok() {
+                    me.stats.cache_writes_skipped.fetch_add(1, Relaxed);
+                    me.note_unwritten(&file);
+                }
             }
             res.map(|(b, _)| b)
         });

@@ -22,6 +22,9 @@ pub struct Stats {
     pub cache_miss_bytes: AtomicU64,
     pub corrupt_blocks: AtomicU64,
     pub cache_write_errors: AtomicU64,
+    /// Blocks served to the loader but not written to the disk cache: the
+    /// write-back queue was full (the cache disk slower than the source).
+    pub cache_writes_skipped: AtomicU64,
     pub peer_bytes: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub opens: AtomicU64,
@@ -96,6 +99,7 @@ impl Default for Stats {
             cache_miss_bytes: AtomicU64::new(0),
             corrupt_blocks: AtomicU64::new(0),
             cache_write_errors: AtomicU64::new(0),
+            cache_writes_skipped: AtomicU64::new(0),
             peer_bytes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             opens: AtomicU64::new(0),
@@ -128,6 +132,9 @@ pub struct StatsSnapshot {
     pub cache_evictions: u64,
     pub corrupt_blocks: u64,
     pub cache_write_errors: u64,
+    /// Absent from the stats of older daemons.
+    #[serde(default)]
+    pub cache_writes_skipped: u64,
     pub files_cached: u64,
     pub peer_bytes: u64,
     pub opens: u64,
@@ -171,6 +178,7 @@ impl Stats {
             cache_evictions: cache.evictions,
             corrupt_blocks: self.corrupt_blocks.load(Relaxed),
             cache_write_errors: self.cache_write_errors.load(Relaxed),
+            cache_writes_skipped: self.cache_writes_skipped.load(Relaxed),
             files_cached: cache.files_cached,
             peer_bytes: self.peer_bytes.load(Relaxed),
             opens: self.opens.load(Relaxed),
@@ -284,6 +292,16 @@ impl StatsSnapshot {
                 ),
             ),
         ];
+        if self.cache_writes_skipped > 0 {
+            rows.push((
+                "not cached",
+                format!(
+                    "{} blocks served but not written (the cache disk fell behind the source; \
+                     read-ahead completes those files in the background)",
+                    self.cache_writes_skipped
+                ),
+            ));
+        }
         if !self.peers.is_empty() {
             rows.push((
                 "peer traffic",

@@ -642,3 +642,70 @@ fn small_reads_of_a_block_fetch_it_once_when_memory_is_full() {
     assert_each_block_read_once(&source);
     drop(m);
 }
+
+#[test]
+fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
+    if !fuse_available("blocks_the_cache_disk_could_not_take_are_completed_in_the_background") {
+        return;
+    }
+    // A source with no delay and the smallest budget (a write-back queue of
+    // two blocks): 32 readers fetching different blocks of one file at once
+    // have most of their blocks turned away by the queue (a loader's read
+    // never waits for it). Background prefetch must still complete the
+    // file, without waiting for the next epoch to read those blocks again.
+    // Blocks of 128 KiB: each reader's read is one request for one block.
+    let d = dirs();
+    let bs = 128 * 1024u64;
+    let blocks = 32u64;
+    write_file(&d.src.join("big"), blocks * bs, 7);
+    let cfg = config(
+        &d,
+        &[
+            "--no-passthrough",
+            "--cache-size",
+            "1G",
+            "--prefetch-memory",
+            "1M",
+            "--block-size",
+            "128K",
+        ],
+    );
+    let source = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
+    let m = mount(&cfg, source.clone());
+    let want = std::fs::read(d.src.join("big")).unwrap();
+    std::thread::scope(|s| {
+        for i in 0..blocks {
+            let (mnt, want) = (&d.mnt, &want);
+            s.spawn(move || {
+                // O_DIRECT: one request per reader, no page cache.
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(mnt.join("big"))
+                    .unwrap();
+                let mut buf = vec![0u8; bs as usize];
+                f.read_exact_at(&mut buf, i * bs).unwrap();
+                let at = (i * bs) as usize;
+                assert!(buf[..] == want[at..at + bs as usize], "block {i}");
+            });
+        }
+    });
+    wait_until(
+        "the file to be cached whole",
+        Duration::from_secs(60),
+        || stats(m.mountpoint()).files_cached == 1,
+    );
+    let s = stats(m.mountpoint());
+    assert!(
+        s.cache_writes_skipped > 0,
+        "the write-back queue never turned a block away: this test did not exercise its path ({s:?})"
+    );
+    // A turned-away block is written from memory or read once more, never
+    // more than that.
+    let mut per_block: HashMap<u64, u32> = HashMap::new();
+    for r in source.reads() {
+        *per_block.entry(r.offset).or_default() += 1;
+    }
+    assert!(per_block.values().all(|c| *c <= 2), "{per_block:?}");
+    drop(m);
+}
