@@ -58,6 +58,7 @@ fn stats_json_schema_and_watch() {
         "cache_evictions",
         "corrupt_blocks",
         "cache_write_errors",
+        "cache_writes_skipped",
         "files_cached",
         "peer_bytes",
         "opens",
