@@ -64,25 +64,6 @@ const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
 /// How long writes stay off after the cache disk failed one.
 const WRITE_BACKOFF: Duration = Duration::from_secs(30);
 
-/// Starts writing dirty pages of a range to the disk now, without waiting:
-/// left to the kernel, blocks written through the page cache go out 30 s
-/// later (dirty_expire_centisecs) in one burst that competes with the reads
-/// of that moment. Best effort: an error here only means later writeback.
-fn start_writeback(f: &File, offset: u64, len: usize) {
-    use std::os::unix::io::AsRawFd;
-    let (Ok(off), Ok(n)) = (
-        libc::off64_t::try_from(offset),
-        libc::off64_t::try_from(len),
-    ) else {
-        return;
-    };
-    // SAFETY: sync_file_range on an open descriptor; it touches no memory
-    // of ours.
-    unsafe {
-        libc::sync_file_range(f.as_raw_fd(), off, n, libc::SYNC_FILE_RANGE_WRITE);
-    }
-}
-
 fn round_alloc(n: u64) -> u64 {
     n.div_ceil(ALLOC) * ALLOC
 }
@@ -773,7 +754,6 @@ impl DiskCache {
         use std::os::unix::io::AsRawFd;
         if !d.direct {
             d.file.write_all_at(data, offset)?;
-            start_writeback(&d.file, offset, data.len());
             return Ok(());
         }
         // Blocks are at most block_size, a multiple of the alignment.
@@ -810,8 +790,6 @@ impl DiskCache {
             }
         }
         if !tail.is_empty() {
-            // Under 4 KiB: left to the kernel's writeback (starting it here
-            // cost a syscall per cached file).
             OpenOptions::new()
                 .write(true)
                 .open(&d.path)?
