@@ -569,6 +569,6 @@ impl Reader {
         })?;
         self.stats.source_bytes.fetch_add(len as u64, Relaxed);
         self.stats.source_reads.fetch_add(1, Relaxed);
-        Ok(ChecksummedBytes::from_source(Bytes::from(data)))
+        Ok(ChecksummedBytes::from_source(data))
     }
 }

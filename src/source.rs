@@ -11,8 +11,11 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use thiserror::Error;
+use tracing::info;
 
 /// The identity and content version of a file at the source: a changed file
 /// is a new version, and cached bytes of the old one are never served for it.
@@ -146,7 +149,7 @@ pub trait Source: Send + Sync + 'static {
         version: &SourceVersion,
         offset: u64,
         len: usize,
-    ) -> Result<Vec<u8>, SourceError>;
+    ) -> Result<Bytes, SourceError>;
     /// `statvfs` of the source, for `df` on the mount.
     fn statvfs(&self) -> io::Result<libc::statvfs>;
 }
@@ -155,11 +158,43 @@ pub trait Source: Send + Sync + 'static {
 /// an NFS, Lustre or GPFS mount).
 pub struct DirSource {
     root: PathBuf,
+    /// Whether blocks are read with O_DIRECT (until the source's file system
+    /// refuses it).
+    direct: AtomicBool,
 }
 
 impl DirSource {
     pub fn new(root: PathBuf) -> Self {
-        DirSource { root }
+        DirSource {
+            root,
+            direct: AtomicBool::new(true),
+        }
+    }
+
+    /// Opens a file for a block read: with O_DIRECT while the file system
+    /// takes it. Source bytes are read once into the cache, so a copy in the
+    /// source's page cache only costs a memory copy and a page per 4 KiB (and
+    /// pushes useful pages out). Returns the file and whether it is direct.
+    fn open_for_read(&self, path: &Path, offset: u64) -> io::Result<(File, bool)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let aligned = offset % crate::sys::DIRECT_READ_ALIGN as u64 == 0;
+        if aligned && self.direct.load(Ordering::Relaxed) {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+            {
+                Err(e) if refuses_direct(&e) => self.direct_refused(&e),
+                r => return r.map(|f| (f, true)),
+            }
+        }
+        File::open(path).map(|f| (f, false))
+    }
+
+    fn direct_refused(&self, e: &io::Error) {
+        if self.direct.swap(false, Ordering::Relaxed) {
+            info!("source: direct reads refused ({e}); reading the source through the page cache");
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -173,6 +208,12 @@ impl DirSource {
             self.root.join(rel)
         }
     }
+}
+
+/// How a file system says it does not do direct I/O (or not with our
+/// alignment).
+fn refuses_direct(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }
 
 impl Source for DirSource {
@@ -205,9 +246,11 @@ impl Source for DirSource {
         version: &SourceVersion,
         offset: u64,
         len: usize,
-    ) -> Result<Vec<u8>, SourceError> {
+    ) -> Result<Bytes, SourceError> {
         let path = self.full(rel);
-        let file = File::open(&path).map_err(|e| SourceError::io(rel, e))?;
+        let (mut file, direct) = self
+            .open_for_read(&path, offset)
+            .map_err(|e| SourceError::io(rel, e))?;
         let check = |f: &File| -> Result<(), SourceError> {
             let m = f.metadata().map_err(|e| SourceError::io(rel, e))?;
             if SourceAttr::from_metadata(&m).version() != *version {
@@ -217,7 +260,20 @@ impl Source for DirSource {
             }
             Ok(())
         };
-        let buf = crate::sys::read_vec_at(&file, len, offset).map_err(|e| {
+        let mut read = None;
+        if direct {
+            match crate::sys::read_direct_at(&file, len, offset) {
+                Err(e) if refuses_direct(&e) => self.direct_refused(&e),
+                Ok(None) => {}
+                r => read = r.transpose(),
+            }
+            if read.is_none() {
+                file = File::open(&path).map_err(|e| SourceError::io(rel, e))?;
+            }
+        }
+        let read =
+            read.unwrap_or_else(|| crate::sys::read_vec_at(&file, len, offset).map(Bytes::from));
+        let buf = read.map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 SourceError::Changed {
                     path: rel.to_owned(),
@@ -235,5 +291,37 @@ impl Source for DirSource {
 
     fn statvfs(&self) -> io::Result<libc::statvfs> {
         crate::sys::statvfs(&self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_source_reads_exact_bytes_of_the_asked_version() {
+        // /var/tmp: a disk file system, where reads are direct.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let data: Vec<u8> = (0..3 * 4096 + 777u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let src = DirSource::new(dir.path().to_path_buf());
+        let rel = Path::new("f");
+        let v = src.stat(rel).unwrap().version();
+        let direct = |s: &DirSource| s.direct.load(Ordering::Relaxed);
+        let got = src.read_at(rel, &v, 0, data.len()).unwrap();
+        assert!(got == data[..]);
+        let was_direct = direct(&src);
+        for (off, len) in [(8192, data.len() - 8192), (100, 5000), (4096, 1)] {
+            let got = src.read_at(rel, &v, off as u64, len).unwrap();
+            assert!(got == data[off..off + len], "offset {off} len {len}");
+        }
+        // An unaligned read is buffered; it does not turn direct reads off.
+        assert_eq!(direct(&src), was_direct);
+        // Past the end, or another version: Changed, never bytes.
+        let e = src.read_at(rel, &v, 8192, 8192).unwrap_err();
+        assert!(matches!(e, SourceError::Changed { .. }), "{e}");
+        std::fs::write(dir.path().join("f"), b"new").unwrap();
+        let e = src.read_at(rel, &v, 0, 3).unwrap_err();
+        assert!(matches!(e, SourceError::Changed { .. }), "{e}");
     }
 }

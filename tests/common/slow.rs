@@ -97,7 +97,7 @@ impl Source for SlowSource {
         version: &SourceVersion,
         offset: u64,
         len: usize,
-    ) -> Result<Vec<u8>, SourceError> {
+    ) -> Result<bytes::Bytes, SourceError> {
         let now = self.inflight_bytes.fetch_add(len as u64, SeqCst) + len as u64;
         self.max_inflight_bytes.fetch_max(now, SeqCst);
         self.reads.lock().unwrap().push(SourceRead {
