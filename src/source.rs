@@ -172,23 +172,31 @@ impl DirSource {
     }
 
     /// Opens a file for a block read: with O_DIRECT while the file system
-    /// takes it. Source bytes are read once into the cache, so a copy in the
-    /// source's page cache only costs a memory copy and a page per 4 KiB (and
-    /// pushes useful pages out). Returns the file and whether it is direct.
-    fn open_for_read(&self, path: &Path, offset: u64) -> io::Result<(File, bool)> {
-        use std::os::unix::fs::OpenOptionsExt;
+    /// takes it, unless the range is in the source's page cache already
+    /// (then a buffered read is a memory copy, and a direct one would read
+    /// the disk again). Source bytes are read once into the cache, so a copy
+    /// in the source's page cache only costs a memory copy and a page per
+    /// 4 KiB (and pushes useful pages out). Returns the file and whether it
+    /// is direct.
+    fn open_for_read(&self, path: &Path, offset: u64, len: usize) -> io::Result<(File, bool)> {
+        let f = File::open(path)?;
         let aligned = offset % crate::sys::DIRECT_READ_ALIGN as u64 == 0;
-        if aligned && self.direct.load(Ordering::Relaxed) {
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-            {
-                Err(e) if refuses_direct(&e) => self.direct_refused(&e),
-                r => return r.map(|f| (f, true)),
-            }
+        if !aligned
+            || !self.direct.load(Ordering::Relaxed)
+            || crate::sys::is_cached(&f, offset, len)
+        {
+            return Ok((f, false));
         }
-        File::open(path).map(|f| (f, false))
+        // This descriptor is ours alone: switching it to O_DIRECT affects
+        // no one else.
+        match crate::sys::set_direct(&f, true) {
+            Ok(()) => Ok((f, true)),
+            Err(e) if refuses_direct(&e) => {
+                self.direct_refused(&e);
+                Ok((f, false))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn direct_refused(&self, e: &io::Error) {
@@ -249,7 +257,7 @@ impl Source for DirSource {
     ) -> Result<Bytes, SourceError> {
         let path = self.full(rel);
         let (mut file, direct) = self
-            .open_for_read(&path, offset)
+            .open_for_read(&path, offset, len)
             .map_err(|e| SourceError::io(rel, e))?;
         let check = |f: &File| -> Result<(), SourceError> {
             let m = f.metadata().map_err(|e| SourceError::io(rel, e))?;
@@ -304,6 +312,14 @@ mod tests {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let data: Vec<u8> = (0..3 * 4096 + 777u32).map(|i| (i % 253) as u8).collect();
         std::fs::write(dir.path().join("f"), &data).unwrap();
+        // Out of the page cache, so that reads take the direct path.
+        {
+            use std::os::unix::io::AsRawFd;
+            let f = File::open(dir.path().join("f")).unwrap();
+            f.sync_all().unwrap();
+            // SAFETY: posix_fadvise on an open descriptor.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
         let src = DirSource::new(dir.path().to_path_buf());
         let rel = Path::new("f");
         let v = src.stat(rel).unwrap().version();
