@@ -469,23 +469,38 @@ impl ReadAhead {
         let jobs = Arc::new(Semaphore::new(self.cfg.jobs.max(1)));
         let mut bucket = TokenBucket::new(self.cfg.bandwidth);
         loop {
-            // First the files the loader read but whose blocks did not all
-            // reach the disk cache (its write queue was full), so that they
-            // are complete (passthrough) before the next epoch; then the
-            // epoch's unread files.
-            let (file, planned) = if let Some(f) = self.reader.take_unwritten() {
-                (f, false)
-            } else {
-                let Some((ino, planned)) = self.next_background() else {
-                    let _ = tokio::time::timeout(Duration::from_millis(500), self.wake.notified())
-                        .await;
-                    continue;
+            // First the blocks the loader read that did not reach the disk
+            // cache (its write queue was full), so that their files are
+            // complete (passthrough) before the next epoch; then the epoch's
+            // unread files.
+            if let Some((file, i)) = self.reader.take_unwritten() {
+                let len = file.block_len(i, self.reader.block_size()) as u64;
+                bucket.take(len).await;
+                let Ok(job) = Arc::clone(&jobs).acquire_owned().await else {
+                    return;
                 };
-                let Ok((rel, attr)) = self.ns.open_file(ino) else {
-                    continue;
+                let Ok(mem) = Arc::clone(&self.budget).acquire_many_owned(kib(len)).await else {
+                    return;
                 };
-                (Arc::new(FileVersion::new(rel, attr.version())), planned)
+                let reader = Arc::clone(&self.reader);
+                let me = Arc::clone(&self);
+                self.rt.spawn(async move {
+                    if reader.prefetch(file, i).await.is_ok() {
+                        me.stats.background_bytes.fetch_add(len, Relaxed);
+                    }
+                    drop((job, mem));
+                });
+                continue;
+            }
+            let Some((ino, planned)) = self.next_background() else {
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
+                continue;
             };
+            let Ok((rel, attr)) = self.ns.open_file(ino) else {
+                continue;
+            };
+            let file = Arc::new(FileVersion::new(rel, attr.version()));
             let cache = self.reader.cache();
             if file.version.size == 0 || cache.is_complete(&file) {
                 continue;

@@ -94,14 +94,17 @@ pub struct Reader {
     demand: AtomicU64,
     /// Bounds the blocks waiting to be written to the disk cache (KiB).
     write_queue: Arc<tokio::sync::Semaphore>,
-    /// Files with a block the loader read but that was not written to the
-    /// disk cache (the write queue was full), for background prefetch to
-    /// complete ([`Reader::take_unwritten`]); at most `UNWRITTEN_MAX`.
-    unwritten: Mutex<(Vec<Arc<FileVersion>>, HashSet<VersionKey>)>,
+    /// Blocks the loader read that were not written to the disk cache (the
+    /// write queue was full), for background prefetch to write
+    /// ([`Reader::take_unwritten`]); at most `UNWRITTEN_MAX`.
+    unwritten: Mutex<Unwritten>,
 }
 
-/// Files remembered as having unwritten blocks, at most (a file beyond that
-/// is completed by the next epoch's reads instead).
+/// Blocks in the order they were turned away, and the same as a set.
+type Unwritten = (Vec<(Arc<FileVersion>, u64)>, HashSet<(VersionKey, u64)>);
+
+/// Unwritten blocks remembered, at most (a block beyond that is cached by
+/// the next epoch's read of it instead).
 const UNWRITTEN_MAX: usize = 4096;
 
 impl Reader {
@@ -140,21 +143,21 @@ impl Reader {
         })
     }
 
-    /// A file with a block that the loader read but that was not written to
-    /// the disk cache, if any: background prefetch completes it (from memory
-    /// if the block is still there, else from the source again), so that the
-    /// file reaches passthrough without waiting for the next epoch.
-    pub fn take_unwritten(&self) -> Option<Arc<FileVersion>> {
+    /// A block that the loader read but that was not written to the disk
+    /// cache, if any: background prefetch writes it (from memory if it is
+    /// still there, else from the source again), so that its file reaches
+    /// passthrough without waiting for the next epoch.
+    pub fn take_unwritten(&self) -> Option<(Arc<FileVersion>, u64)> {
         let mut u = self.unwritten.lock();
-        let f = u.0.pop()?;
-        u.1.remove(&f.key);
-        Some(f)
+        let (f, i) = u.0.pop()?;
+        u.1.remove(&(f.key, i));
+        Some((f, i))
     }
 
-    fn note_unwritten(&self, file: &Arc<FileVersion>) {
+    fn note_unwritten(&self, file: &Arc<FileVersion>, index: u64) {
         let mut u = self.unwritten.lock();
-        if u.0.len() < UNWRITTEN_MAX && u.1.insert(file.key) {
-            u.0.push(Arc::clone(file));
+        if u.0.len() < UNWRITTEN_MAX && u.1.insert((file.key, index)) {
+            u.0.push((Arc::clone(file), index));
         }
     }
 
@@ -491,7 +494,7 @@ impl Reader {
                 me.inflight.lock().remove(&id);
                 if res.is_ok() {
                     me.stats.cache_writes_skipped.fetch_add(1, Relaxed);
-                    me.note_unwritten(&file);
+                    me.note_unwritten(&file, index);
                 }
             }
             res.map(|(b, _)| b)

@@ -511,8 +511,22 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
         std::thread::sleep(Duration::from_millis(20));
     }
     let s = stats(m.mountpoint());
-    assert_eq!(s.source_bytes, (files - 1) * len + MIB, "{s:?}");
-    assert_each_block_read_once(&source);
+    // The loader's own block may have been turned away by the full queue
+    // and read once more by the background completion; read-ahead's blocks
+    // are read once each.
+    let expect = (files - 1) * len + MIB;
+    assert!(
+        s.source_bytes >= expect && s.source_bytes <= expect + s.cache_writes_skipped * MIB,
+        "{s:?}"
+    );
+    let mut per_block: HashMap<(PathBuf, u64), u32> = HashMap::new();
+    for r in source.reads() {
+        *per_block.entry((r.path, r.offset)).or_default() += 1;
+    }
+    for ((path, offset), n) in &per_block {
+        let limit = if path == Path::new("shard-0") { 2 } else { 1 };
+        assert!(*n <= limit, "{} at {offset} read {n} times", path.display());
+    }
     // What read-ahead wrote is still in memory for the loader's coming
     // reads (written through the page cache, not straight to the disk to
     // be read back).
