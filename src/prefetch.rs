@@ -463,6 +463,35 @@ impl ReadAhead {
         None
     }
 
+    /// Starts the background fetch of one block once the bandwidth cap, a
+    /// job slot and its memory allow it. False if the engine is shutting
+    /// down (a semaphore closed).
+    async fn fetch_block(
+        self: &Arc<Self>,
+        file: Arc<FileVersion>,
+        i: u64,
+        jobs: &Arc<Semaphore>,
+        bucket: &mut TokenBucket,
+    ) -> bool {
+        let len = file.block_len(i, self.reader.block_size()) as u64;
+        bucket.take(len).await;
+        let Ok(job) = Arc::clone(jobs).acquire_owned().await else {
+            return false;
+        };
+        let Ok(mem) = Arc::clone(&self.budget).acquire_many_owned(kib(len)).await else {
+            return false;
+        };
+        let reader = Arc::clone(&self.reader);
+        let me = Arc::clone(self);
+        self.rt.spawn(async move {
+            if reader.prefetch(file, i).await.is_ok() {
+                me.stats.background_bytes.fetch_add(len, Relaxed);
+            }
+            drop((job, mem));
+        });
+        true
+    }
+
     /// Background prefetch of the epoch's unread files (or the plan).
     async fn background(self: Arc<Self>) {
         self.walk().await;
@@ -474,22 +503,9 @@ impl ReadAhead {
             // complete (passthrough) before the next epoch; then the epoch's
             // unread files.
             if let Some((file, i)) = self.reader.take_unwritten() {
-                let len = file.block_len(i, self.reader.block_size()) as u64;
-                bucket.take(len).await;
-                let Ok(job) = Arc::clone(&jobs).acquire_owned().await else {
+                if !self.fetch_block(file, i, &jobs, &mut bucket).await {
                     return;
-                };
-                let Ok(mem) = Arc::clone(&self.budget).acquire_many_owned(kib(len)).await else {
-                    return;
-                };
-                let reader = Arc::clone(&self.reader);
-                let me = Arc::clone(&self);
-                self.rt.spawn(async move {
-                    if reader.prefetch(file, i).await.is_ok() {
-                        me.stats.background_bytes.fetch_add(len, Relaxed);
-                    }
-                    drop((job, mem));
-                });
+                }
                 continue;
             }
             let Some((ino, planned)) = self.next_background() else {
@@ -528,23 +544,12 @@ impl ReadAhead {
                 if !planned && !self.reader.owns(&file, i) {
                     continue;
                 }
-                let len = file.block_len(i, bs) as u64;
-                bucket.take(len).await;
-                let Ok(job) = Arc::clone(&jobs).acquire_owned().await else {
+                if !self
+                    .fetch_block(Arc::clone(&file), i, &jobs, &mut bucket)
+                    .await
+                {
                     return;
-                };
-                let Ok(mem) = Arc::clone(&self.budget).acquire_many_owned(kib(len)).await else {
-                    return;
-                };
-                let reader = Arc::clone(&self.reader);
-                let file = Arc::clone(&file);
-                let me = Arc::clone(&self);
-                self.rt.spawn(async move {
-                    if reader.prefetch(file, i).await.is_ok() {
-                        me.stats.background_bytes.fetch_add(len, Relaxed);
-                    }
-                    drop((job, mem));
-                });
+                }
             }
             self.stats.background_files.fetch_add(1, Relaxed);
             if planned {

@@ -751,7 +751,6 @@ impl DiskCache {
     /// reads the last disk block back to zero its end: a synchronous read
     /// per cached file).
     fn write_data(&self, d: &DataFile, offset: u64, data: &[u8]) -> io::Result<()> {
-        use std::os::unix::io::AsRawFd;
         if !d.direct {
             d.file.write_all_at(data, offset)?;
             return Ok(());
@@ -773,16 +772,7 @@ impl DiskCache {
                     // The device wants a larger alignment: buffered from now
                     // on (O_DIRECT can be cleared on the open descriptor).
                     self.direct_refused(&e);
-                    let fd = d.file.as_raw_fd();
-                    // SAFETY: F_GETFL/F_SETFL on an open descriptor,
-                    // clearing only O_DIRECT.
-                    let ok = unsafe {
-                        let flags = libc::fcntl(fd, libc::F_GETFL);
-                        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) >= 0
-                    };
-                    if !ok {
-                        return Err(io::Error::last_os_error());
-                    }
+                    crate::sys::set_direct(&d.file, false)?;
                     d.file.write_all_at(head, offset)?;
                 }
                 Err(e) => return Err(e),
