@@ -273,6 +273,8 @@ pub struct MountConfig {
     pub memory_cache: u64,
     /// Bytes of blocks that may wait to be written to the cache.
     pub write_queue: u64,
+    /// Bytes of the loader's blocks that may wait for room in that queue.
+    pub write_wait: u64,
     /// None: immutable.
     pub revalidate: Option<Duration>,
     pub passthrough: bool,
@@ -575,6 +577,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         return Err(usage("--memory-cache: at most half of --prefetch-memory"));
     }
     let write_queue = budget / 4;
+    let write_wait = budget / 8;
     let revalidate = dur("revalidate", &f.revalidate)?.unwrap_or(Duration::from_secs(60));
     let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
     let source_timeout =
@@ -615,7 +618,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         // Loader reads in flight hold a block each (at most the kernel's 32
         // background requests plus one per FUSE thread): kept out of the
         // read-ahead share so that the whole stays within the budget.
-        memory: (budget - memory_cache - write_queue)
+        memory: (budget - memory_cache - write_queue - write_wait)
             .saturating_sub((32 + fuse_threads as u64) * block_size)
             .max(2 * block_size),
         jobs: prefetch_jobs,
@@ -681,6 +684,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         block_size,
         memory_cache,
         write_queue,
+        write_wait,
         revalidate: (!f.immutable).then_some(revalidate),
         passthrough: !f.no_passthrough,
         open_mode,

@@ -283,6 +283,7 @@ impl Mount {
                 block_size: cfg.block_size,
                 memory_bytes: cfg.memory_cache,
                 write_queue_bytes: cfg.write_queue,
+                write_wait_bytes: cfg.write_wait,
                 source_timeout: cfg.source_timeout,
             },
             Arc::clone(&cache),

@@ -76,6 +76,10 @@ pub struct ReaderConfig {
     /// The most block bytes waiting for the disk cache at once; past it,
     /// blocks are served but not cached (the memory tier still holds them).
     pub write_queue_bytes: u64,
+    /// The most bytes of the loader's blocks held in memory while they wait
+    /// for room in the write queue; past it, such a block is not written
+    /// now but remembered for background prefetch to complete.
+    pub write_wait_bytes: u64,
     /// The longest a read waits on the source before failing with ETIMEDOUT.
     pub source_timeout: Duration,
 }
@@ -94,10 +98,21 @@ pub struct Reader {
     demand: AtomicU64,
     /// Bounds the blocks waiting to be written to the disk cache (KiB).
     write_queue: Arc<tokio::sync::Semaphore>,
+    /// Bounds the loader's blocks held while they wait for the write queue
+    /// (KiB); while any wait, read-ahead fetches nothing new.
+    write_wait: Arc<tokio::sync::Semaphore>,
+    write_wait_kib: u32,
     /// Blocks the loader read that were not written to the disk cache (the
     /// write queue was full), for background prefetch to write
     /// ([`Reader::take_unwritten`]); at most `UNWRITTEN_MAX`.
     unwritten: Mutex<Unwritten>,
+}
+
+/// Room in the write-back queue for one block's write: taken, or to wait
+/// for while the block is held in memory (the hold on `write_wait`).
+enum Room {
+    Now(tokio::sync::OwnedSemaphorePermit),
+    Wait(tokio::sync::OwnedSemaphorePermit),
 }
 
 /// Blocks in the order they were turned away, and the same as a set.
@@ -128,6 +143,7 @@ impl Reader {
             })
             .build();
         let write_queue_kib = (cfg.write_queue_bytes.max(cfg.block_size) / 1024) as usize;
+        let write_wait_kib = (cfg.write_wait_bytes.max(cfg.block_size) / 1024) as usize;
         Arc::new(Reader {
             cfg,
             cache,
@@ -139,6 +155,8 @@ impl Reader {
             stats,
             demand: AtomicU64::new(0),
             write_queue: Arc::new(tokio::sync::Semaphore::new(write_queue_kib)),
+            write_wait: Arc::new(tokio::sync::Semaphore::new(write_wait_kib)),
+            write_wait_kib: write_wait_kib as u32,
             unwritten: Mutex::new((Vec::new(), HashSet::new())),
         })
     }
@@ -321,6 +339,12 @@ impl Reader {
         self.demand.load(Relaxed)
     }
 
+    /// Whether blocks the loader read are waiting for room in the write
+    /// queue.
+    fn loader_writes_waiting(&self) -> bool {
+        self.write_wait.available_permits() < self.write_wait_kib as usize
+    }
+
     /// Makes sure a block is in the disk cache, waiting for the write; for
     /// `locafs warm`. Ok(false) if the cache would not take it (full of data
     /// still in use, or the cache disk failing).
@@ -344,10 +368,11 @@ impl Reader {
     }
 
     /// Makes sure a block is in the disk cache (or on its way there) without
-    /// returning it: what read-ahead asks for. It first waits for room in the
-    /// write-back queue, so read-ahead runs at the pace the cache disk takes
-    /// and nothing it fetched is dropped for want of room (a loader's own
-    /// reads never wait for the queue: their blocks may go unwritten).
+    /// returning it: what read-ahead asks for. It first waits until no block
+    /// the loader read is waiting to be written (the loader's blocks go
+    /// first), then for room in the write-back queue, so read-ahead runs at
+    /// the pace the cache disk takes and nothing it fetched is dropped for
+    /// want of room.
     pub async fn prefetch(
         self: Arc<Self>,
         file: Arc<FileVersion>,
@@ -363,6 +388,9 @@ impl Reader {
             index,
         };
         let kib = (file.block_len(index, self.cfg.block_size) as u64).div_ceil(1024) as u32;
+        while self.loader_writes_waiting() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let permit = Arc::clone(&self.write_queue)
             .acquire_many_owned(kib)
             .await
@@ -468,14 +496,23 @@ impl Reader {
             let mut writing = false;
             if let Ok((block, from_peer)) = &res {
                 me.remember(id, block.clone());
-                // Written after the waiters got their bytes, if the write
-                // queue has room (else the block lives in memory only).
+                // Written after the waiters got their bytes. Only read-ahead
+                // brings its own room in the queue; a loader's block takes
+                // room if there is some, else waits for it in memory (up to
+                // `write_wait_bytes`), else is not written now.
                 let kib = (block.data().len() as u64).div_ceil(1024) as u32;
-                // Only read-ahead brings its own room in the queue.
                 let ahead = permit.is_some();
-                let permit =
-                    permit.or_else(|| Arc::clone(&me.write_queue).try_acquire_many_owned(kib).ok());
-                if let Some(permit) = permit {
+                let room = match permit {
+                    Some(p) => Some(Room::Now(p)),
+                    None => match Arc::clone(&me.write_queue).try_acquire_many_owned(kib) {
+                        Ok(p) => Some(Room::Now(p)),
+                        Err(_) => Arc::clone(&me.write_wait)
+                            .try_acquire_many_owned(kib)
+                            .ok()
+                            .map(Room::Wait),
+                    },
+                };
+                if let Some(room) = room {
                     writing = true;
                     let (me3, file3, block3, guest) = (
                         Arc::clone(&me),
@@ -483,10 +520,25 @@ impl Reader {
                         block.clone(),
                         *from_peer,
                     );
-                    tokio::task::spawn_blocking(move || {
-                        me3.write_block(&file3, index, &block3, guest, ahead);
-                        drop(permit);
-                        me3.inflight.lock().remove(&id);
+                    me.rt.spawn(async move {
+                        let permits = match room {
+                            Room::Now(p) => Some((p, None)),
+                            Room::Wait(hold) => Arc::clone(&me3.write_queue)
+                                .acquire_many_owned(kib)
+                                .await
+                                .ok()
+                                .map(|p| (p, Some(hold))),
+                        };
+                        let Some(permits) = permits else {
+                            me3.inflight.lock().remove(&id);
+                            return;
+                        };
+                        let _ = tokio::task::spawn_blocking(move || {
+                            me3.write_block(&file3, index, &block3, guest, ahead);
+                            drop(permits);
+                            me3.inflight.lock().remove(&id);
+                        })
+                        .await;
                     });
                 }
             }
@@ -573,5 +625,179 @@ impl Reader {
         self.stats.source_bytes.fetch_add(len as u64, Relaxed);
         self.stats.source_reads.fetch_add(1, Relaxed);
         Ok(ChecksummedBytes::from_source(data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The write-back queue with a cache whose writes block until the test
+    //! opens a gate: a loader's read never waits for a write, a loader's
+    //! block that finds the queue full waits for room in memory (up to
+    //! `write_wait_bytes`), and only past that is it left for background
+    //! prefetch.
+
+    use super::*;
+    use crate::source::{SourceAttr, SourceVersion};
+    use std::ffi::OsString;
+    use std::fs::File;
+    use std::io;
+    use std::path::{Path, PathBuf};
+
+    const BS: u64 = 4096;
+
+    /// A cache in memory whose `put`s wait until `open` is set.
+    #[derive(Default)]
+    struct GatedCache {
+        open: Mutex<bool>,
+        opened: parking_lot::Condvar,
+        blocks: Mutex<HashMap<u64, ChecksummedBytes>>,
+    }
+
+    impl GatedCache {
+        fn open_gate(&self) {
+            *self.open.lock() = true;
+            self.opened.notify_all();
+        }
+        fn stored(&self) -> Vec<u64> {
+            let mut v: Vec<u64> = self.blocks.lock().keys().copied().collect();
+            v.sort();
+            v
+        }
+    }
+
+    impl BlockCache for GatedCache {
+        fn get(&self, _: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
+            self.blocks.lock().get(&index).cloned()
+        }
+        fn put(&self, _: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+            self.blocks.lock().insert(index, block.clone());
+            true
+        }
+        fn is_block_cached(&self, _: &FileVersion, index: u64) -> bool {
+            self.blocks.lock().contains_key(&index)
+        }
+        fn is_complete(&self, _: &FileVersion) -> bool {
+            false
+        }
+        fn open_complete(&self, _: &FileVersion) -> Option<File> {
+            None
+        }
+        fn unpin(&self, _: &FileVersion) {}
+        fn note_current(&self, _: &FileVersion) {}
+        fn record_access(&self, _: &FileVersion, _: u64) {}
+        fn usage(&self) -> crate::cache::CacheUsage {
+            crate::cache::CacheUsage {
+                used_bytes: 0,
+                capacity_bytes: 1 << 30,
+                files_cached: 0,
+                evictions: 0,
+                writable: true,
+            }
+        }
+        fn has_room_for(&self, _: &FileVersion) -> bool {
+            true
+        }
+    }
+
+    /// One file of `len` bytes, block `i` filled with byte `i`; counts reads.
+    struct MemSource {
+        len: u64,
+        reads: AtomicU64,
+    }
+
+    impl Source for MemSource {
+        fn stat(&self, _: &Path) -> io::Result<SourceAttr> {
+            Err(io::ErrorKind::Unsupported.into())
+        }
+        fn list(&self, _: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+            Err(io::ErrorKind::Unsupported.into())
+        }
+        fn read_link(&self, _: &Path) -> io::Result<PathBuf> {
+            Err(io::ErrorKind::Unsupported.into())
+        }
+        fn read_at(
+            &self,
+            _: &Path,
+            _: &SourceVersion,
+            offset: u64,
+            len: usize,
+        ) -> Result<Bytes, SourceError> {
+            self.reads.fetch_add(1, Relaxed);
+            assert!(offset + len as u64 <= self.len);
+            Ok(Bytes::from(vec![(offset / BS) as u8; len]))
+        }
+        fn statvfs(&self) -> io::Result<libc::statvfs> {
+            Err(io::ErrorKind::Unsupported.into())
+        }
+    }
+
+    #[test]
+    fn loader_blocks_wait_in_memory_for_the_write_queue_then_are_left_for_background() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let blocks = 8u64;
+        let cache = Arc::new(GatedCache::default());
+        let source = Arc::new(MemSource {
+            len: blocks * BS,
+            reads: AtomicU64::new(0),
+        });
+        let stats = Arc::new(Stats::default());
+        let reader = Reader::new(
+            ReaderConfig {
+                block_size: BS,
+                memory_bytes: 64 * BS,
+                // Room for one block's write, and for three more to wait.
+                write_queue_bytes: BS,
+                write_wait_bytes: 3 * BS,
+                source_timeout: Duration::from_secs(60),
+            },
+            cache.clone(),
+            source.clone(),
+            None,
+            rt.handle().clone(),
+            Arc::clone(&stats),
+        );
+        let file = Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size: blocks * BS,
+                mtime_ns: 1,
+                ino: 1,
+            },
+        ));
+        // Every read is answered while no write can finish: a write never
+        // delays the reply.
+        for i in 0..blocks {
+            let got = rt
+                .block_on(Arc::clone(&reader).read(Arc::clone(&file), i * BS, BS as u32))
+                .unwrap();
+            assert_eq!(got.len() as u64, BS);
+            assert!(got.iter().all(|b| *b == i as u8), "block {i}");
+        }
+        assert_eq!(source.reads.load(Relaxed), blocks);
+        // Block 0 holds the queue, 1-3 wait for it, 4-7 found no room.
+        assert_eq!(stats.cache_writes_skipped.load(Relaxed), blocks - 4);
+        assert!(cache.stored().is_empty());
+        cache.open_gate();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while cache.stored().len() < 4 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(cache.stored(), vec![0, 1, 2, 3]);
+        // The turned-away blocks are there for background prefetch, the
+        // latest first.
+        let left: Vec<u64> = std::iter::from_fn(|| reader.take_unwritten())
+            .map(|(_, i)| i)
+            .collect();
+        assert_eq!(left, vec![7, 6, 5, 4]);
+        // Nothing was read from the source twice.
+        assert_eq!(source.reads.load(Relaxed), blocks);
     }
 }
