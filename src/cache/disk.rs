@@ -204,7 +204,8 @@ struct DataFile {
 }
 
 /// How a block is written: straight to the disk, or through the page cache
-/// because the loader will read it soon (see [`BlockCache::put_ahead`]).
+/// because the loader will read it soon (see [`BlockCache::put_ahead`]) or
+/// because other blocks of its file are being written at the same time.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Via {
     Direct,
@@ -872,6 +873,14 @@ impl DiskCache {
         if index >= nblocks || block.data().len() != file.block_len(index, self.block_size) {
             return false;
         }
+        // A file of several blocks is written through the page cache only.
+        // Its blocks are written side by side (the loader's, read-ahead's),
+        // and ext4 runs an O_DIRECT write that allocates under the inode's
+        // lock until the device completes it: buffered writes of the same
+        // file queued behind each one, and on a cold pass of large files the
+        // loader outran the cache (65-1868 of 2048 blocks left unwritten,
+        // read from the source again; buffered only: 0-54).
+        let via = if nblocks > 1 { Via::PageCache } else { via };
         if !self.writes_allowed() {
             return false;
         }
