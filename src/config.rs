@@ -127,7 +127,7 @@ pub struct MountFlags {
     /// [default: 120s]
     #[arg(long, value_name = "DURATION")]
     pub source_timeout: Option<String>,
-    /// Threads serving FUSE requests. [default: 8]
+    /// Threads serving FUSE requests. [default: the number of CPUs, 2 to 8]
     #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
     /// Name of the data set's cache subdirectory. [default: derived from the
@@ -454,6 +454,15 @@ pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("{s:?}: expected HOST:PORT (e.g. 127.0.0.1:9100) or :PORT"))
 }
 
+/// FUSE threads by default: one per CPU, at least 2 and at most 8. A FUSE
+/// thread waits on the source only for metadata (a read that misses goes to
+/// the runtime), so threads beyond the CPUs mostly add wake-ups: on 2 CPUs,
+/// 8 threads served 26k opens/s of small files (warm, passthrough) and 2
+/// threads 32.5k.
+fn default_fuse_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+}
+
 /// The default cache directory for this user.
 pub fn default_cache_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
@@ -590,7 +599,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         .as_deref()
         .map(|s| parse_listen_addr(s).map_err(|e| usage(format!("--metrics {e}"))))
         .transpose()?;
-    let fuse_threads = f.fuse_threads.unwrap_or(8);
+    let fuse_threads = f.fuse_threads.unwrap_or_else(default_fuse_threads);
     if !(1..=256).contains(&fuse_threads) {
         return Err(usage("--fuse-threads: must be between 1 and 256"));
     }

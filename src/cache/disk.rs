@@ -1118,16 +1118,21 @@ impl BlockCache for DiskCache {
             if !e.complete() {
                 return None;
             }
-            let todo = e
-                .slots
-                .iter()
-                .zip(&e.verified)
-                .enumerate()
-                .filter_map(|(i, (s, v))| match s {
-                    Slot::Present(sum) if !v => Some((i as u64, *sum)),
-                    _ => None,
-                })
-                .collect();
+            // (Every block is usually verified already: opened before, or
+            // written during this mount.)
+            let todo = if e.verified.iter().all(|v| *v) {
+                Vec::new()
+            } else {
+                e.slots
+                    .iter()
+                    .zip(&e.verified)
+                    .enumerate()
+                    .filter_map(|(i, (s, v))| match s {
+                        Slot::Present(sum) if !v => Some((i as u64, *sum)),
+                        _ => None,
+                    })
+                    .collect()
+            };
             for p in Part::both(file.key) {
                 st.policy.pin(&p);
             }

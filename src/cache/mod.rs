@@ -38,7 +38,13 @@ impl VersionKey {
     }
 
     pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut s = String::with_capacity(2 * self.0.len());
+        for b in self.0 {
+            s.push(DIGITS[(b >> 4) as usize] as char);
+            s.push(DIGITS[(b & 15) as usize] as char);
+        }
+        s
     }
 }
 
@@ -167,4 +173,22 @@ pub trait BlockCache: Send + Sync + 'static {
     /// Whether the whole file would fit in free room now, without evicting
     /// anything (read-ahead only fills free room).
     fn has_room_for(&self, file: &FileVersion) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_key_hex_is_lowercase_two_digits_per_byte() {
+        // Cache file names are made of it: it must not change across
+        // versions of locafs.
+        let mut k = VersionKey([0u8; 16]);
+        for (i, b) in k.0.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(37).wrapping_add(5);
+        }
+        let want: String = k.0.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(k.hex(), want);
+        assert_eq!(VersionKey([0xab; 16]).hex(), "ab".repeat(16));
+    }
 }
