@@ -146,6 +146,7 @@ mod tests {
             peer_bytes: 0,
             opens: 0,
             open_handles: 0,
+            passthrough_kept: 0,
             passthrough_opens: 0,
             read_errors: 0,
             uptime_s: 0.0,

@@ -63,7 +63,7 @@ pub struct LocaFs {
     ns: Arc<Namespace>,
     reader: Arc<Reader>,
     source: Arc<dyn Source>,
-    files: OpenFiles<BackingId>,
+    files: Arc<OpenFiles<BackingId>>,
     /// Handles of reads without one (the kernel open mode).
     inode_handles: InodeHandles,
     stats: Arc<Stats>,
@@ -131,11 +131,22 @@ impl LocaFs {
         opts: FuseOptions,
         readahead: Arc<ReadAhead>,
     ) -> Self {
+        let files: Arc<OpenFiles<BackingId>> = Arc::default();
+        // Backings kept after their inode's last close name the cached file:
+        // dropped as soon as it goes (or the kernel would keep its space and
+        // read holes where blocks were dropped).
+        let (kept, gauge) = (Arc::clone(&files), Arc::clone(&stats));
+        reader.cache().on_file_dropped(Box::new(move |key| {
+            kept.forget_idle(key);
+            gauge
+                .passthrough_kept
+                .store(kept.idle_count() as u64, Ordering::Relaxed);
+        }));
         LocaFs {
             ns,
             reader,
             source,
-            files: OpenFiles::default(),
+            files,
             inode_handles: InodeHandles::new(INODE_HANDLES),
             stats,
             rt,
@@ -179,11 +190,28 @@ impl LocaFs {
         Ok(r.handle)
     }
 
-    /// A verified backing file for passthrough, if the file is fully cached.
-    fn prepare_backing(&self, reply: &ReplyOpen, file: &FileVersion) -> Option<BackingId> {
-        let f = self.reader.cache().open_complete(file)?;
+    /// A verified backing file for passthrough, if the file is fully cached:
+    /// the one kept from the inode's previous open of this version if the
+    /// cache still holds the file whole, else a new one. The file is pinned
+    /// in the cache either way.
+    fn prepare_backing(
+        &self,
+        reply: &ReplyOpen,
+        ino: u64,
+        file: &FileVersion,
+    ) -> Option<Arc<BackingId>> {
+        let cache = self.reader.cache();
+        if let Some(id) = self.files.take_idle(ino, &file.key) {
+            self.stats
+                .passthrough_kept
+                .store(self.files.idle_count() as u64, Ordering::Relaxed);
+            if cache.pin_complete(file) {
+                return Some(id);
+            }
+        }
+        let f = cache.open_complete(file)?;
         match reply.open_backing(&f) {
-            Ok(id) => Some(id),
+            Ok(id) => Some(Arc::new(id)),
             Err(e) => {
                 self.reader.cache().unpin(file);
                 if self.passthrough.swap(false, Ordering::Relaxed) {
@@ -283,7 +311,7 @@ impl Filesystem for LocaFs {
             && a.size > 0
             && self.files.is_idle(ino.0)
         {
-            self.prepare_backing(&reply, &file)
+            self.prepare_backing(&reply, ino.0, &file)
         } else {
             None
         };
@@ -381,6 +409,9 @@ impl Filesystem for LocaFs {
         }
         if let Some((h, true)) = released {
             self.reader.cache().unpin(&h.file);
+            self.stats
+                .passthrough_kept
+                .store(self.files.idle_count() as u64, Ordering::Relaxed);
         }
         reply.ok();
     }

@@ -5,6 +5,11 @@
 //! `open()`. This table decides the mode of every open so that never
 //! happens, shares one backing id among all passthrough opens of an inode,
 //! and says when the page cache may be kept (same version as last open).
+//! When an inode's last passthrough open closes, its backing id is kept
+//! (bounded, [`IDLE_BACKINGS`]) for the next open of the same version, which
+//! then needs neither an open of the cached file nor a registration with
+//! the kernel; the cache drops it through [`OpenFiles::forget_idle`] when
+//! the cached file goes or loses blocks.
 //!
 //! In the kernel open mode there are no handles: the kernel sends no OPEN
 //! or RELEASE and every read comes with handle 0. [`InodeHandles`] then
@@ -52,11 +57,19 @@ struct InodeState<B> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct ModeConflict;
 
+/// Backing ids kept after their inode's last passthrough open, at most
+/// (in two generations of half as many: when the newer is full the older
+/// is dropped). Each holds an open file in the kernel (a few hundred bytes)
+/// and none in this process.
+pub const IDLE_BACKINGS: usize = 131072;
+
 #[derive(Debug)]
 struct Inner<B> {
     handles: HashMap<u64, Arc<Handle>>,
     inodes: HashMap<u64, InodeState<B>>,
     next_fh: u64,
+    /// Backing ids of closed inodes by version: (inode, backing).
+    idle: [HashMap<VersionKey, (u64, Arc<B>)>; 2],
 }
 
 /// The table of open handles of one mount.
@@ -72,6 +85,7 @@ impl<B> Default for OpenFiles<B> {
                 handles: HashMap::new(),
                 inodes: HashMap::new(),
                 next_fh: 1,
+                idle: [HashMap::new(), HashMap::new()],
             }),
         }
     }
@@ -89,6 +103,45 @@ impl<B> OpenFiles<B> {
             .is_none_or(|s| s.cached_opens == 0 && s.passthrough.is_none())
     }
 
+    /// The backing id kept from an earlier passthrough open of this version
+    /// of `ino`, taken out of the idle table.
+    pub fn take_idle(&self, ino: u64, key: &VersionKey) -> Option<Arc<B>> {
+        let mut inner = self.inner.lock();
+        for g in &mut inner.idle {
+            match g.remove(key) {
+                Some((i, b)) if i == ino => return Some(b),
+                Some(other) => {
+                    // Another inode with the same path and version (the
+                    // path was forgotten and looked up again): keep it.
+                    g.insert(*key, other);
+                }
+                None => {}
+            }
+        }
+        None
+    }
+
+    /// Drops the kept backing id of a version, if any: its cached file is
+    /// gone or no longer complete.
+    pub fn forget_idle(&self, key: &VersionKey) {
+        let dropped: Vec<_> = {
+            let mut inner = self.inner.lock();
+            inner
+                .idle
+                .iter_mut()
+                .filter_map(|g| g.remove(key))
+                .collect()
+        };
+        // Each drop unregisters the backing from the kernel: outside the lock.
+        drop(dropped);
+    }
+
+    /// Number of backing ids kept for closed inodes.
+    pub fn idle_count(&self) -> usize {
+        let inner = self.inner.lock();
+        inner.idle.iter().map(HashMap::len).sum()
+    }
+
     /// Registers an open. `backing` is a ready backing token if the caller
     /// prepared one (it is used only if the inode can take passthrough now;
     /// otherwise it is dropped and the open is cached). Returns the handle
@@ -98,7 +151,7 @@ impl<B> OpenFiles<B> {
         &self,
         ino: u64,
         file: Arc<FileVersion>,
-        backing: Option<B>,
+        backing: Option<Arc<B>>,
     ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
@@ -116,7 +169,6 @@ impl<B> OpenFiles<B> {
             // Open in passthrough on another version: neither mode works.
             (Some(_), _) => return Err(ModeConflict),
             (None, Some(b)) if st.cached_opens == 0 => {
-                let b = Arc::new(b);
                 st.passthrough = Some((1, file.key, Arc::clone(&b)));
                 OpenMode::Passthrough(b)
             }
@@ -147,9 +199,11 @@ impl<B> OpenFiles<B> {
     }
 
     /// Forgets a handle. Returns it, and whether it was the last passthrough
-    /// open of its inode (the backing token has then been dropped).
+    /// open of its inode (its backing token is then kept in the idle table).
     pub fn release(&self, fh: u64) -> Option<(Arc<Handle>, bool)> {
-        let mut inner = self.inner.lock();
+        let mut dropped = None;
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
         let h = inner.handles.remove(&fh)?;
         let mut last_passthrough = false;
         if let Some(st) = inner.inodes.get_mut(&h.ino) {
@@ -157,14 +211,23 @@ impl<B> OpenFiles<B> {
                 if let Some((n, _, _)) = &mut st.passthrough {
                     *n -= 1;
                     if *n == 0 {
-                        st.passthrough = None;
                         last_passthrough = true;
+                        if let Some((_, key, b)) = st.passthrough.take() {
+                            if inner.idle[0].len() >= IDLE_BACKINGS / 2 {
+                                dropped = Some(std::mem::take(&mut inner.idle[1]));
+                                inner.idle.swap(0, 1);
+                            }
+                            inner.idle[0].insert(key, (h.ino, b));
+                        }
                     }
                 }
             } else {
                 st.cached_opens = st.cached_opens.saturating_sub(1);
             }
         }
+        drop(guard);
+        // Unregistering an older generation: outside the lock.
+        drop(dropped);
         Some((h, last_passthrough))
     }
 
@@ -315,12 +378,12 @@ mod tests {
         assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
         assert!(!t.is_idle(7));
         // A backing offered while cached handles exist is not used.
-        let (b, m, _) = t.open(7, f.clone(), Some("backing")).unwrap();
+        let (b, m, _) = t.open(7, f.clone(), Some(Arc::new("backing"))).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
         t.release(a);
         t.release(b);
         assert!(t.is_idle(7));
-        let (c, m, _) = t.open(7, f.clone(), Some("backing")).unwrap();
+        let (c, m, _) = t.open(7, f.clone(), Some(Arc::new("backing"))).unwrap();
         let OpenMode::Passthrough(id) = m else {
             panic!()
         };
@@ -335,6 +398,45 @@ mod tests {
         assert!(!t.release(c).unwrap().1);
         assert!(t.release(d).unwrap().1);
         assert_eq!(t.open_count(), 0);
+    }
+
+    #[test]
+    fn the_backing_of_a_closed_inode_is_kept_for_its_next_open() {
+        let t: OpenFiles<u32> = OpenFiles::default();
+        let f = fv(10);
+        let (a, m, _) = t.open(7, f.clone(), Some(Arc::new(1))).unwrap();
+        assert!(matches!(m, OpenMode::Passthrough(_)));
+        assert_eq!(t.idle_count(), 0);
+        assert!(t.release(a).unwrap().1);
+        assert_eq!(t.idle_count(), 1);
+        // Not for another inode or another version.
+        assert!(t.take_idle(8, &f.key).is_none());
+        assert!(t.take_idle(7, &fv(11).key).is_none());
+        assert_eq!(t.idle_count(), 1);
+        let b = t.take_idle(7, &f.key).expect("kept");
+        assert_eq!(*b, 1);
+        assert_eq!(t.idle_count(), 0);
+        let (a, m, _) = t.open(7, f.clone(), Some(b)).unwrap();
+        assert!(matches!(m, OpenMode::Passthrough(ref x) if **x == 1));
+        t.release(a);
+        // Dropped when the cache says its file went.
+        t.forget_idle(&f.key);
+        assert_eq!(t.idle_count(), 0);
+        assert!(t.take_idle(7, &f.key).is_none());
+    }
+
+    #[test]
+    fn kept_backings_are_bounded() {
+        let t: OpenFiles<u64> = OpenFiles::default();
+        for ino in 1..=(IDLE_BACKINGS as u64 + 1000) {
+            let (h, _, _) = t.open(ino, fv(ino), Some(Arc::new(ino))).unwrap();
+            t.release(h);
+            assert!(t.idle_count() <= IDLE_BACKINGS);
+        }
+        // The latest are kept, the oldest went.
+        let last = IDLE_BACKINGS as u64 + 1000;
+        assert!(t.take_idle(last, &fv(last).key).is_some());
+        assert!(t.take_idle(1, &fv(1).key).is_none());
     }
 
     #[test]

@@ -258,6 +258,7 @@ fn update(src: &MetricsSources) {
     counter!("locafs_cache_corrupt_blocks_total").absolute(s.corrupt_blocks);
     gauge!("locafs_memory_cache_bytes").set(src.reader.memory_bytes() as f64);
     gauge!("locafs_open_handles").set(src.stats.open_handles.load(Relaxed) as f64);
+    gauge!("locafs_passthrough_kept").set(src.stats.passthrough_kept.load(Relaxed) as f64);
     counter!("locafs_opens_total").absolute(s.opens);
     counter!("locafs_passthrough_opens_total").absolute(s.passthrough_opens);
     let ra = src.readahead.snapshot();
@@ -344,6 +345,10 @@ fn describe() {
         "Bytes of blocks held in memory (bounded by --memory-cache)."
     );
     describe_gauge!("locafs_open_handles", "Open file handles on the mount.");
+    describe_gauge!(
+        "locafs_passthrough_kept",
+        "Closed files whose passthrough backing is kept for their next open."
+    );
     describe_gauge!(
         "locafs_epoch",
         "The loader's current epoch as detected by read-ahead."

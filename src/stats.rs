@@ -30,6 +30,8 @@ pub struct Stats {
     pub opens: AtomicU64,
     /// Handles open now (a gauge: up at open, down at release).
     pub open_handles: AtomicU64,
+    /// Passthrough backings kept for closed files (a gauge).
+    pub passthrough_kept: AtomicU64,
     pub read_errors: AtomicU64,
     /// Bytes this node sent to peers that asked it as owner.
     pub peer_served_bytes: AtomicU64,
@@ -104,6 +106,7 @@ impl Default for Stats {
             passthrough_opens: AtomicU64::new(0),
             opens: AtomicU64::new(0),
             open_handles: AtomicU64::new(0),
+            passthrough_kept: AtomicU64::new(0),
             read_errors: AtomicU64::new(0),
             peer_served_bytes: AtomicU64::new(0),
             peer_bad_blocks: AtomicU64::new(0),
@@ -142,6 +145,9 @@ pub struct StatsSnapshot {
     #[serde(default)]
     pub open_handles: u64,
     pub passthrough_opens: u64,
+    /// Closed files whose passthrough backing is kept for their next open.
+    #[serde(default)]
+    pub passthrough_kept: u64,
     pub read_errors: u64,
     pub uptime_s: f64,
     #[serde(default)]
@@ -184,6 +190,7 @@ impl Stats {
             opens: self.opens.load(Relaxed),
             open_handles: self.open_handles.load(Relaxed),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
+            passthrough_kept: self.passthrough_kept.load(Relaxed),
             read_errors: self.read_errors.load(Relaxed),
             uptime_s: self.started.elapsed().as_secs_f64(),
             peer_served_bytes: self.peer_served_bytes.load(Relaxed),
@@ -265,8 +272,8 @@ impl StatsSnapshot {
             (
                 "opens",
                 format!(
-                    "{} ({} passthrough), {} open now",
-                    self.opens, self.passthrough_opens, self.open_handles
+                    "{} ({} passthrough), {} open now, {} closed kept ready for passthrough",
+                    self.opens, self.passthrough_opens, self.open_handles, self.passthrough_kept
                 ),
             ),
             ("epoch", self.epoch_line()),

@@ -480,3 +480,89 @@ fn epochs() {
         "the cache was sized for about 100 files; {cached} fit"
     );
 }
+
+/// Waits until stat `key` of the mount equals `want`, at most 20 s.
+fn wait_stat(m: &Mount, key: &str, want: u64) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        let v = m.stat(key);
+        if v == want || t0.elapsed() > Duration::from_secs(20) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
+    require_fuse!();
+    let s = Scratch::new();
+    let a = make_files(&s.src, "a", 1, |_| 2 * MIB + 5);
+    make_files(&s.src, "f", 12, |i| 4 * MIB + i);
+    let m = s.mount(&["--cache-size", "24M", "--revalidate", "1s"]);
+    read_all_equal(&s.src, &s.mnt, &a);
+    wait_cached(&m, 1);
+    // Opened from the complete cache: passthrough; on close its backing is
+    // kept, and the next open uses it.
+    for round in 1..=3u64 {
+        read_all_equal(&s.src, &s.mnt, &a);
+        assert_eq!(m.stat("passthrough_opens"), round, "{}", m.stats());
+        assert_eq!(wait_stat(&m, "passthrough_kept", 1), 1, "{}", m.stats());
+    }
+    // The kept backing names a.'s cached file: when the cache evicts that
+    // file, the backing goes too (or the kernel would keep its disk space).
+    // a. changes at the source, with the cache full: its old version is
+    // the first to go when the new one needs room.
+    let data_file = |rel: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(s.src.join(rel)).unwrap();
+        let v = locafs::source::SourceVersion {
+            size: meta.len(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            ino: meta.ino(),
+        };
+        let key = locafs::cache::VersionKey::new(rel, &v).hex();
+        s.dataset_dir()
+            .join("blocks")
+            .join(&key[..2])
+            .join(format!("{key}.data"))
+    };
+    let old = data_file(&a[0]);
+    assert!(old.exists(), "{} missing", old.display());
+    // Background prefetch fills the cache with the other files (never
+    // opened: no backings kept for them).
+    wait_settled(&m);
+    assert!(
+        m.stat("cache_used_bytes") + 4 * MIB as u64 > m.stat("cache_capacity_bytes"),
+        "the cache did not fill up: {}",
+        m.stats()
+    );
+    assert_eq!(m.stat("passthrough_kept"), 1);
+    write_file(&s.src.join(&a[0]), 99, 2 * MIB + 5);
+    std::thread::sleep(Duration::from_millis(1500));
+    read_all_equal(&s.src, &s.mnt, &a);
+    let t0 = Instant::now();
+    while old.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !old.exists(),
+        "a.'s old cached file was never evicted: this test did not exercise its path ({})",
+        m.stats()
+    );
+    assert_eq!(wait_stat(&m, "passthrough_kept", 0), 0, "{}", m.stats());
+    // The new version: cached anew, then passthrough with the new bytes.
+    wait_until_complete(&data_file(&a[0]));
+    for _ in 0..2 {
+        read_all_equal(&s.src, &s.mnt, &a);
+    }
+    assert_eq!(wait_stat(&m, "passthrough_kept", 1), 1, "{}", m.stats());
+}
+
+/// Waits until a cached data file exists, at most 20 s.
+fn wait_until_complete(data: &Path) {
+    let t0 = Instant::now();
+    while !data.exists() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

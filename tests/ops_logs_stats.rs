@@ -63,6 +63,7 @@ fn stats_json_schema_and_watch() {
         "peer_bytes",
         "opens",
         "open_handles",
+        "passthrough_kept",
         "passthrough_opens",
         "read_errors",
         "peer_served_bytes",

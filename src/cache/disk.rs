@@ -193,6 +193,8 @@ pub struct DiskCache {
     bounce: Mutex<Bounce>,
     bounce_free: parking_lot::Condvar,
     stats: Arc<Stats>,
+    /// Told when a version's cached file is deleted or loses blocks.
+    dropped: std::sync::OnceLock<super::DroppedHook>,
 }
 
 /// A data file open for writing blocks, and whether it was opened with
@@ -290,6 +292,7 @@ impl DiskCache {
             bounce: Mutex::new(Bounce::default()),
             bounce_free: parking_lot::Condvar::new(),
             stats,
+            dropped: std::sync::OnceLock::new(),
         };
         let mut cache = cache;
         let mut rec = cache.recover()?;
@@ -603,8 +606,17 @@ impl DiskCache {
         )))
     }
 
-    fn unlink(&self, key: &VersionKey) {
+    /// A version's cached file is going or losing blocks: forget open
+    /// descriptors of it and tell the hook.
+    fn dropping(&self, key: &VersionKey) {
         self.readers.invalidate(key);
+        if let Some(hook) = self.dropped.get() {
+            hook(key);
+        }
+    }
+
+    fn unlink(&self, key: &VersionKey) {
+        self.dropping(key);
         let (data, meta) = self.paths(key);
         // Meta first: a data file without meta is discarded at recovery.
         let _ = fs::remove_file(meta);
@@ -613,7 +625,7 @@ impl DiskCache {
 
     /// Drops evicted blocks of a file that stays: slot first, then data.
     fn punch_blocks(&self, key: &VersionKey, table: u64, blocks: &[(u64, u64)]) {
-        self.readers.invalidate(key);
+        self.dropping(key);
         let (data, meta) = self.paths(key);
         if let Ok(m) = OpenOptions::new().write(true).open(meta) {
             for (i, _) in blocks {
@@ -844,6 +856,9 @@ impl DiskCache {
                 st.files_complete -= 1;
             }
             st.policy.shrink(&part, round_alloc(len));
+        }
+        if let Some(hook) = self.dropped.get() {
+            hook(&file.key);
         }
         if corrupt {
             self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
@@ -1167,6 +1182,25 @@ impl BlockCache for DiskCache {
             }
         }
         Some(f)
+    }
+
+    fn pin_complete(&self, file: &FileVersion) -> bool {
+        let mut st = self.state.lock();
+        match st.entries.get(&file.key) {
+            Some(e) if e.complete() && e.verified.iter().all(|v| *v) => {}
+            _ => return false,
+        }
+        for p in Part::both(file.key) {
+            st.policy.pin(&p);
+        }
+        st.touch(file.key);
+        true
+    }
+
+    fn on_file_dropped(&self, hook: super::DroppedHook) {
+        if self.dropped.set(hook).is_err() {
+            warn!("cache: a second dropped-file hook was ignored");
+        }
     }
 
     fn unpin(&self, file: &FileVersion) {

@@ -125,6 +125,9 @@ pub struct CacheUsage {
     pub writable: bool,
 }
 
+/// Called with a version's key when its cached file stops being complete.
+pub type DroppedHook = Box<dyn Fn(&VersionKey) + Send + Sync>;
+
 /// The seam between the read path and whatever keeps blocks locally. Every
 /// method is infallible from the caller's view: faults become misses.
 pub trait BlockCache: Send + Sync + 'static {
@@ -163,7 +166,19 @@ pub trait BlockCache: Send + Sync + 'static {
     /// open read-only handle on the cached file (for passthrough); the file is
     /// pinned until [`BlockCache::unpin`].
     fn open_complete(&self, file: &FileVersion) -> Option<File>;
+    /// Pins a file again that [`BlockCache::open_complete`] handed out
+    /// earlier in this mount, if it is still complete (no I/O): for a
+    /// backing kept from that open. False if it is not (or the cache keeps
+    /// no such files).
+    fn pin_complete(&self, _file: &FileVersion) -> bool {
+        false
+    }
     fn unpin(&self, file: &FileVersion);
+    /// What to call with a version's key when its cached file is deleted or
+    /// loses a block, so that nobody keeps reading it as complete (kept
+    /// passthrough backings). A cache that never says yes to
+    /// [`BlockCache::pin_complete`] may ignore it.
+    fn on_file_dropped(&self, _hook: DroppedHook) {}
     /// The version is the current one for its path: older versions of the
     /// same path are stale.
     fn note_current(&self, file: &FileVersion);
