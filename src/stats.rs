@@ -272,7 +272,7 @@ impl StatsSnapshot {
             (
                 "opens",
                 format!(
-                    "{} ({} passthrough), {} open now, {} closed kept ready for passthrough",
+                    "{} ({} passthrough), {} open now, {} closed kept for passthrough",
                     self.opens, self.passthrough_opens, self.open_handles, self.passthrough_kept
                 ),
             ),
