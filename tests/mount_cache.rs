@@ -531,12 +531,14 @@ fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
     assert!(old.exists(), "{} missing", old.display());
     // Background prefetch fills the cache with the other files (never
     // opened: no backings kept for them).
+    let full =
+        |m: &Mount| m.stat("cache_used_bytes") + 4 * MIB as u64 > m.stat("cache_capacity_bytes");
+    let t0 = Instant::now();
+    while !full(&m) && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(full(&m), "the cache did not fill up: {}", m.stats());
     wait_settled(&m);
-    assert!(
-        m.stat("cache_used_bytes") + 4 * MIB as u64 > m.stat("cache_capacity_bytes"),
-        "the cache did not fill up: {}",
-        m.stats()
-    );
     assert_eq!(m.stat("passthrough_kept"), 1);
     write_file(&s.src.join(&a[0]), 99, 2 * MIB + 5);
     std::thread::sleep(Duration::from_millis(1500));
