@@ -138,9 +138,7 @@ impl LocaFs {
         let (kept, gauge) = (Arc::clone(&files), Arc::clone(&stats));
         reader.cache().on_file_dropped(Box::new(move |key| {
             kept.forget_idle(key);
-            gauge
-                .passthrough_kept
-                .store(kept.idle_count() as u64, Ordering::Relaxed);
+            publish_kept(&kept, &gauge);
         }));
         LocaFs {
             ns,
@@ -202,9 +200,7 @@ impl LocaFs {
     ) -> Option<Arc<BackingId>> {
         let cache = self.reader.cache();
         if let Some(id) = self.files.take_idle(ino, &file.key) {
-            self.stats
-                .passthrough_kept
-                .store(self.files.idle_count() as u64, Ordering::Relaxed);
+            publish_kept(&self.files, &self.stats);
             if cache.pin_complete(file) {
                 return Some(id);
             }
@@ -221,6 +217,13 @@ impl LocaFs {
             }
         }
     }
+}
+
+/// Publishes the number of passthrough backings kept for closed files.
+fn publish_kept(files: &OpenFiles<BackingId>, stats: &Stats) {
+    stats
+        .passthrough_kept
+        .store(files.idle_count() as u64, Ordering::Relaxed);
 }
 
 impl Filesystem for LocaFs {
@@ -409,9 +412,7 @@ impl Filesystem for LocaFs {
         }
         if let Some((h, true)) = released {
             self.reader.cache().unpin(&h.file);
-            self.stats
-                .passthrough_kept
-                .store(self.files.idle_count() as u64, Ordering::Relaxed);
+            publish_kept(&self.files, &self.stats);
         }
         reply.ok();
     }

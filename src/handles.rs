@@ -76,6 +76,8 @@ struct Inner<B> {
 #[derive(Debug)]
 pub struct OpenFiles<B> {
     inner: Mutex<Inner<B>>,
+    /// Entries of `Inner::idle`, kept up to date under the lock.
+    kept: std::sync::atomic::AtomicUsize,
 }
 
 impl<B> Default for OpenFiles<B> {
@@ -87,6 +89,7 @@ impl<B> Default for OpenFiles<B> {
                 next_fh: 1,
                 idle: [HashMap::new(), HashMap::new()],
             }),
+            kept: Default::default(),
         }
     }
 }
@@ -107,18 +110,20 @@ impl<B> OpenFiles<B> {
     /// of `ino`, taken out of the idle table.
     pub fn take_idle(&self, ino: u64, key: &VersionKey) -> Option<Arc<B>> {
         let mut inner = self.inner.lock();
-        for g in &mut inner.idle {
-            match g.remove(key) {
-                Some((i, b)) if i == ino => return Some(b),
-                Some(other) => {
-                    // Another inode with the same path and version (the
-                    // path was forgotten and looked up again): keep it.
-                    g.insert(*key, other);
-                }
-                None => {}
-            }
-        }
-        None
+        // Only the same inode's: another inode with the same path and
+        // version (the path forgotten and looked up again) keeps its own.
+        let g = inner
+            .idle
+            .iter_mut()
+            .find(|g| g.get(key).is_some_and(|(i, _)| *i == ino))?;
+        let (_, b) = g.remove(key)?;
+        self.count_kept(&inner);
+        Some(b)
+    }
+
+    fn count_kept(&self, inner: &Inner<B>) {
+        let n = inner.idle.iter().map(HashMap::len).sum();
+        self.kept.store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Drops the kept backing id of a version, if any: its cached file is
@@ -126,20 +131,21 @@ impl<B> OpenFiles<B> {
     pub fn forget_idle(&self, key: &VersionKey) {
         let dropped: Vec<_> = {
             let mut inner = self.inner.lock();
-            inner
+            let dropped = inner
                 .idle
                 .iter_mut()
                 .filter_map(|g| g.remove(key))
-                .collect()
+                .collect();
+            self.count_kept(&inner);
+            dropped
         };
         // Each drop unregisters the backing from the kernel: outside the lock.
         drop(dropped);
     }
 
-    /// Number of backing ids kept for closed inodes.
+    /// Number of backing ids kept for closed inodes (no lock taken).
     pub fn idle_count(&self) -> usize {
-        let inner = self.inner.lock();
-        inner.idle.iter().map(HashMap::len).sum()
+        self.kept.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Registers an open. `backing` is a ready backing token if the caller
@@ -218,6 +224,7 @@ impl<B> OpenFiles<B> {
                                 inner.idle.swap(0, 1);
                             }
                             inner.idle[0].insert(key, (h.ino, b));
+                            self.count_kept(inner);
                         }
                     }
                 }

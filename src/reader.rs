@@ -115,6 +115,17 @@ enum Room {
     Wait(tokio::sync::OwnedSemaphorePermit),
 }
 
+/// A fetched block on its way to the disk cache.
+struct Write {
+    file: Arc<FileVersion>,
+    index: u64,
+    block: ChecksummedBytes,
+    /// Fetched from a peer (stored as a guest).
+    guest: bool,
+    /// Fetched by read-ahead (the loader has not read it yet).
+    ahead: bool,
+}
+
 /// Blocks in the order they were turned away, and the same as a set.
 type Unwritten = (Vec<(Arc<FileVersion>, u64)>, HashSet<(VersionKey, u64)>);
 
@@ -421,6 +432,20 @@ impl Reader {
         .map(|_| ())
     }
 
+    /// Writes a block to the disk cache on a blocking thread, then releases
+    /// `room` (its place in the write-back queue) and its single flight.
+    fn write_later(self: &Arc<Self>, w: Write, room: impl Send + 'static) {
+        let me = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            me.write_block(&w.file, w.index, &w.block, w.guest, w.ahead);
+            drop(room);
+            me.inflight.lock().remove(&BlockId {
+                key: w.file.key,
+                index: w.index,
+            });
+        });
+    }
+
     /// Writes a fetched block to the disk cache; `ahead` if read-ahead
     /// fetched it (the loader has not read it yet).
     fn write_block(
@@ -514,32 +539,27 @@ impl Reader {
                 };
                 if let Some(room) = room {
                     writing = true;
-                    let (me3, file3, block3, guest) = (
-                        Arc::clone(&me),
-                        Arc::clone(&file),
-                        block.clone(),
-                        *from_peer,
-                    );
-                    me.rt.spawn(async move {
-                        let permits = match room {
-                            Room::Now(p) => Some((p, None)),
-                            Room::Wait(hold) => Arc::clone(&me3.write_queue)
-                                .acquire_many_owned(kib)
-                                .await
-                                .ok()
-                                .map(|p| (p, Some(hold))),
-                        };
-                        let Some(permits) = permits else {
-                            me3.inflight.lock().remove(&id);
-                            return;
-                        };
-                        let _ = tokio::task::spawn_blocking(move || {
-                            me3.write_block(&file3, index, &block3, guest, ahead);
-                            drop(permits);
-                            me3.inflight.lock().remove(&id);
-                        })
-                        .await;
-                    });
+                    let write = Write {
+                        file: Arc::clone(&file),
+                        index,
+                        block: block.clone(),
+                        guest: *from_peer,
+                        ahead,
+                    };
+                    match room {
+                        Room::Now(p) => me.write_later(write, p),
+                        Room::Wait(hold) => {
+                            let me3 = Arc::clone(&me);
+                            me.rt.spawn(async move {
+                                match Arc::clone(&me3.write_queue).acquire_many_owned(kib).await {
+                                    Ok(p) => me3.write_later(write, (p, hold)),
+                                    Err(_) => {
+                                        me3.inflight.lock().remove(&id);
+                                    }
+                                }
+                            });
+                        }
+                    }
                 }
             }
             if !writing {

@@ -663,9 +663,9 @@ fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
         return;
     }
     // A source with no delay and the smallest budget (a write-back queue of
-    // two blocks): 32 readers fetching different blocks of one file at once
-    // have most of their blocks turned away by the queue (a loader's read
-    // never waits for it). Background prefetch must still complete the
+    // two blocks, and room for one more of the loader's blocks to wait): 32
+    // readers fetching different blocks of one file at once have most of
+    // their blocks turned away (a loader's read never waits for the queue). Background prefetch must still complete the
     // file, without waiting for the next epoch to read those blocks again.
     // Blocks of 128 KiB: each reader's read is one request for one block.
     let d = dirs();

@@ -610,6 +610,11 @@ impl DiskCache {
     /// descriptors of it and tell the hook.
     fn dropping(&self, key: &VersionKey) {
         self.readers.invalidate(key);
+        self.tell_dropped(key);
+    }
+
+    /// Tells the hook that a version's cached file is no longer whole.
+    fn tell_dropped(&self, key: &VersionKey) {
         if let Some(hook) = self.dropped.get() {
             hook(key);
         }
@@ -857,9 +862,7 @@ impl DiskCache {
             }
             st.policy.shrink(&part, round_alloc(len));
         }
-        if let Some(hook) = self.dropped.get() {
-            hook(&file.key);
-        }
+        self.tell_dropped(&file.key);
         if corrupt {
             self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
             warn!(file = %file.rel.display(), block = index, "cache: corrupt block dropped; refetching from the source");
