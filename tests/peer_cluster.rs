@@ -39,9 +39,18 @@ fn epochs_on_three_nodes_read_each_block_from_the_source_once() {
     let source: u64 = stats.iter().map(|s| s.source_bytes).sum();
     let served: u64 = stats.iter().map(|s| s.peer_served_bytes).sum();
     for (n, s) in nodes.iter().zip(&stats) {
+        // Why a block could leave the source twice: a peer request that
+        // failed (timeout, busy) falls back to the source.
         eprintln!(
-            "{}: source {} peers {} served {} hit {}",
-            n.name, s.source_bytes, s.peer_bytes, s.peer_served_bytes, s.cache_hit_bytes
+            "{}: source {} peers {} served {} hit {}; peer failures {} refused {}, writes skipped {}",
+            n.name,
+            s.source_bytes,
+            s.peer_bytes,
+            s.peer_served_bytes,
+            s.cache_hit_bytes,
+            s.peer_failures,
+            s.peer_refused_connections,
+            s.cache_writes_skipped
         );
         assert_eq!(s.read_errors, 0);
         assert_eq!(s.peer_bad_blocks, 0);
