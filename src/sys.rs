@@ -51,6 +51,36 @@ pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// `fsetxattr(2)`: sets (creates or replaces) one extended attribute.
+pub fn fsetxattr(f: &std::fs::File, name: &std::ffi::CStr, value: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: value is valid for value.len() bytes; name is NUL-terminated.
+    let r = unsafe {
+        libc::fsetxattr(
+            f.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fremovexattr(2)`.
+pub fn fremovexattr(f: &std::fs::File, name: &std::ffi::CStr) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on an owned, open descriptor; name is NUL-terminated.
+    let r = unsafe { libc::fremovexattr(f.as_raw_fd(), name.as_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Frees the disk blocks of a byte range of a file, keeping its size.
 pub fn punch_hole(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;

@@ -6,7 +6,10 @@
 //! file can be handed to the kernel for passthrough as it is), and
 //! `<version key>.meta` holds a header (magic, format, block size, the source
 //! version and path) and one fixed-size slot per block (blake3 checksum,
-//! length, presence marker). A block is written data first, slot second, so
+//! length, presence marker). A one-block file has no `.meta`: its meta (56
+//! bytes, kept by ext4 in the inode) is the `user.locafs.meta` xattr of its
+//! `.data` file, so that caching a small file creates one file, not two. A
+//! block is written data first, slot second, so
 //! a crash at any point leaves either an absent block or a slot whose
 //! checksum will not match: both are misses, never wrong bytes. At start-up
 //! the slots are read back; every block is verified when it is served (and a
@@ -61,6 +64,17 @@ pub const DEFAULT_SHARE_OF_DISK: f64 = 0.8;
 const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
 /// The policy entry that books files kept beside the cache (the manifest).
 const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
+/// The extended attribute of a one-block file's `.data` file that holds its
+/// meta in place of a `.meta` file, so that caching a small file creates one
+/// file, not two. Its value is small enough (56 bytes) for ext4 to keep in
+/// the inode (256-byte inodes hold 60 bytes under this name), so setting it
+/// allocates nothing: magic `LCI1`, size (8), path hash (8), blake3 of the
+/// block (32), presence marker (4). The key is the file's name; the path and
+/// version need not be kept, since the key is a hash of them.
+const META_XATTR: &std::ffi::CStr = c"user.locafs.meta";
+const META_XATTR_NAME: &str = "user.locafs.meta";
+const INLINE_MAGIC: &[u8; 4] = b"LCI1";
+const INLINE_LEN: usize = 56;
 /// How long writes stay off after the cache disk failed one.
 const WRITE_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -116,6 +130,8 @@ struct Entry {
     /// Whether the .meta and .data files exist on disk.
     created: bool,
     meta_bytes: u64,
+    /// The meta is in the data file's [`META_XATTR`], not in a `.meta` file.
+    meta_in_xattr: bool,
 }
 
 impl Entry {
@@ -167,6 +183,7 @@ enum Eviction {
         key: VersionKey,
         table: u64,
         blocks: Vec<(u64, u64)>,
+        meta_in_xattr: bool,
     },
 }
 
@@ -189,6 +206,9 @@ pub struct DiskCache {
     /// Whether block data is written with O_DIRECT (until the cache's file
     /// system refuses it, e.g. tmpfs).
     direct: std::sync::atomic::AtomicBool,
+    /// Whether one-block files keep their meta in an extended attribute
+    /// (until the cache's file system refuses user xattrs).
+    xattr: std::sync::atomic::AtomicBool,
     /// Bounce buffers for direct writes: at most `BOUNCE_MAX`, reused.
     bounce: Mutex<Bounce>,
     bounce_free: parking_lot::Condvar,
@@ -289,6 +309,7 @@ impl DiskCache {
             aux_bytes: Mutex::new(0),
             create_locks: (0..CREATE_LOCKS).map(|_| Mutex::new(())).collect(),
             direct: std::sync::atomic::AtomicBool::new(true),
+            xattr: std::sync::atomic::AtomicBool::new(true),
             bounce: Mutex::new(Bounce::default()),
             bounce_free: parking_lot::Condvar::new(),
             stats,
@@ -379,22 +400,26 @@ impl DiskCache {
             let Ok(rd) = fs::read_dir(&d) else { continue };
             for ent in rd.flatten() {
                 let p = ent.path();
-                match p.extension().and_then(|e| e.to_str()) {
-                    Some("meta") => {}
+                let loaded = match p.extension().and_then(|e| e.to_str()) {
+                    Some("meta") => self.load_meta(&p),
                     Some("data") => {
-                        if !p.with_extension("meta").exists() {
-                            let _ = fs::remove_file(&p);
-                            rec.discarded += 1;
+                        if p.with_extension("meta").exists() {
+                            continue; // loaded with its .meta
                         }
-                        continue;
+                        // A one-block file keeps its meta in an xattr; a
+                        // data file with neither is discarded below.
+                        match crate::sys::getxattr(&p, META_XATTR_NAME) {
+                            Ok(raw) => Ok(self.parse_inline(&p, &raw)),
+                            Err(_) => Ok(None),
+                        }
                     }
                     _ => {
                         let _ = fs::remove_file(&p);
                         rec.discarded += 1;
                         continue;
                     }
-                }
-                match self.load_meta(&p) {
+                };
+                match loaded {
                     Ok(Some((key, entry))) => {
                         let own = self.part_bytes(&entry, false);
                         let guest = self.part_bytes(&entry, true);
@@ -476,6 +501,7 @@ impl DiskCache {
             }
             let meta = e.meta_bytes + PER_FILE_OVERHEAD;
             let table = e.table;
+            let meta_in_xattr = e.meta_in_xattr;
             if was_complete && !e.complete() {
                 st.files_complete -= 1;
             }
@@ -487,6 +513,7 @@ impl DiskCache {
                 key: v.key,
                 table,
                 blocks,
+                meta_in_xattr,
             });
         }
         work
@@ -497,8 +524,13 @@ impl DiskCache {
         for w in work {
             match w {
                 Eviction::File(k) => self.unlink(&k),
-                Eviction::Blocks { key, table, blocks } => {
-                    self.punch_blocks(&key, table, &blocks);
+                Eviction::Blocks {
+                    key,
+                    table,
+                    blocks,
+                    meta_in_xattr,
+                } => {
+                    self.punch_blocks(&key, table, &blocks, meta_in_xattr);
                 }
             }
         }
@@ -524,9 +556,20 @@ impl DiskCache {
         b
     }
 
-    /// Reads one .meta file; Ok(None) if it is not a valid entry of this cache.
+    /// Reads one .meta file; Ok(None) if it is not a valid entry of this
+    /// cache or its data file is gone.
     fn load_meta(&self, p: &Path) -> io::Result<Option<(VersionKey, Entry)>> {
         let raw = fs::read(p)?;
+        let loaded = self.parse_meta(&raw)?;
+        if loaded.is_some() && !p.with_extension("data").exists() {
+            return Ok(None);
+        }
+        Ok(loaded)
+    }
+
+    /// Parses a meta (a `.meta` file's bytes, or a data file's
+    /// [`META_XATTR`]); Ok(None) if it is not a valid entry of this cache.
+    fn parse_meta(&self, raw: &[u8]) -> io::Result<Option<(VersionKey, Entry)>> {
         if raw.len() < HEADER_FIXED || &raw[..8] != MAGIC {
             return Ok(None);
         }
@@ -554,9 +597,6 @@ impl DiskCache {
         ));
         let key = VersionKey(key);
         if VersionKey::new(rel, &version) != key {
-            return Ok(None);
-        }
-        if !p.with_extension("data").exists() {
             return Ok(None);
         }
         let nblocks = version.size.div_ceil(self.block_size);
@@ -602,8 +642,44 @@ impl DiskCache {
                 present,
                 created: true,
                 meta_bytes: round_alloc(meta_len),
+                meta_in_xattr: false,
             },
         )))
+    }
+
+    /// Reads a one-block file's [`META_XATTR`] (`data` is its data file);
+    /// None if it is not a valid entry of this cache. A file cached under
+    /// another block size is still one block if it fits in this one.
+    fn parse_inline(&self, data: &Path, raw: &[u8]) -> Option<(VersionKey, Entry)> {
+        if raw.len() != INLINE_LEN || &raw[..4] != INLINE_MAGIC {
+            return None;
+        }
+        let key = VersionKey::from_hex(data.file_stem()?.to_str()?)?;
+        let size = u64::from_le_bytes(raw[4..12].try_into().ok()?);
+        let path_hash = u64::from_le_bytes(raw[12..20].try_into().ok()?);
+        let mut sum = [0u8; 32];
+        sum.copy_from_slice(&raw[20..52]);
+        let marker = u32::from_le_bytes(raw[52..56].try_into().ok()?);
+        if size == 0 || size > self.block_size || (marker != PRESENT && marker != PRESENT_GUEST) {
+            return None;
+        }
+        let guest = marker == PRESENT_GUEST;
+        Some((
+            key,
+            Entry {
+                path_hash,
+                size,
+                slots: vec![Slot::Present(sum)],
+                guest: vec![guest],
+                meta_on_guest: guest,
+                table: 0,
+                verified: vec![false],
+                present: 1,
+                created: true,
+                meta_bytes: ALLOC,
+                meta_in_xattr: true,
+            },
+        ))
     }
 
     /// A version's cached file is going or losing blocks: forget open
@@ -629,15 +705,28 @@ impl DiskCache {
     }
 
     /// Drops evicted blocks of a file that stays: slot first, then data.
-    fn punch_blocks(&self, key: &VersionKey, table: u64, blocks: &[(u64, u64)]) {
+    fn punch_blocks(
+        &self,
+        key: &VersionKey,
+        table: u64,
+        blocks: &[(u64, u64)],
+        meta_in_xattr: bool,
+    ) {
         self.dropping(key);
         let (data, meta) = self.paths(key);
-        if let Ok(m) = OpenOptions::new().write(true).open(meta) {
+        let d = OpenOptions::new().write(true).open(data);
+        if meta_in_xattr {
+            // One block, so no slot is left: the meta goes (a data file
+            // without meta is discarded at recovery).
+            if let Ok(d) = &d {
+                let _ = crate::sys::fremovexattr(d, META_XATTR);
+            }
+        } else if let Ok(m) = OpenOptions::new().write(true).open(meta) {
             for (i, _) in blocks {
                 let _ = m.write_all_at(&[0u8; SLOT as usize], table + i * SLOT);
             }
         }
-        if let Ok(d) = OpenOptions::new().write(true).open(data) {
+        if let Ok(d) = d {
             for (i, len) in blocks {
                 let _ = crate::sys::punch_hole(&d, i * self.block_size, *len);
             }
@@ -671,15 +760,9 @@ impl DiskCache {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Creates the data and meta files of a new version; returns them open
-    /// for writing the first block.
-    fn create_files(
-        &self,
-        file: &FileVersion,
-        nblocks: u64,
-        via: Via,
-    ) -> io::Result<(DataFile, File)> {
-        let (data, meta) = self.paths(&file.key);
+    /// The meta of a new version as written at creation: header, then an
+    /// empty slot table.
+    fn new_meta(&self, file: &FileVersion, nblocks: u64) -> Vec<u8> {
         let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
         let mut header = Vec::with_capacity(table as usize);
         header.extend_from_slice(MAGIC);
@@ -692,14 +775,31 @@ impl DiskCache {
         let p = file.rel.as_os_str().as_bytes();
         header.extend_from_slice(&(p.len() as u32).to_le_bytes());
         header.extend_from_slice(p);
-        // Header and an empty slot table in one write. The data file needs
-        // no set_len: it reaches its full size once every block is written,
-        // and only a complete file is handed to the kernel.
         header.resize(meta_len as usize, 0);
+        header
+    }
+
+    /// Creates the data and meta files of a new version; returns them open
+    /// for writing the first block. With `meta_in_xattr` only the data file
+    /// is created: its meta is set with its one block ([`Self::write_block`]).
+    fn create_files(
+        &self,
+        file: &FileVersion,
+        nblocks: u64,
+        via: Via,
+        meta_in_xattr: bool,
+    ) -> io::Result<(DataFile, Option<File>)> {
+        let (data, meta) = self.paths(&file.key);
+        // The data file needs no set_len: it reaches its full size once every
+        // block is written, and only a complete file is handed to the kernel.
         let d = self.open_data(&data, true, via)?;
+        if meta_in_xattr {
+            return Ok((d, None));
+        }
+        // Header and an empty slot table in one write.
         let mut m = File::create(&meta)?;
-        m.write_all(&header)?;
-        Ok((d, m))
+        m.write_all(&self.new_meta(file, nblocks))?;
+        Ok((d, Some(m)))
     }
 
     /// Opens (or creates, truncating) a data file for writing blocks: with
@@ -806,6 +906,7 @@ impl DiskCache {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_block(
         &self,
         file: &FileVersion,
@@ -813,16 +914,14 @@ impl DiskCache {
         block: &ChecksummedBytes,
         guest: bool,
         via: Via,
-        created: Option<(DataFile, File)>,
+        created: Option<(DataFile, Option<File>)>,
+        meta_in_xattr: bool,
     ) -> io::Result<()> {
         let (data, meta) = self.paths(&file.key);
         let nblocks = file.block_count(self.block_size);
         let (d, m) = match created {
             Some(files) => files,
-            None => (
-                self.open_data(&data, false, via)?,
-                OpenOptions::new().write(true).open(&meta)?,
-            ),
+            None => (self.open_data(&data, false, via)?, None),
         };
         self.write_data(&d, index * self.block_size, block.data())?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
@@ -831,14 +930,64 @@ impl DiskCache {
         slot[32..36].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
         let marker = if guest { PRESENT_GUEST } else { PRESENT };
         slot[36..40].copy_from_slice(&marker.to_le_bytes());
+        if meta_in_xattr {
+            // Data first, then the meta.
+            let mut raw = Vec::with_capacity(INLINE_LEN);
+            raw.extend_from_slice(INLINE_MAGIC);
+            raw.extend_from_slice(&file.version.size.to_le_bytes());
+            raw.extend_from_slice(&path_hash(&file.rel).to_le_bytes());
+            raw.extend_from_slice(block.checksum());
+            raw.extend_from_slice(&marker.to_le_bytes());
+            return self.set_inline_meta(file, &d.file, &meta, &raw, &slot);
+        }
+        let m = match m {
+            Some(m) => m,
+            None => OpenOptions::new().write(true).open(&meta)?,
+        };
         m.write_all_at(&slot, table + index * SLOT)?;
+        Ok(())
+    }
+
+    /// Sets a one-block file's meta on its data file. A file system
+    /// without user xattrs (or one that finds the value too large) gets a
+    /// `.meta` file with `slot` instead: for good, or for this file.
+    fn set_inline_meta(
+        &self,
+        file: &FileVersion,
+        d: &File,
+        meta: &Path,
+        raw: &[u8],
+        slot: &[u8; SLOT as usize],
+    ) -> io::Result<()> {
+        let err = match crate::sys::fsetxattr(d, META_XATTR, raw) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        match err.raw_os_error() {
+            Some(libc::ENOTSUP) => {
+                if self.xattr.swap(false, Ordering::Relaxed) {
+                    info!("cache: the cache directory's file system refuses user extended attributes ({err}); every cached file gets a .meta file");
+                }
+            }
+            Some(libc::E2BIG) | Some(libc::ERANGE) => {
+                debug!(file = %file.rel.display(), "meta too large for an xattr ({err}); writing a .meta file");
+            }
+            _ => return Err(err),
+        }
+        let mut full = self.new_meta(file, 1);
+        let at = self.meta_layout(&file.rel, 1).0 as usize;
+        full[at..at + SLOT as usize].copy_from_slice(slot);
+        File::create(meta)?.write_all(&full)?;
+        if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+            e.meta_in_xattr = false;
+        }
         Ok(())
     }
 
     /// Drops one block found bad (on the books and, best effort, on disk).
     fn drop_block(&self, file: &FileVersion, index: u64, corrupt: bool) {
         let len = file.block_len(index, self.block_size) as u64;
-        {
+        let meta_in_xattr = {
             let mut st = self.state.lock();
             let Some(e) = st.entries.get_mut(&file.key) else {
                 return;
@@ -857,25 +1006,20 @@ impl DiskCache {
                 key: file.key,
                 guest: e.guest[index as usize],
             };
+            let meta_in_xattr = e.meta_in_xattr;
             if was_complete {
                 st.files_complete -= 1;
             }
             st.policy.shrink(&part, round_alloc(len));
-        }
-        self.tell_dropped(&file.key);
+            meta_in_xattr
+        };
         if corrupt {
             self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
             warn!(file = %file.rel.display(), block = index, "cache: corrupt block dropped; refetching from the source");
         }
-        let (data, meta) = self.paths(&file.key);
         let nblocks = file.block_count(self.block_size);
         let (table, _) = self.meta_layout(&file.rel, nblocks);
-        if let Ok(m) = OpenOptions::new().write(true).open(meta) {
-            let _ = m.write_all_at(&[0u8; SLOT as usize], table + index * SLOT);
-        }
-        if let Ok(d) = OpenOptions::new().write(true).open(data) {
-            let _ = crate::sys::punch_hole(&d, index * self.block_size, len);
-        }
+        self.punch_blocks(&file.key, table, &[(index, len)], meta_in_xattr);
     }
 
     /// Writes one block as an own block or a guest.
@@ -936,7 +1080,11 @@ impl DiskCache {
                     return matches!(e.slots[index as usize], Slot::Present(_));
                 }
             }
-            let meta_bytes = round_alloc(self.meta_layout(&file.rel, nblocks).1);
+            let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
+            let inline = nblocks == 1 && self.xattr.load(Ordering::Relaxed);
+            // An inline meta is booked as a 4 KiB block, though ext4 keeps
+            // it in the inode: other file systems may not.
+            let meta_bytes = if inline { ALLOC } else { round_alloc(meta_len) };
             let bytes = len
                 + if new {
                     meta_bytes + PER_FILE_OVERHEAD
@@ -949,7 +1097,6 @@ impl DiskCache {
                 Admission::Admit { evict } => evict,
             };
             let work = self.plan_evictions(st, &victims);
-            let table = self.meta_layout(&file.rel, nblocks).0;
             let e = st.entries.entry(file.key).or_insert_with(|| Entry {
                 path_hash: path_hash(&file.rel),
                 size: file.version.size,
@@ -961,6 +1108,7 @@ impl DiskCache {
                 present: 0,
                 created: false,
                 meta_bytes,
+                meta_in_xattr: inline,
             });
             e.slots[index as usize] = Slot::Writing;
             e.guest[index as usize] = guest;
@@ -982,6 +1130,10 @@ impl DiskCache {
             let st = me.state.lock();
             st.entries.get(&file.key).is_none_or(|e| e.created)
         };
+        let meta_in_xattr = |me: &Self| {
+            let st = me.state.lock();
+            st.entries.get(&file.key).is_some_and(|e| e.meta_in_xattr)
+        };
         if !created(self) {
             // Writers of different blocks of a new version (read-ahead asks
             // for several at once) must not each create, and so truncate,
@@ -989,7 +1141,7 @@ impl DiskCache {
             let lock = &self.create_locks[file.key.0[0] as usize % CREATE_LOCKS];
             let _creating = lock.lock();
             if !created(self) {
-                match self.create_files(file, nblocks, via) {
+                match self.create_files(file, nblocks, via, meta_in_xattr(self)) {
                     Ok(files) => {
                         handles = Some(files);
                         if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
@@ -1001,7 +1153,8 @@ impl DiskCache {
             }
         }
         if result.is_ok() {
-            result = self.write_block(file, index, block, guest, via, handles);
+            let inline = meta_in_xattr(self);
+            result = self.write_block(file, index, block, guest, via, handles, inline);
         }
         let mut st = self.state.lock();
         st.policy.unpin(&part);
@@ -1389,6 +1542,59 @@ mod tests {
         assert!(c.put(&s, 0, &block(&s, 0)));
         assert!(c.get(&q, 0).is_none());
         assert!(c.get(&r, 0).is_some() && c.get(&s, 0).is_some());
+    }
+
+    #[test]
+    fn one_block_files_keep_their_meta_in_the_data_file() {
+        assert_eq!(META_XATTR.to_str().ok(), Some(META_XATTR_NAME));
+        let d = tempfile::tempdir().unwrap();
+        let one = file("one", 1);
+        let two = file("two", 2);
+        let bad = file("bad", 1);
+        let (xattrs, bad_data) = {
+            let c = open(d.path(), 1 << 20);
+            assert!(c.put(&one, 0, &block(&one, 0)));
+            assert!(c.put_ahead(&bad, 0, &block(&bad, 0), true));
+            assert!(c.put(&two, 0, &block(&two, 0)) && c.put(&two, 1, &block(&two, 1)));
+            let xattrs = c.xattr.load(Ordering::Relaxed);
+            if !xattrs {
+                eprintln!("NOTE: the temp dir's file system refuses user xattrs: checking the .meta fallback");
+            }
+            assert_eq!(c.paths(&one.key).1.exists(), !xattrs, "one-block file");
+            assert!(
+                c.paths(&two.key).1.exists(),
+                "a file of two blocks has a .meta"
+            );
+            (xattrs, c.paths(&bad.key).0)
+        };
+        // A garbled inline meta: the entry is discarded at start-up.
+        if xattrs {
+            let f = File::open(&bad_data).unwrap();
+            crate::sys::fsetxattr(&f, META_XATTR, &[7u8; INLINE_LEN]).unwrap();
+        }
+        let c = open(d.path(), 1 << 20);
+        assert_eq!(c.get(&one, 0).unwrap().data(), block(&one, 0).data());
+        assert!(c.is_complete(&one) && c.is_complete(&two));
+        if xattrs {
+            assert!(c.get(&bad, 0).is_none());
+            assert!(!bad_data.exists(), "the garbled entry's data file stayed");
+        }
+        // A corrupt block of a one-block file: dropped, its meta with it, so
+        // that the next start-up discards the data file.
+        let data = c.paths(&one.key).0;
+        drop(c);
+        let f = OpenOptions::new().write(true).open(&data).unwrap();
+        f.write_all_at(b"rot", 100).unwrap();
+        let c = open(d.path(), 1 << 20);
+        assert!(c.get(&one, 0).is_none());
+        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        drop(c);
+        let c = open(d.path(), 1 << 20);
+        assert!(!c.state.lock().entries.contains_key(&one.key));
+        assert!(!data.exists(), "a data file without meta is discarded");
+        // Written again, it is whole again.
+        assert!(c.put(&one, 0, &block(&one, 0)));
+        assert!(c.is_complete(&one));
     }
 
     #[test]

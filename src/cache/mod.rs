@@ -37,6 +37,20 @@ impl VersionKey {
         VersionKey(k)
     }
 
+    /// The key whose [`Self::hex`] is `s`; None if `s` is not one.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        if b.len() != 32 {
+            return None;
+        }
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        let mut k = [0u8; 16];
+        for (i, out) in k.iter_mut().enumerate() {
+            *out = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
+        }
+        Some(VersionKey(k))
+    }
+
     pub fn hex(&self) -> String {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut s = String::with_capacity(2 * self.0.len());
@@ -205,5 +219,11 @@ mod tests {
         let want: String = k.0.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(k.hex(), want);
         assert_eq!(VersionKey([0xab; 16]).hex(), "ab".repeat(16));
+        // Cache file names are read back into keys (one-block files).
+        assert_eq!(VersionKey::from_hex(&k.hex()), Some(k));
+        assert_eq!(VersionKey::from_hex(&k.hex().to_uppercase()), Some(k));
+        for bad in ["", "ab", &"g0".repeat(16), &"ab".repeat(17)] {
+            assert_eq!(VersionKey::from_hex(bad), None, "{bad:?}");
+        }
     }
 }
