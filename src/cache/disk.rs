@@ -862,7 +862,8 @@ impl DiskCache {
 
     /// Writes one block's data at `offset` of data file `d` (see
     /// [`Self::open_data`]). A direct write goes through an aligned bounce
-    /// buffer. Only the last block of a file can end off the alignment: its
+    /// buffer, unless the bytes are aligned already (as the source's direct
+    /// reads leave them). Only the last block of a file can end off the alignment: its
     /// tail (under 4 KiB) is written through the page cache by a second,
     /// buffered descriptor, so the file ends exactly at the source file's
     /// size without padding to cut back (a truncate to an unaligned size
@@ -876,15 +877,22 @@ impl DiskCache {
         // Blocks are at most block_size, a multiple of the alignment.
         let (head, tail) = data.split_at(data.len() / DIRECT_ALIGN * DIRECT_ALIGN);
         if !head.is_empty() {
-            let mut buf = self.take_bounce();
-            let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
-            let res = {
-                let aligned = &mut buf[start..start + head.len()];
-                aligned.copy_from_slice(head);
-                d.file.write_all_at(aligned, offset)
+            let res = if head.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+                // Bytes read from the source with O_DIRECT are aligned
+                // already: written as they are, without a copy.
+                d.file.write_all_at(head, offset)
+            } else {
+                let mut buf = self.take_bounce();
+                let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+                let res = {
+                    let aligned = &mut buf[start..start + head.len()];
+                    aligned.copy_from_slice(head);
+                    d.file.write_all_at(aligned, offset)
+                };
+                self.bounce.lock().free.push(buf);
+                self.bounce_free.notify_one();
+                res
             };
-            self.bounce.lock().free.push(buf);
-            self.bounce_free.notify_one();
             match res {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     // The device wants a larger alignment: buffered from now
@@ -1603,11 +1611,12 @@ mod tests {
         // so a direct write sends its tail through the page cache. Blocks
         // fetched ahead (put_ahead) go through the page cache whole; a file
         // can mix both.
-        for (direct, ahead) in [
-            (true, [false; 3]),
-            (false, [false; 3]),
-            (true, [true; 3]),
-            (true, [true, false, true]),
+        for (direct, ahead, aligned) in [
+            (true, [false; 3], false),
+            (true, [false; 3], true),
+            (false, [false; 3], false),
+            (true, [true; 3], false),
+            (true, [true, false, true], true),
         ] {
             for size in [2 * BS + 1234, 100, 3 * BS - 4096] {
                 let tmp = tempfile::tempdir().unwrap();
@@ -1624,12 +1633,25 @@ mod tests {
                     },
                 );
                 let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
-                let what = format!("size {size}, direct {direct}, ahead {ahead:?}");
+                let what =
+                    format!("size {size}, direct {direct}, ahead {ahead:?}, aligned {aligned}");
                 // The last block first: the file must end at its size.
                 for i in [2u64, 0, 1].into_iter().filter(|i| i * BS < size) {
                     let s = (i * BS) as usize;
                     let e = ((i + 1) * BS).min(size) as usize;
-                    let b = ChecksummedBytes::from_source(Bytes::copy_from_slice(&data[s..e]));
+                    let bytes = if aligned {
+                        // As a direct read from the source leaves them.
+                        let mut v = vec![0u8; e - s + DIRECT_ALIGN];
+                        let at = v.as_ptr().align_offset(DIRECT_ALIGN);
+                        v[at..at + e - s].copy_from_slice(&data[s..e]);
+                        Bytes::from(v).slice(at..at + e - s)
+                    } else {
+                        // Off the alignment, so that the bounce buffer is used.
+                        let mut v = vec![0u8; e - s + 1];
+                        v[1..].copy_from_slice(&data[s..e]);
+                        Bytes::from(v).slice(1..)
+                    };
+                    let b = ChecksummedBytes::from_source(bytes);
                     let stored = if ahead[i as usize] {
                         c.put_ahead(&f, i, &b, false)
                     } else {
