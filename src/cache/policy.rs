@@ -128,6 +128,11 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     /// Notes an access to an entry (a hit or a write).
     pub fn touch(&mut self, key: K) {
         if let Some(e) = self.entries.get_mut(&key) {
+            if e.last == self.clock {
+                // Already in place (passthrough opens touch entries without
+                // moving the clock: no reads reach us).
+                return;
+            }
             self.by_last.remove(&(e.last, key));
             if e.tier == Tier::Guest {
                 self.guests.remove(&(e.last, key));
