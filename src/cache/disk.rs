@@ -297,7 +297,11 @@ impl DiskCache {
             state: Mutex::new(State {
                 entries: HashMap::new(),
                 by_path: HashMap::new(),
-                policy: Policy::new(capacity - FIXED_OVERHEAD),
+                policy: {
+                    let mut p = Policy::new(capacity - FIXED_OVERHEAD);
+                    p.set_grain(block_size);
+                    p
+                },
                 files_complete: 0,
             }),
             readers: moka::sync::Cache::builder()
@@ -1315,6 +1319,8 @@ impl BlockCache for DiskCache {
             for p in Part::both(file.key) {
                 st.policy.pin(&p);
             }
+            // The kernel reads it without us: count it as read whole.
+            st.policy.record_read(file.version.size);
             st.touch(file.key);
             todo
         };
@@ -1357,6 +1363,8 @@ impl BlockCache for DiskCache {
         for p in Part::both(file.key) {
             st.policy.pin(&p);
         }
+        // The kernel reads it without us: count it as read whole.
+        st.policy.record_read(file.version.size);
         st.touch(file.key);
         true
     }
@@ -1603,6 +1611,26 @@ mod tests {
         // Written again, it is whole again.
         assert!(c.put(&one, 0, &block(&one, 0)));
         assert!(c.is_complete(&one));
+    }
+
+    #[test]
+    fn passthrough_opens_count_as_reads_of_the_whole_file() {
+        // The kernel reads a passthrough file without us; the policy's
+        // clock ("passes over the data set") must still move.
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let f = file("pt", 3);
+        for i in 0..3 {
+            assert!(c.put(&f, i, &block(&f, i)));
+        }
+        let clock = || c.state.lock().policy.clock();
+        let before = clock();
+        assert!(c.open_complete(&f).is_some());
+        assert_eq!(clock(), before + 3 * BS);
+        assert!(c.pin_complete(&f));
+        assert_eq!(clock(), before + 6 * BS);
+        c.unpin(&f);
+        c.unpin(&f);
     }
 
     #[test]

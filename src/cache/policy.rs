@@ -57,6 +57,10 @@ pub struct Policy<K: Copy + Ord + Hash> {
     /// Bytes the loader has read through the mount (hits and misses): the
     /// clock that measures "passes over the data set".
     clock: u64,
+    /// Accesses less than this many bytes of reading apart are one moment:
+    /// an entry is re-sorted at most once per grain (1 by default; the disk
+    /// cache uses its block size).
+    grain: u64,
     dataset_bytes: u64,
     entries: HashMap<K, Entry>,
     by_last: BTreeSet<(u64, K)>,
@@ -72,6 +76,7 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             capacity,
             used: 0,
             clock: 0,
+            grain: 1,
             dataset_bytes: 0,
             entries: HashMap::new(),
             by_last: BTreeSet::new(),
@@ -125,20 +130,35 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         self.clock = self.clock.saturating_add(bytes);
     }
 
+    /// Bytes read through the mount so far (the read clock).
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// Sets the clock's grain (see the field).
+    pub fn set_grain(&mut self, bytes: u64) {
+        self.grain = bytes.max(1);
+    }
+
+    /// The clock, down to its grain.
+    fn now(&self) -> u64 {
+        self.clock / self.grain * self.grain
+    }
+
     /// Notes an access to an entry (a hit or a write).
     pub fn touch(&mut self, key: K) {
+        let now = self.now();
         if let Some(e) = self.entries.get_mut(&key) {
-            if e.last == self.clock {
-                // Already in place (passthrough opens touch entries without
-                // moving the clock: no reads reach us).
+            if e.last == now {
+                // Already in place: many small files are opened per grain.
                 return;
             }
             self.by_last.remove(&(e.last, key));
             if e.tier == Tier::Guest {
                 self.guests.remove(&(e.last, key));
-                self.guests.insert((self.clock, key));
+                self.guests.insert((now, key));
             }
-            e.last = self.clock;
+            e.last = now;
             self.by_last.insert((e.last, key));
         }
     }
@@ -163,7 +183,7 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     }
 
     fn grow(&mut self, key: K, bytes: u64, tier: Tier) {
-        let clock = self.clock;
+        let clock = self.now();
         let e = self.entries.entry(key).or_insert_with(|| Entry {
             bytes: 0,
             tier,
@@ -388,6 +408,28 @@ mod tests {
             }
         }
         (hits as f64 / total as f64, lru_hits as f64 / total as f64)
+    }
+
+    #[test]
+    fn touches_within_a_grain_leave_the_order_alone() {
+        let mut p: Policy<u32> = Policy::new(1000);
+        p.set_grain(100);
+        p.insert_existing(1, 10);
+        p.insert_existing(2, 10);
+        p.record_read(50);
+        p.touch(2);
+        assert_eq!(p.entries[&2].last, 0, "same grain: not moved");
+        p.record_read(60);
+        p.touch(1);
+        assert_eq!(p.entries[&1].last, 100, "next grain: moved");
+        let order: Vec<_> = p.by_last.iter().copied().collect();
+        assert_eq!(order, vec![(0, 2), (100, 1)]);
+        // Without a grain every read moves the clock.
+        let mut q: Policy<u32> = Policy::new(1000);
+        q.insert_existing(1, 10);
+        q.record_read(7);
+        q.touch(1);
+        assert_eq!(q.entries[&1].last, 7);
     }
 
     #[test]
