@@ -56,7 +56,7 @@ const PRESENT_GUEST: u32 = 0x4755_4553;
 const ALLOC: u64 = 4096;
 /// Directory blocks and the like, reserved once per cache directory.
 pub const FIXED_OVERHEAD: u64 = 2 << 20;
-/// Directory entries of the two files of a version, counted per version.
+/// Directory entries of a version's files (one or two), counted per version.
 const PER_FILE_OVERHEAD: u64 = 256;
 /// The share of (free space + this cache's own use) taken when no
 /// --cache-size is given.
