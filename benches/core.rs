@@ -1376,18 +1376,15 @@ impl Bench {
     }
 }
 
-/// One number from `locafs stats --json` of a locafs mount.
-fn locafs_stat(m: &Mounted, key: &str) -> Option<u64> {
+/// `locafs stats --json` of a locafs mount.
+fn locafs_stats(m: &Mounted) -> Option<serde_json::Value> {
     let o = Command::new(env!("CARGO_BIN_EXE_locafs"))
         .arg("stats")
         .arg(&m.mnt)
         .arg("--json")
         .output()
         .ok()?;
-    serde_json::from_slice::<serde_json::Value>(&o.stdout)
-        .ok()?
-        .get(key)?
-        .as_u64()
+    serde_json::from_slice(&o.stdout).ok()
 }
 
 /// Waits (at most 2 minutes) until a locafs mount holds all `files` whole
@@ -1404,7 +1401,9 @@ fn wait_cache_settled(tool: Tool, m: Option<&Mounted>, files: usize) {
     let t = Instant::now();
     let mut cached = 0;
     while t.elapsed() < Duration::from_secs(120) {
-        cached = locafs_stat(m, "files_cached").unwrap_or(0);
+        cached = locafs_stats(m)
+            .and_then(|v| v.get("files_cached")?.as_u64())
+            .unwrap_or(0);
         if cached >= files as u64 {
             break;
         }
@@ -1422,20 +1421,8 @@ fn print_locafs_stats(tool: Tool, m: &Mounted) {
     if !matches!(tool, Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel) {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_locafs"))
-        .arg("stats")
-        .arg(&m.mnt)
-        .arg("--json")
-        .output();
-    if let Ok(o) = out {
-        let s = String::from_utf8_lossy(&o.stdout);
-        let pick = |k: &str| -> String {
-            serde_json::from_str::<serde_json::Value>(&s)
-                .ok()
-                .and_then(|v| v.get(k).cloned())
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "?".into())
-        };
+    if let Some(v) = locafs_stats(m) {
+        let pick = |k: &str| v.get(k).map_or_else(|| "?".into(), |x| x.to_string());
         eprintln!(
             "  {} stats: opens {} passthrough_opens {} source_bytes {} cache_hit_bytes {} read_errors {}",
             tool.name(),
