@@ -12,6 +12,10 @@ fn cpath(p: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
 
+fn cname(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
 pub fn statvfs(p: &Path) -> io::Result<libc::statvfs> {
     let c = cpath(p)?;
     // SAFETY: `st` is a plain C struct that statvfs fills; `c` is NUL-terminated.
@@ -33,7 +37,7 @@ pub fn available_bytes(p: &Path) -> io::Result<u64> {
 /// `getxattr(2)` into a growing buffer.
 pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     let c = cpath(p)?;
-    let n = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let n = cname(name)?;
     let mut buf = vec![0u8; 64 * 1024];
     // SAFETY: buf is valid for buf.len() bytes; both strings are NUL-terminated.
     let r = unsafe {
@@ -52,8 +56,9 @@ pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
 }
 
 /// `fsetxattr(2)`: sets (creates or replaces) one extended attribute.
-pub fn fsetxattr(f: &std::fs::File, name: &std::ffi::CStr, value: &[u8]) -> io::Result<()> {
+pub fn fsetxattr(f: &std::fs::File, name: &str, value: &[u8]) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let name = cname(name)?;
     // SAFETY: value is valid for value.len() bytes; name is NUL-terminated.
     let r = unsafe {
         libc::fsetxattr(
@@ -71,8 +76,9 @@ pub fn fsetxattr(f: &std::fs::File, name: &std::ffi::CStr, value: &[u8]) -> io::
 }
 
 /// `fremovexattr(2)`.
-pub fn fremovexattr(f: &std::fs::File, name: &std::ffi::CStr) -> io::Result<()> {
+pub fn fremovexattr(f: &std::fs::File, name: &str) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let name = cname(name)?;
     // SAFETY: plain syscall on an owned, open descriptor; name is NUL-terminated.
     let r = unsafe { libc::fremovexattr(f.as_raw_fd(), name.as_ptr()) };
     if r != 0 {

@@ -71,8 +71,7 @@ const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
 /// nothing: magic `LCI2`, size (8), path hash (8), checksum of the block
 /// (16), presence marker (4). The key is the file's name; the path and
 /// version need not be kept, since the key is a hash of them.
-const META_XATTR: &std::ffi::CStr = c"user.locafs.meta";
-const META_XATTR_NAME: &str = "user.locafs.meta";
+const META_XATTR: &str = "user.locafs.meta";
 const INLINE_MAGIC: &[u8; 4] = b"LCI2";
 const INLINE_LEN: usize = 40;
 /// How long writes stay off after the cache disk failed one.
@@ -412,7 +411,7 @@ impl DiskCache {
                         }
                         // A one-block file keeps its meta in an xattr; a
                         // data file with neither is discarded below.
-                        match crate::sys::getxattr(&p, META_XATTR_NAME) {
+                        match crate::sys::getxattr(&p, META_XATTR) {
                             Ok(raw) => Ok(self.parse_inline(&p, &raw)),
                             Err(_) => Ok(None),
                         }
@@ -571,8 +570,8 @@ impl DiskCache {
         Ok(loaded)
     }
 
-    /// Parses a meta (a `.meta` file's bytes, or a data file's
-    /// [`META_XATTR`]); Ok(None) if it is not a valid entry of this cache.
+    /// Parses a `.meta` file's bytes; Ok(None) if they are not a valid entry
+    /// of this cache.
     fn parse_meta(&self, raw: &[u8]) -> io::Result<Option<(VersionKey, Entry)>> {
         if raw.len() < HEADER_FIXED || &raw[..8] != MAGIC {
             return Ok(None);
@@ -1081,7 +1080,7 @@ impl DiskCache {
             std::thread::sleep(Duration::from_millis(1));
             waited += 1;
         }
-        let (victims, new, bytes) = {
+        let (victims, new, bytes, meta_in_xattr) = {
             let mut st = self.state.lock();
             let st = &mut *st;
             st.policy
@@ -1124,6 +1123,8 @@ impl DiskCache {
             });
             e.slots[index as usize] = Slot::Writing;
             e.guest[index as usize] = guest;
+            // Read once: only this write (the file's one block) changes it.
+            let meta_in_xattr = e.meta_in_xattr;
             if new {
                 st.by_path
                     .entry(path_hash(&file.rel))
@@ -1133,7 +1134,7 @@ impl DiskCache {
             // Writing entries are pinned: an eviction must not unlink files
             // that a write is about to recreate.
             st.policy.pin(&part);
-            (work, new, bytes)
+            (work, new, bytes, meta_in_xattr)
         };
         self.evict(victims);
         let mut result = Ok(());
@@ -1142,10 +1143,6 @@ impl DiskCache {
             let st = me.state.lock();
             st.entries.get(&file.key).is_none_or(|e| e.created)
         };
-        let meta_in_xattr = |me: &Self| {
-            let st = me.state.lock();
-            st.entries.get(&file.key).is_some_and(|e| e.meta_in_xattr)
-        };
         if !created(self) {
             // Writers of different blocks of a new version (read-ahead asks
             // for several at once) must not each create, and so truncate,
@@ -1153,7 +1150,7 @@ impl DiskCache {
             let lock = &self.create_locks[file.key.0[0] as usize % CREATE_LOCKS];
             let _creating = lock.lock();
             if !created(self) {
-                match self.create_files(file, nblocks, via, meta_in_xattr(self)) {
+                match self.create_files(file, nblocks, via, meta_in_xattr) {
                     Ok(files) => {
                         handles = Some(files);
                         if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
@@ -1165,8 +1162,7 @@ impl DiskCache {
             }
         }
         if result.is_ok() {
-            let inline = meta_in_xattr(self);
-            result = self.write_block(file, index, block, guest, via, handles, inline);
+            result = self.write_block(file, index, block, guest, via, handles, meta_in_xattr);
         }
         let mut st = self.state.lock();
         st.policy.unpin(&part);
@@ -1562,7 +1558,6 @@ mod tests {
 
     #[test]
     fn one_block_files_keep_their_meta_in_the_data_file() {
-        assert_eq!(META_XATTR.to_str().ok(), Some(META_XATTR_NAME));
         let d = tempfile::tempdir().unwrap();
         let one = file("one", 1);
         let two = file("two", 2);

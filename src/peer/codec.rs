@@ -16,7 +16,7 @@
 //!      0    4  magic        b"LCFS"
 //!      4    2  version      u16 big-endian, PROTOCOL_VERSION (2)
 //!      6    1  frame type   1 GetBlock, 2 Block, 3 NotFound, 4 Busy, 5 Error
-//!      7    1  flags        must be 0 in version 1
+//!      7    1  flags        must be 0
 //!      8    4  body length  u32 big-endian, bounded per frame type
 //!     12    …  body
 //! ```
@@ -42,9 +42,9 @@
 //! current version at its source (see `peer::server`).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use thiserror::Error;
 
 use crate::cache::Checksum;
-use thiserror::Error;
 
 /// First four bytes of every frame; lets a node reject a stream that does not
 /// speak this protocol at all.
@@ -229,7 +229,7 @@ impl Frame {
     }
 }
 
-/// The checksum a `Block` frame's must equal (the cache's).
+/// The checksum a `Block` frame's checksum must equal (the cache's).
 pub use crate::cache::block_checksum;
 
 /// Appends `frame` to `dst`. Fails, writing nothing, if the frame breaks a
