@@ -156,7 +156,7 @@ mod tests {
             peer_failures: 0,
             peer_bad_requests: 0,
             peer_refused_connections: 0,
-            peers: Vec::new(),
+            ..Default::default()
         }
     }
 

@@ -127,6 +127,14 @@ pub struct MountFlags {
     /// [default: 120s]
     #[arg(long, value_name = "DURATION")]
     pub source_timeout: Option<String>,
+    /// Longest wait for the source on one metadata call (lookup, stat,
+    /// listing, readlink, statfs). Past it, what the mount knows is answered
+    /// (last known attributes and listings); the rest fails with ETIMEDOUT.
+    /// A source that answers nothing for this long while a call waits is
+    /// stalled: calls that need it fail at once until it answers again.
+    /// [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub metadata_timeout: Option<String>,
     /// Threads serving FUSE requests. [default: 8]
     #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
@@ -282,6 +290,7 @@ pub struct MountConfig {
     /// The mount's kernel read-ahead in bytes; 0: the kernel's default.
     pub kernel_readahead: u64,
     pub source_timeout: Duration,
+    pub metadata_timeout: Duration,
     pub fuse_threads: usize,
     pub readahead: crate::prefetch::ReadAheadConfig,
     pub log_format: LogFormat,
@@ -308,6 +317,7 @@ impl MountFlags {
             no_passthrough: self.no_passthrough || other.no_passthrough,
             open_mode: self.open_mode.or(other.open_mode),
             source_timeout: self.source_timeout.or(other.source_timeout),
+            metadata_timeout: self.metadata_timeout.or(other.metadata_timeout),
             fuse_threads: self.fuse_threads.or(other.fuse_threads),
             dataset_id: self.dataset_id.or(other.dataset_id),
             no_readahead: self.no_readahead || other.no_readahead,
@@ -462,6 +472,13 @@ pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
 /// from 0.24 to 0.17.
 const DEFAULT_FUSE_THREADS: usize = 8;
 
+/// How long a metadata call may wait for the source. A healthy NFS server
+/// answers a `stat` in well under 10 ms, and one under heavy load within a
+/// second or two; 5 s leaves room for that, so a busy source is never taken
+/// for a stalled one (that would fail uncached reads at once), while a
+/// stalled source costs the first requests of an outage at most 5 s.
+const DEFAULT_METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The default cache directory for this user.
 pub fn default_cache_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
@@ -593,6 +610,14 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     if source_timeout.is_zero() {
         return Err(usage("--source-timeout: must be more than 0"));
     }
+    let metadata_timeout =
+        dur("metadata-timeout", &f.metadata_timeout)?.unwrap_or(DEFAULT_METADATA_TIMEOUT);
+    if metadata_timeout.is_zero() || metadata_timeout > source_timeout {
+        return Err(usage(format!(
+            "--metadata-timeout: must be more than 0 and at most --source-timeout ({}s)",
+            source_timeout.as_secs_f64()
+        )));
+    }
     let metrics = f
         .metrics
         .as_deref()
@@ -698,6 +723,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         open_mode,
         kernel_readahead: size("kernel-readahead", &f.kernel_readahead)?.unwrap_or(4 << 20),
         source_timeout,
+        metadata_timeout,
         fuse_threads,
         readahead,
         log_format: f.log_format.unwrap_or_default(),

@@ -28,7 +28,7 @@ use crate::metrics::{self, FuseOp};
 use crate::namespace::{Namespace, ROOT};
 use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
-use crate::source::{EntryKind, Source, SourceAttr};
+use crate::source::{EntryKind, SourceAttr};
 use crate::stats::Stats;
 
 /// At most one "read failed" line a second: a source that goes down must not
@@ -62,7 +62,6 @@ pub struct FuseOptions {
 pub struct LocaFs {
     ns: Arc<Namespace>,
     reader: Arc<Reader>,
-    source: Arc<dyn Source>,
     files: Arc<OpenFiles<BackingId>>,
     /// Handles of reads without one (the kernel open mode).
     inode_handles: InodeHandles,
@@ -125,7 +124,6 @@ impl LocaFs {
     pub fn new(
         ns: Arc<Namespace>,
         reader: Arc<Reader>,
-        source: Arc<dyn Source>,
         stats: Arc<Stats>,
         rt: tokio::runtime::Handle,
         opts: FuseOptions,
@@ -143,7 +141,6 @@ impl LocaFs {
         LocaFs {
             ns,
             reader,
-            source,
             files,
             inode_handles: InodeHandles::new(INODE_HANDLES),
             stats,
@@ -153,6 +150,13 @@ impl LocaFs {
             kernel_open: AtomicBool::new(false),
             readahead,
         }
+    }
+
+    /// Answers a request that needs the source on the runtime's blocking
+    /// pool, so that a FUSE thread never waits on the source (the wait there
+    /// is bounded by the source guard's deadline).
+    fn off_thread(&self, f: impl FnOnce() + Send + 'static) {
+        self.rt.spawn_blocking(f);
     }
 
     fn stats_json(&self) -> Vec<u8> {
@@ -219,6 +223,82 @@ impl LocaFs {
     }
 }
 
+/// Answers a READDIR from the namespace, refreshing the listing from the
+/// source first when it starts (offset 0) and is stale.
+fn readdir_reply(ns: &Namespace, ino: INodeNo, offset: u64, mut reply: ReplyDirectory) {
+    if offset == 0 {
+        if let Err(e) = ns.refresh_dir(ino.0) {
+            return reply.error(errno(&e));
+        }
+    }
+    if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+        return reply.ok();
+    }
+    if offset <= 1 && reply.add(INodeNo(ns.parent(ino.0)), 2, FileType::Directory, "..") {
+        return reply.ok();
+    }
+    let r = ns.read_dir(ino.0, offset.saturating_sub(2), |e, next| {
+        reply.add(INodeNo(e.ino), next + 2, kind(e.attr), e.name)
+    });
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// Answers a READDIRPLUS from the namespace (see [`readdir_reply`]).
+fn readdirplus_reply(
+    ns: &Namespace,
+    ttl: Duration,
+    ino: INodeNo,
+    offset: u64,
+    mut reply: ReplyDirectoryPlus,
+) {
+    if offset == 0 {
+        if let Err(e) = ns.refresh_dir(ino.0) {
+            return reply.error(errno(&e));
+        }
+    }
+    if offset == 0 {
+        match ns.getattr(ino.0) {
+            Ok(a) if reply.add(ino, 1, ".", &ttl, &attr(ino.0, &a), Generation(0)) => {
+                return reply.ok()
+            }
+            Ok(_) => {}
+            Err(e) => return reply.error(errno(&e)),
+        }
+    }
+    if offset <= 1 {
+        let parent = ns.parent(ino.0);
+        if let Ok(a) = ns.getattr(parent) {
+            if reply.add(
+                INodeNo(parent),
+                2,
+                "..",
+                &ttl,
+                &attr(parent, &a),
+                Generation(0),
+            ) {
+                return reply.ok();
+            }
+        }
+    }
+    let r = ns.read_dir(ino.0, offset.saturating_sub(2), |e, next| {
+        reply.add(
+            INodeNo(e.ino),
+            next + 2,
+            e.name,
+            &ttl,
+            &attr(e.ino, e.attr),
+            Generation(0),
+        )
+    });
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 /// Publishes the number of passthrough backings kept for closed files.
 fn publish_kept(files: &OpenFiles<BackingId>, stats: &Stats) {
     stats
@@ -270,27 +350,45 @@ impl Filesystem for LocaFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         metrics::fuse_op(FuseOp::Lookup);
-        match self.ns.lookup(parent.0, name) {
-            Ok((ino, a)) => reply.entry(&self.opts.ttl, &attr(ino, &a), Generation(0)),
+        let ttl = self.opts.ttl;
+        let answer = move |ns: &Namespace, name: &OsStr, reply: ReplyEntry| match ns
+            .lookup(parent.0, name)
+        {
+            Ok((ino, a)) => reply.entry(&ttl, &attr(ino, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
+        };
+        if self.ns.lookup_is_local(parent.0, name) {
+            return answer(&self.ns, name, reply);
         }
+        let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
+        self.off_thread(move || answer(&ns, &name, reply));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         metrics::fuse_op(FuseOp::Getattr);
-        match self.ns.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.opts.ttl, &attr(ino.0, &a)),
+        let ttl = self.opts.ttl;
+        let answer = move |ns: &Namespace, reply: ReplyAttr| match ns.getattr(ino.0) {
+            Ok(a) => reply.attr(&ttl, &attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
+        };
+        if self.ns.getattr_is_local(ino.0) {
+            return answer(&self.ns, reply);
         }
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || answer(&ns, reply));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         metrics::fuse_op(FuseOp::Readlink);
-        use std::os::unix::ffi::OsStrExt;
-        match self.ns.read_link(ino.0) {
-            Ok(t) => reply.data(t.as_os_str().as_bytes()),
-            Err(e) => reply.error(errno(&e)),
-        }
+        // Asks the source every time (the kernel caches the answer).
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || {
+            use std::os::unix::ffi::OsStrExt;
+            match ns.read_link(ino.0) {
+                Ok(t) => reply.data(t.as_os_str().as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -443,29 +541,14 @@ impl Filesystem for LocaFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         metrics::fuse_op(FuseOp::Readdir);
-        if offset == 0 {
-            if let Err(e) = self.ns.refresh_dir(ino.0) {
-                return reply.error(errno(&e));
-            }
+        if offset > 0 || self.ns.listing_is_local(ino.0) {
+            return readdir_reply(&self.ns, ino, offset, reply);
         }
-        if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
-            return reply.ok();
-        }
-        if offset <= 1 && reply.add(INodeNo(self.ns.parent(ino.0)), 2, FileType::Directory, "..") {
-            return reply.ok();
-        }
-        let r = self
-            .ns
-            .read_dir(ino.0, offset.saturating_sub(2), |e, next| {
-                reply.add(INodeNo(e.ino), next + 2, kind(e.attr), e.name)
-            });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || readdir_reply(&ns, ino, offset, reply));
     }
 
     fn readdirplus(
@@ -474,60 +557,25 @@ impl Filesystem for LocaFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
         metrics::fuse_op(FuseOp::Readdirplus);
-        if offset == 0 {
-            if let Err(e) = self.ns.refresh_dir(ino.0) {
-                return reply.error(errno(&e));
-            }
-        }
         let ttl = self.opts.ttl;
-        if offset == 0 {
-            match self.ns.getattr(ino.0) {
-                Ok(a) if reply.add(ino, 1, ".", &ttl, &attr(ino.0, &a), Generation(0)) => {
-                    return reply.ok()
-                }
-                Ok(_) => {}
-                Err(e) => return reply.error(errno(&e)),
-            }
+        let local = offset > 1
+            || (self.ns.listing_is_local(ino.0)
+                && self.ns.getattr_is_local(ino.0)
+                && self.ns.getattr_is_local(self.ns.parent(ino.0)));
+        if local {
+            return readdirplus_reply(&self.ns, ttl, ino, offset, reply);
         }
-        if offset <= 1 {
-            let parent = self.ns.parent(ino.0);
-            if let Ok(a) = self.ns.getattr(parent) {
-                if reply.add(
-                    INodeNo(parent),
-                    2,
-                    "..",
-                    &ttl,
-                    &attr(parent, &a),
-                    Generation(0),
-                ) {
-                    return reply.ok();
-                }
-            }
-        }
-        let r = self
-            .ns
-            .read_dir(ino.0, offset.saturating_sub(2), |e, next| {
-                reply.add(
-                    INodeNo(e.ino),
-                    next + 2,
-                    e.name,
-                    &ttl,
-                    &attr(e.ino, e.attr),
-                    Generation(0),
-                )
-            });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || readdirplus_reply(&ns, ttl, ino, offset, reply));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         metrics::fuse_op(FuseOp::Statfs);
-        match self.source.statvfs() {
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || match ns.statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -539,7 +587,7 @@ impl Filesystem for LocaFs {
                 s.f_frsize as u32,
             ),
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

@@ -19,6 +19,7 @@ pub mod peer;
 pub mod prefetch;
 pub mod reader;
 pub mod source;
+pub mod source_guard;
 pub mod stats;
 pub mod sys;
 pub mod units;

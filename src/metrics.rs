@@ -272,6 +272,17 @@ fn update(src: &MetricsSources) {
     counter!("locafs_prefetch_bytes_total", "kind" => "background")
         .absolute(ra.prefetch_background_bytes);
     gauge!("locafs_plan_active").set(if ra.plan_active { 1.0 } else { 0.0 });
+    gauge!("locafs_source_stalled").set(if s.source_stalled_since.is_some() {
+        1.0
+    } else {
+        0.0
+    });
+    gauge!("locafs_source_stalled_since_seconds").set(s.source_stalled_since.unwrap_or(0.0));
+    counter!("locafs_source_stalls_total").absolute(s.source_stalls);
+    counter!("locafs_source_calls_refused_total").absolute(s.source_calls_refused);
+    counter!("locafs_source_timeouts_total").absolute(s.source_timeouts);
+    counter!("locafs_stale_answers_total").absolute(s.stale_answers);
+    gauge!("locafs_source_threads").set(s.source_threads as f64);
     let errors = [
         ("source", s.source_errors),
         ("read", s.read_errors),
@@ -375,6 +386,35 @@ fn describe() {
         "Bytes prefetched ahead of the loader across files."
     );
     describe_gauge!("locafs_plan_active", "1 while a loader's plan is followed.");
+    describe_gauge!(
+        "locafs_source_stalled",
+        "1 while the source is stalled (answers nothing): cached data and the last known tree are served, calls that need the source fail with ETIMEDOUT."
+    );
+    describe_gauge!(
+        "locafs_source_stalled_since_seconds",
+        Unit::Seconds,
+        "Unix time since which the source has not answered (0 while it answers)."
+    );
+    describe_counter!(
+        "locafs_source_stalls_total",
+        "Times the source was found stalled."
+    );
+    describe_counter!(
+        "locafs_source_calls_refused_total",
+        "Calls that needed the source, refused at once while it was stalled."
+    );
+    describe_counter!(
+        "locafs_source_timeouts_total",
+        "Calls into the source given up at their deadline (--metadata-timeout, --source-timeout)."
+    );
+    describe_counter!(
+        "locafs_stale_answers_total",
+        "Requests answered from the last known tree because the source did not answer in time."
+    );
+    describe_gauge!(
+        "locafs_source_threads",
+        "Threads calling into the source now (bounded; a hung source holds some of them)."
+    );
     describe_counter!("locafs_opens_total", "Files opened.");
     describe_counter!(
         "locafs_passthrough_opens_total",

@@ -22,6 +22,7 @@ use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
 use crate::reader::{Reader, ReaderConfig};
 use crate::source::{DirSource, Source};
+use crate::source_guard::{GuardConfig, SourceGuard};
 use crate::stats::Stats;
 use crate::units::format_size;
 
@@ -203,6 +204,14 @@ impl Mount {
 
         let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
         let stats = Arc::new(Stats::default());
+        // Every call into the source from here on has a deadline and runs
+        // on the guard's bounded threads (a hung NFS server holds those,
+        // never a FUSE thread).
+        let source: Arc<dyn Source> = Arc::new(SourceGuard::new(
+            source,
+            GuardConfig::new(cfg.metadata_timeout, cfg.source_timeout),
+            Arc::clone(&stats),
+        ));
         let (cache, rec) = DiskCache::open(
             &cfg.dataset_dir,
             cfg.cache_size,
@@ -243,13 +252,18 @@ impl Mount {
                 cache.dataset_bytes_handle(),
             )
             .map_err(|e| {
-                (
-                    2,
-                    format!("source {}: {}", cfg.source.display(), short_io(&e)),
-                )
+                let why = if crate::source_guard::is_timeout(&e) {
+                    format!(
+                        "did not answer within --metadata-timeout ({}s)",
+                        cfg.metadata_timeout.as_secs_f64()
+                    )
+                } else {
+                    short_io(&e)
+                };
+                (2, format!("source {}: {why}", cfg.source.display()))
             })?,
         };
-        let ns = Arc::new(ns);
+        let ns = Arc::new(ns.with_stats(Arc::clone(&stats)));
         let cache_capacity = cache.capacity();
         let disk = Arc::new(cache);
         let cache: Arc<dyn BlockCache> = Arc::clone(&disk) as Arc<dyn BlockCache>;
@@ -332,7 +346,6 @@ impl Mount {
         let fs = LocaFs::new(
             Arc::clone(&ns),
             Arc::clone(&reader),
-            Arc::clone(&source),
             Arc::clone(&stats),
             rt.handle().clone(),
             FuseOptions {

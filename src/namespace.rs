@@ -16,9 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use std::collections::HashMap;
+
+use parking_lot::{Mutex, RwLock};
+use tracing::warn;
 
 use crate::source::{EntryKind, Source, SourceAttr};
+use crate::source_guard::is_timeout;
+use crate::stats::Stats;
 
 /// The root's inode number (FUSE's convention).
 pub const ROOT: u64 = 1;
@@ -174,7 +179,22 @@ pub struct Namespace {
     revalidate: Option<Duration>,
     started: Instant,
     inner: RwLock<Inner>,
+    /// The last known answers that live outside the tree: symlink targets
+    /// read so far, and the source's `statvfs`, for when it does not answer.
+    last_known: Mutex<LastKnown>,
+    /// Where answers from the last known tree are counted.
+    stats: Option<Arc<Stats>>,
 }
+
+#[derive(Default)]
+struct LastKnown {
+    links: HashMap<u64, PathBuf>,
+    statvfs: Option<libc::statvfs>,
+}
+
+/// At most one "answered from the last known tree" line a minute: an
+/// outage must not flood the log (every such answer is counted in stats).
+static STALE: crate::logging::RateLimit = crate::logging::RateLimit::new(60_000);
 
 impl Namespace {
     /// `known_sink` receives the total size of the files seen so far, as it
@@ -201,6 +221,8 @@ impl Namespace {
                 known_sink,
                 changes: 0,
             }),
+            last_known: Mutex::default(),
+            stats: None,
         };
         ns.inner.write().push(ROOT, b"", root, 0);
         Ok(ns)
@@ -256,7 +278,30 @@ impl Namespace {
             revalidate,
             started,
             inner: RwLock::new(inner),
+            last_known: Mutex::default(),
+            stats: None,
         })
+    }
+
+    /// Counts answers given from the last known tree in `stats`.
+    pub fn with_stats(mut self, stats: Arc<Stats>) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// An answer from the last known tree, because the source did not
+    /// answer `op` in time: counted, and logged now and then.
+    fn stale_answer(&self, op: &str, path: &Path) {
+        if let Some(s) = &self.stats {
+            s.stale_answers.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(more) = STALE.allow() {
+            warn!(
+                "source did not answer {op} of {:?} in time: answered from the last known tree \
+                 ({more} more such answers not logged)",
+                path
+            );
+        }
     }
 
     /// A manifest of everything known, for the next mount.
@@ -346,6 +391,24 @@ impl Namespace {
                     .ok_or_else(enoent)?;
                 Ok((ino, attr))
             }
+            Err(e) if is_timeout(&e) => {
+                // A known entry is answered as last seen; an unknown name
+                // cannot be.
+                let inner = self.inner.read();
+                let known = inner
+                    .node(parent)
+                    .and_then(|p| p.dir.as_deref())
+                    .and_then(|d| inner.find_child(d, name).ok().map(|i| d.children[i]))
+                    .and_then(|ino| Some((ino, inner.node(ino)?.attr)));
+                drop(inner);
+                match known {
+                    Some(k) => {
+                        self.stale_answer("lookup", &path);
+                        Ok(k)
+                    }
+                    None => Err(e),
+                }
+            }
             Err(e) => {
                 if e.kind() == io::ErrorKind::NotFound {
                     self.inner.write().remove_child(parent, name);
@@ -366,7 +429,16 @@ impl Namespace {
             inner.path(ino).ok_or_else(enoent)?
         };
         let now = self.now_ms();
-        let attr = self.source.stat(&path)?;
+        let attr = match self.source.stat(&path) {
+            Ok(a) => a,
+            Err(e) if is_timeout(&e) => {
+                let known = self.inner.read().node(ino).map(|n| n.attr);
+                let Some(known) = known else { return Err(e) };
+                self.stale_answer("stat", &path);
+                return Ok(known);
+            }
+            Err(e) => return Err(e),
+        };
         let mut inner = self.inner.write();
         let old = inner.node(ino).ok_or_else(enoent)?.attr;
         if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir) || old.ino != attr.ino {
@@ -396,7 +468,26 @@ impl Namespace {
             inner.path(ino).ok_or_else(enoent)?
         };
         let now = self.now_ms();
-        let mut entries = self.source.list(&path)?;
+        let mut entries = match self.source.list(&path) {
+            Ok(e) => e,
+            Err(e) if is_timeout(&e) => {
+                // A directory listed before is served as last listed; one
+                // never listed in full cannot be (its known children may
+                // be only some of them).
+                let listed = self
+                    .inner
+                    .read()
+                    .node(ino)
+                    .and_then(|n| n.dir.as_deref())
+                    .is_some_and(|d| d.listed_ms.is_some());
+                if !listed {
+                    return Err(e);
+                }
+                self.stale_answer("readdir", &path);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         let mut inner = self.inner.write();
         let old: Vec<(Box<[u8]>, u64)> = {
@@ -498,9 +589,73 @@ impl Namespace {
             .unwrap_or(ROOT)
     }
 
+    /// The target of a symlink; the last one read if the source does not
+    /// answer in time.
     pub fn read_link(&self, ino: u64) -> io::Result<PathBuf> {
         let path = self.path(ino)?;
-        self.source.read_link(&path)
+        match self.source.read_link(&path) {
+            Ok(t) => {
+                self.last_known.lock().links.insert(ino, t.clone());
+                Ok(t)
+            }
+            Err(e) if is_timeout(&e) => {
+                let known = self.last_known.lock().links.get(&ino).cloned();
+                let Some(t) = known else { return Err(e) };
+                self.stale_answer("readlink", &path);
+                Ok(t)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `statvfs` of the source; the last one if it does not answer in time.
+    pub fn statfs(&self) -> io::Result<libc::statvfs> {
+        match self.source.statvfs() {
+            Ok(s) => {
+                self.last_known.lock().statvfs = Some(s);
+                Ok(s)
+            }
+            Err(e) if is_timeout(&e) => {
+                let known = self.last_known.lock().statvfs;
+                let Some(s) = known else { return Err(e) };
+                self.stale_answer("statfs", Path::new(""));
+                Ok(s)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether [`Namespace::getattr`] of `ino` can answer without asking
+    /// the source (the FUSE adapter answers those on its own thread and
+    /// hands the others to a worker).
+    pub fn getattr_is_local(&self, ino: u64) -> bool {
+        let inner = self.inner.read();
+        inner.node(ino).is_none_or(|n| !self.stale(n.checked_ms))
+    }
+
+    /// Whether [`Namespace::lookup`] of `name` in `parent` can answer
+    /// without asking the source.
+    pub fn lookup_is_local(&self, parent: u64, name: &OsStr) -> bool {
+        let inner = self.inner.read();
+        let Some(dir) = inner.node(parent).and_then(|p| p.dir.as_deref()) else {
+            return true;
+        };
+        match inner.find_child(dir, name.as_bytes()) {
+            Ok(i) => inner
+                .node(dir.children[i])
+                .is_some_and(|n| !self.stale(n.checked_ms)),
+            Err(_) => dir.listed_ms.is_some_and(|t| !self.stale(t)),
+        }
+    }
+
+    /// Whether [`Namespace::refresh_dir`] of `ino` needs nothing from the
+    /// source.
+    pub fn listing_is_local(&self, ino: u64) -> bool {
+        let inner = self.inner.read();
+        inner
+            .node(ino)
+            .and_then(|n| n.dir.as_deref())
+            .is_none_or(|d| d.listed_ms.is_some_and(|t| !self.stale(t)))
     }
 
     /// Resolves a path relative to the root, component by component (no

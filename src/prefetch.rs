@@ -498,6 +498,11 @@ impl ReadAhead {
         let jobs = Arc::new(Semaphore::new(self.cfg.jobs.max(1)));
         let mut bucket = TokenBucket::new(self.cfg.bandwidth);
         loop {
+            // Nothing to fetch from a stalled source: wait for its return
+            // rather than skip the epoch's files on refused fetches.
+            while self.reader.source_stalled() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             // First the blocks the loader read that did not reach the disk
             // cache (its write queue was full), so that their files are
             // complete (passthrough) before the next epoch; then the epoch's

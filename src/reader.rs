@@ -615,28 +615,19 @@ impl Reader {
                 }
             }
         }
-        let me = Arc::clone(self);
-        let f = Arc::clone(file);
-        tokio::task::spawn_blocking(move || me.fetch_blocking(&f, index))
-            .await
-            .unwrap_or_else(|e| Err(ReadError::Internal(format!("fetch task failed: {e}"))))
-            .map(|b| (b, false))
-    }
-
-    fn fetch_blocking(
-        &self,
-        file: &FileVersion,
-        index: u64,
-    ) -> Result<ChecksummedBytes, ReadError> {
-        // Another fetch may have filled the cache since we looked.
-        if let Some(b) = self.cache.get(file, index) {
-            return Ok(b);
-        }
+        // The source read holds no thread here while it waits: the source
+        // (its guard) runs it on a bounded pool of its own, and refuses it
+        // at once while the source is stalled.
         let len = file.block_len(index, self.cfg.block_size);
         let t = metrics::timer();
-        let data = self
-            .source
-            .read_at(&file.rel, &file.version, index * self.cfg.block_size, len);
+        let data = Arc::clone(&self.source)
+            .read_at_async(
+                Arc::clone(&file.rel),
+                file.version,
+                index * self.cfg.block_size,
+                len,
+            )
+            .await;
         metrics::observe_tier(Tier::Source, t, data.is_ok());
         let data = data.map_err(|e| {
             self.stats.source_errors.fetch_add(1, Relaxed);
@@ -644,7 +635,13 @@ impl Reader {
         })?;
         self.stats.source_bytes.fetch_add(len as u64, Relaxed);
         self.stats.source_reads.fetch_add(1, Relaxed);
-        Ok(ChecksummedBytes::from_source(data))
+        Ok((ChecksummedBytes::from_source(data), false))
+    }
+
+    /// Whether the source is stalled now (read-ahead waits for its return
+    /// rather than spend the epoch's files on refused fetches).
+    pub fn source_stalled(&self) -> bool {
+        self.source.stalled()
     }
 }
 

@@ -12,8 +12,10 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use thiserror::Error;
 use tracing::info;
 
@@ -152,6 +154,36 @@ pub trait Source: Send + Sync + 'static {
     ) -> Result<Bytes, SourceError>;
     /// `statvfs` of the source, for `df` on the mount.
     fn statvfs(&self) -> io::Result<libc::statvfs>;
+
+    /// [`Source::read_at`] for async callers. The default runs it on the
+    /// runtime's blocking pool; the [`SourceGuard`](crate::source_guard::SourceGuard)
+    /// runs it on its own bounded pool and holds no thread while it waits.
+    fn read_at_async(
+        self: Arc<Self>,
+        rel: Arc<Path>,
+        version: SourceVersion,
+        offset: u64,
+        len: usize,
+    ) -> BoxFuture<'static, Result<Bytes, SourceError>> {
+        Box::pin(async move {
+            let r = Arc::clone(&rel);
+            tokio::task::spawn_blocking(move || self.read_at(&r, &version, offset, len))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(SourceError::Io {
+                        path: rel.to_path_buf(),
+                        source: io::Error::other(e),
+                    })
+                })
+        })
+    }
+
+    /// Whether the source has stopped answering (calls that need it fail
+    /// at once until it answers again). Only the guard knows; a plain
+    /// source is never stalled.
+    fn stalled(&self) -> bool {
+        false
+    }
 }
 
 /// A source that is a directory of the local file system (which may itself be

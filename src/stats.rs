@@ -43,6 +43,21 @@ pub struct Stats {
     pub peer_bad_requests: AtomicU64,
     /// Incoming peer connections refused at the handshake.
     pub peer_refused_connections: AtomicU64,
+    /// Since when the source is stalled (Unix ms; 0: it answers).
+    pub source_stalled_since_ms: AtomicU64,
+    /// Times the source was found stalled.
+    pub source_stalls: AtomicU64,
+    /// Calls into the source refused at once because it was stalled.
+    pub source_calls_refused: AtomicU64,
+    /// Calls into the source whose caller stopped waiting at its deadline.
+    pub source_timeouts: AtomicU64,
+    /// Requests answered from the last known tree because the source did
+    /// not answer in time.
+    pub stale_answers: AtomicU64,
+    /// Threads calling into the source now (the guard's workers and probe),
+    /// and the most there ever were.
+    pub source_threads: AtomicU64,
+    pub source_threads_peak: AtomicU64,
     /// The peer module's view of each member, when peers are configured.
     pub peers: PeerViewSlot,
 }
@@ -113,6 +128,13 @@ impl Default for Stats {
             peer_failures: AtomicU64::new(0),
             peer_bad_requests: AtomicU64::new(0),
             peer_refused_connections: AtomicU64::new(0),
+            source_stalled_since_ms: AtomicU64::new(0),
+            source_stalls: AtomicU64::new(0),
+            source_calls_refused: AtomicU64::new(0),
+            source_timeouts: AtomicU64::new(0),
+            stale_answers: AtomicU64::new(0),
+            source_threads: AtomicU64::new(0),
+            source_threads_peak: AtomicU64::new(0),
             peers: PeerViewSlot::default(),
         }
     }
@@ -120,7 +142,7 @@ impl Default for Stats {
 
 /// A point-in-time copy of the counters plus the cache's state; the JSON
 /// schema of `locafs stats --json`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct StatsSnapshot {
     pub source: String,
     pub mountpoint: String,
@@ -160,6 +182,28 @@ pub struct StatsSnapshot {
     pub peer_bad_requests: u64,
     #[serde(default)]
     pub peer_refused_connections: u64,
+    /// Since when the source has not answered (Unix seconds), or None
+    /// while it answers.
+    #[serde(default)]
+    pub source_stalled_since: Option<f64>,
+    /// Times the source was found stalled.
+    #[serde(default)]
+    pub source_stalls: u64,
+    /// Calls that needed the source refused at once while it was stalled.
+    #[serde(default)]
+    pub source_calls_refused: u64,
+    /// Calls into the source given up at their deadline.
+    #[serde(default)]
+    pub source_timeouts: u64,
+    /// Requests (lookup, getattr, readdir, readlink, statfs, open) answered
+    /// from the last known tree because the source did not answer in time.
+    #[serde(default)]
+    pub stale_answers: u64,
+    /// Threads calling into the source now, and the most there ever were.
+    #[serde(default)]
+    pub source_threads: u64,
+    #[serde(default)]
+    pub source_threads_peak: u64,
     /// Empty without --peers.
     #[serde(default)]
     pub peers: Vec<PeerSnapshot>,
@@ -198,6 +242,16 @@ impl Stats {
             peer_failures: self.peer_failures.load(Relaxed),
             peer_bad_requests: self.peer_bad_requests.load(Relaxed),
             peer_refused_connections: self.peer_refused_connections.load(Relaxed),
+            source_stalled_since: match self.source_stalled_since_ms.load(Relaxed) {
+                0 => None,
+                ms => Some(ms as f64 / 1000.0),
+            },
+            source_stalls: self.source_stalls.load(Relaxed),
+            source_calls_refused: self.source_calls_refused.load(Relaxed),
+            source_timeouts: self.source_timeouts.load(Relaxed),
+            stale_answers: self.stale_answers.load(Relaxed),
+            source_threads: self.source_threads.load(Relaxed),
+            source_threads_peak: self.source_threads_peak.load(Relaxed),
             peers: self.peers.get(),
             read_ahead: Default::default(),
         }
@@ -299,6 +353,35 @@ impl StatsSnapshot {
                 ),
             ),
         ];
+        if let Some(since) = self.source_stalled_since {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(since);
+            rows.push((
+                "SOURCE STALLED",
+                format!(
+                    "no answer for {:.0} s: cached data and the last known tree are served, \
+                     the rest fails with ETIMEDOUT until it answers",
+                    (now - since).max(0.0)
+                ),
+            ));
+        }
+        if self.source_stalls + self.stale_answers + self.source_timeouts > 0 {
+            rows.push((
+                "source outages",
+                format!(
+                    "{} stalls, {} answers from the last known tree, {} calls timed out, \
+                     {} refused while stalled; {} source threads now ({} at most)",
+                    self.source_stalls,
+                    self.stale_answers,
+                    self.source_timeouts,
+                    self.source_calls_refused,
+                    self.source_threads,
+                    self.source_threads_peak
+                ),
+            ));
+        }
         if self.cache_writes_skipped > 0 {
             rows.push((
                 "not cached",

@@ -71,6 +71,12 @@ fn stats_json_schema_and_watch() {
         "peer_failures",
         "peer_bad_requests",
         "peer_refused_connections",
+        "source_stalls",
+        "source_calls_refused",
+        "source_timeouts",
+        "stale_answers",
+        "source_threads",
+        "source_threads_peak",
         "epoch",
         "epoch_files_read",
         "epoch_files_total",
@@ -88,6 +94,8 @@ fn stats_json_schema_and_watch() {
     for k in counts {
         assert!(obj.get(k).is_some_and(|x| x.is_u64()), "{k}: {v}");
     }
+    // null while the source answers.
+    assert!(obj["source_stalled_since"].is_null(), "{v}");
     assert!(obj["cache_writable"].is_boolean());
     assert!(obj["plan_active"].is_boolean());
     assert!(obj["peers"].as_array().is_some_and(|p| p.is_empty()));
