@@ -94,7 +94,11 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    println!("cached {} files in {:.1} s", files.len(), t.elapsed().as_secs_f64());
+    println!(
+        "cached {} files in {:.1} s",
+        files.len(),
+        t.elapsed().as_secs_f64()
+    );
     // A file the mount knows but has not cached: it appears at the next
     // revalidation of the root's listing.
     fs::write(src.join("late.bin"), vec![1u8; FILE_SIZE]).unwrap();
@@ -217,7 +221,10 @@ fn main() {
     println!(
         "\nstats while stalled: stale_answers {}, source_calls_refused {}, source_timeouts {}, \
          source_threads_peak {}",
-        s["stale_answers"], s["source_calls_refused"], s["source_timeouts"], s["source_threads_peak"]
+        s["stale_answers"],
+        s["source_calls_refused"],
+        s["source_timeouts"],
+        s["source_threads_peak"]
     );
     drop(under_test);
     drop(server);
@@ -374,7 +381,10 @@ impl Daemon {
             .expect("start locafs");
         let t = Instant::now();
         while !mounted(mnt) {
-            assert!(t.elapsed() < Duration::from_secs(30), "mount did not appear");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "mount did not appear"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Daemon {

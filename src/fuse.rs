@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::cache::FileVersion;
 use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode};
 use crate::metrics::{self, FuseOp};
-use crate::namespace::{Namespace, ROOT};
+use crate::namespace::{Namespace, Step, ROOT};
 use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
 use crate::source::{EntryKind, SourceAttr};
@@ -223,14 +223,9 @@ impl LocaFs {
     }
 }
 
-/// Answers a READDIR from the namespace, refreshing the listing from the
-/// source first when it starts (offset 0) and is stale.
-fn readdir_reply(ns: &Namespace, ino: INodeNo, offset: u64, mut reply: ReplyDirectory) {
-    if offset == 0 {
-        if let Err(e) = ns.refresh_dir(ino.0) {
-            return reply.error(errno(&e));
-        }
-    }
+/// Answers a READDIR from what the namespace holds (refreshed first by the
+/// caller when the listing starts).
+fn fill_dir(ns: &Namespace, ino: INodeNo, offset: u64, mut reply: ReplyDirectory) {
     if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
         return reply.ok();
     }
@@ -246,31 +241,30 @@ fn readdir_reply(ns: &Namespace, ino: INodeNo, offset: u64, mut reply: ReplyDire
     }
 }
 
-/// Answers a READDIRPLUS from the namespace (see [`readdir_reply`]).
-fn readdirplus_reply(
+/// Answers a READDIRPLUS from what the namespace holds, with the attributes
+/// of "." (`me`, at offset 0) and ".." (`up`, at offsets 0 and 1) already
+/// looked up by the caller.
+fn fill_dir_plus(
     ns: &Namespace,
     ttl: Duration,
     ino: INodeNo,
     offset: u64,
+    me: Option<std::io::Result<SourceAttr>>,
+    up: Option<std::io::Result<SourceAttr>>,
     mut reply: ReplyDirectoryPlus,
 ) {
     if offset == 0 {
-        if let Err(e) = ns.refresh_dir(ino.0) {
-            return reply.error(errno(&e));
-        }
-    }
-    if offset == 0 {
-        match ns.getattr(ino.0) {
-            Ok(a) if reply.add(ino, 1, ".", &ttl, &attr(ino.0, &a), Generation(0)) => {
+        match me {
+            Some(Ok(a)) if reply.add(ino, 1, ".", &ttl, &attr(ino.0, &a), Generation(0)) => {
                 return reply.ok()
             }
-            Ok(_) => {}
-            Err(e) => return reply.error(errno(&e)),
+            Some(Err(e)) => return reply.error(errno(&e)),
+            _ => {}
         }
     }
     if offset <= 1 {
         let parent = ns.parent(ino.0);
-        if let Ok(a) = ns.getattr(parent) {
+        if let Some(Ok(a)) = up {
             if reply.add(
                 INodeNo(parent),
                 2,
@@ -351,31 +345,39 @@ impl Filesystem for LocaFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         metrics::fuse_op(FuseOp::Lookup);
         let ttl = self.opts.ttl;
-        let answer = move |ns: &Namespace, name: &OsStr, reply: ReplyEntry| match ns
-            .lookup(parent.0, name)
-        {
+        let answer = move |r: std::io::Result<(u64, SourceAttr)>, reply: ReplyEntry| match r {
             Ok((ino, a)) => reply.entry(&ttl, &attr(ino, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         };
-        if self.ns.lookup_is_local(parent.0, name) {
-            return answer(&self.ns, name, reply);
+        match self.ns.lookup_local(parent.0, name) {
+            Step::Done(r) => answer(r, reply),
+            Step::Ask(ask) => {
+                let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
+                self.rt.spawn(async move {
+                    let r = ns.stat_for(&ask).await;
+                    answer(ns.lookup_answer(parent.0, &name, ask, r), reply)
+                });
+            }
         }
-        let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
-        self.off_thread(move || answer(&ns, &name, reply));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         metrics::fuse_op(FuseOp::Getattr);
         let ttl = self.opts.ttl;
-        let answer = move |ns: &Namespace, reply: ReplyAttr| match ns.getattr(ino.0) {
+        let answer = move |r: std::io::Result<SourceAttr>, reply: ReplyAttr| match r {
             Ok(a) => reply.attr(&ttl, &attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
         };
-        if self.ns.getattr_is_local(ino.0) {
-            return answer(&self.ns, reply);
+        match self.ns.getattr_local(ino.0) {
+            Step::Done(r) => answer(r, reply),
+            Step::Ask(ask) => {
+                let ns = Arc::clone(&self.ns);
+                self.rt.spawn(async move {
+                    let r = ns.stat_for(&ask).await;
+                    answer(ns.getattr_answer(ino.0, ask, r), reply)
+                });
+            }
         }
-        let ns = Arc::clone(&self.ns);
-        self.off_thread(move || answer(&ns, reply));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -544,11 +546,23 @@ impl Filesystem for LocaFs {
         reply: ReplyDirectory,
     ) {
         metrics::fuse_op(FuseOp::Readdir);
-        if offset > 0 || self.ns.listing_is_local(ino.0) {
-            return readdir_reply(&self.ns, ino, offset, reply);
+        // A listing is refreshed when it starts (offset 0), at most.
+        if offset > 0 {
+            return fill_dir(&self.ns, ino, offset, reply);
         }
-        let ns = Arc::clone(&self.ns);
-        self.off_thread(move || readdir_reply(&ns, ino, offset, reply));
+        match self.ns.listing_local(ino.0) {
+            Step::Done(Ok(())) => fill_dir(&self.ns, ino, offset, reply),
+            Step::Done(Err(e)) => reply.error(errno(&e)),
+            Step::Ask(_) => {
+                let ns = Arc::clone(&self.ns);
+                self.rt.spawn(async move {
+                    match ns.refresh_dir_async(ino.0).await {
+                        Ok(()) => fill_dir(&ns, ino, offset, reply),
+                        Err(e) => reply.error(errno(&e)),
+                    }
+                });
+            }
+        }
     }
 
     fn readdirplus(
@@ -561,15 +575,34 @@ impl Filesystem for LocaFs {
     ) {
         metrics::fuse_op(FuseOp::Readdirplus);
         let ttl = self.opts.ttl;
-        let local = offset > 1
-            || (self.ns.listing_is_local(ino.0)
-                && self.ns.getattr_is_local(ino.0)
-                && self.ns.getattr_is_local(self.ns.parent(ino.0)));
-        if local {
-            return readdirplus_reply(&self.ns, ttl, ino, offset, reply);
+        if offset > 1 {
+            return fill_dir_plus(&self.ns, ttl, ino, offset, None, None, reply);
+        }
+        let ns = &self.ns;
+        let parent = ns.parent(ino.0);
+        let listing = if offset == 0 {
+            ns.listing_local(ino.0)
+        } else {
+            Step::Done(Ok(()))
+        };
+        let (me, up) = (ns.getattr_local(ino.0), ns.getattr_local(parent));
+        if let (Step::Done(listed), Step::Done(me), Step::Done(up)) = (listing, me, up) {
+            return match listed {
+                Ok(()) => fill_dir_plus(ns, ttl, ino, offset, Some(me), Some(up), reply),
+                Err(e) => reply.error(errno(&e)),
+            };
         }
         let ns = Arc::clone(&self.ns);
-        self.off_thread(move || readdirplus_reply(&ns, ttl, ino, offset, reply));
+        self.rt.spawn(async move {
+            if offset == 0 {
+                if let Err(e) = ns.refresh_dir_async(ino.0).await {
+                    return reply.error(errno(&e));
+                }
+            }
+            let me = ns.getattr_async(ino.0).await;
+            let up = ns.getattr_async(parent).await;
+            fill_dir_plus(&ns, ttl, ino, offset, Some(me), Some(up), reply)
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

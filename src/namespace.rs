@@ -165,6 +165,22 @@ impl Inner {
     }
 }
 
+/// A request the namespace answers alone, or the question it must put to
+/// the source first. The FUSE adapter answers `Done` on its own thread and
+/// puts `Ask` to the source without holding one.
+pub enum Step<T> {
+    Done(io::Result<T>),
+    Ask(Ask),
+}
+
+/// What to ask the source (the path), and when the question was asked (the
+/// answer counts as checked then).
+#[derive(Debug)]
+pub struct Ask {
+    pub path: PathBuf,
+    at_ms: u64,
+}
+
 /// One directory entry as `readdir` hands it out.
 pub struct DirEntry<'a> {
     pub ino: u64,
@@ -320,6 +336,13 @@ impl Namespace {
         self.inner.read().changes
     }
 
+    fn ask<T>(&self, path: PathBuf) -> Step<T> {
+        Step::Ask(Ask {
+            path,
+            at_ms: self.now_ms(),
+        })
+    }
+
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -355,39 +378,78 @@ impl Namespace {
 
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> io::Result<(u64, SourceAttr)> {
+        match self.lookup_local(parent, name) {
+            Step::Done(r) => r,
+            Step::Ask(ask) => {
+                let r = self.source.stat(&ask.path);
+                self.lookup_answer(parent, name, ask, r)
+            }
+        }
+    }
+
+    /// [`Namespace::lookup`] without holding a thread while the source
+    /// answers.
+    pub async fn lookup_async(&self, parent: u64, name: &OsStr) -> io::Result<(u64, SourceAttr)> {
+        match self.lookup_local(parent, name) {
+            Step::Done(r) => r,
+            Step::Ask(ask) => {
+                let r = self.stat_for(&ask).await;
+                self.lookup_answer(parent, name, ask, r)
+            }
+        }
+    }
+
+    /// The source's `stat` for `ask`, without holding a thread.
+    pub async fn stat_for(&self, ask: &Ask) -> io::Result<SourceAttr> {
+        Arc::clone(&self.source).stat_async(ask.path.clone()).await
+    }
+
+    /// A lookup's answer if the namespace knows it fresh, else what to ask
+    /// the source.
+    pub fn lookup_local(&self, parent: u64, name: &OsStr) -> Step<(u64, SourceAttr)> {
         let name = name.as_bytes();
-        let path = {
-            let inner = self.inner.read();
-            let p = inner.node(parent).ok_or_else(enoent)?;
-            let dir = p
-                .dir
-                .as_deref()
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
-            let listed_fresh = dir.listed_ms.is_some_and(|t| !self.stale(t));
-            match inner.find_child(dir, name) {
-                Ok(i) => {
-                    let ino = dir.children[i];
-                    if let Some(n) = inner.node(ino) {
-                        if !self.stale(n.checked_ms) {
-                            return Ok((ino, n.attr));
-                        }
+        let inner = self.inner.read();
+        let Some(p) = inner.node(parent) else {
+            return Step::Done(Err(enoent()));
+        };
+        let Some(dir) = p.dir.as_deref() else {
+            return Step::Done(Err(io::Error::from_raw_os_error(libc::ENOTDIR)));
+        };
+        let listed_fresh = dir.listed_ms.is_some_and(|t| !self.stale(t));
+        match inner.find_child(dir, name) {
+            Ok(i) => {
+                let ino = dir.children[i];
+                if let Some(n) = inner.node(ino) {
+                    if !self.stale(n.checked_ms) {
+                        return Step::Done(Ok((ino, n.attr)));
                     }
                 }
-                // A fresh full listing knows every name: no need to ask.
-                Err(_) if listed_fresh => return Err(enoent()),
-                Err(_) => {}
             }
-            inner
-                .path(parent)
-                .ok_or_else(enoent)?
-                .join(OsStr::from_bytes(name))
-        };
-        let now = self.now_ms();
-        match self.source.stat(&path) {
+            // A fresh full listing knows every name: no need to ask.
+            Err(_) if listed_fresh => return Step::Done(Err(enoent())),
+            Err(_) => {}
+        }
+        match inner.path(parent) {
+            Some(p) => self.ask(p.join(OsStr::from_bytes(name))),
+            None => Step::Done(Err(enoent())),
+        }
+    }
+
+    /// Applies the source's answer `r` to [`Namespace::lookup_local`]'s
+    /// question.
+    pub fn lookup_answer(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        ask: Ask,
+        r: io::Result<SourceAttr>,
+    ) -> io::Result<(u64, SourceAttr)> {
+        let name = name.as_bytes();
+        match r {
             Ok(attr) => {
                 let mut inner = self.inner.write();
                 let ino = inner
-                    .upsert_child(parent, name, attr, now)
+                    .upsert_child(parent, name, attr, ask.at_ms)
                     .ok_or_else(enoent)?;
                 Ok((ino, attr))
             }
@@ -403,7 +465,7 @@ impl Namespace {
                 drop(inner);
                 match known {
                     Some(k) => {
-                        self.stale_answer("lookup", &path);
+                        self.stale_answer("lookup", &ask.path);
                         Ok(k)
                     }
                     None => Err(e),
@@ -420,21 +482,56 @@ impl Namespace {
 
     /// Attributes of an inode, revalidated against the source when stale.
     pub fn getattr(&self, ino: u64) -> io::Result<SourceAttr> {
-        let path = {
-            let inner = self.inner.read();
-            let n = inner.node(ino).ok_or_else(enoent)?;
-            if !self.stale(n.checked_ms) {
-                return Ok(n.attr);
+        match self.getattr_local(ino) {
+            Step::Done(r) => r,
+            Step::Ask(ask) => {
+                let r = self.source.stat(&ask.path);
+                self.getattr_answer(ino, ask, r)
             }
-            inner.path(ino).ok_or_else(enoent)?
+        }
+    }
+
+    /// [`Namespace::getattr`] without holding a thread while the source
+    /// answers.
+    pub async fn getattr_async(&self, ino: u64) -> io::Result<SourceAttr> {
+        match self.getattr_local(ino) {
+            Step::Done(r) => r,
+            Step::Ask(ask) => {
+                let r = self.stat_for(&ask).await;
+                self.getattr_answer(ino, ask, r)
+            }
+        }
+    }
+
+    /// An inode's attributes if they are fresh, else what to ask the source.
+    pub fn getattr_local(&self, ino: u64) -> Step<SourceAttr> {
+        let inner = self.inner.read();
+        let Some(n) = inner.node(ino) else {
+            return Step::Done(Err(enoent()));
         };
-        let now = self.now_ms();
-        let attr = match self.source.stat(&path) {
+        if !self.stale(n.checked_ms) {
+            return Step::Done(Ok(n.attr));
+        }
+        match inner.path(ino) {
+            Some(p) => self.ask(p),
+            None => Step::Done(Err(enoent())),
+        }
+    }
+
+    /// Applies the source's answer `r` to [`Namespace::getattr_local`]'s
+    /// question.
+    pub fn getattr_answer(
+        &self,
+        ino: u64,
+        ask: Ask,
+        r: io::Result<SourceAttr>,
+    ) -> io::Result<SourceAttr> {
+        let attr = match r {
             Ok(a) => a,
             Err(e) if is_timeout(&e) => {
                 let known = self.inner.read().node(ino).map(|n| n.attr);
                 let Some(known) = known else { return Err(e) };
-                self.stale_answer("stat", &path);
+                self.stale_answer("stat", &ask.path);
                 return Ok(known);
             }
             Err(e) => return Err(e),
@@ -448,27 +545,63 @@ impl Namespace {
         inner.account(Some(&old), Some(&attr));
         let n = inner.node_mut(ino).ok_or_else(enoent)?;
         n.attr = attr;
-        n.checked_ms = now;
+        n.checked_ms = ask.at_ms;
         Ok(attr)
     }
 
     /// Lists directory `ino` from the source if it was never listed or its
     /// listing is stale. Called at the start of a directory read.
     pub fn refresh_dir(&self, ino: u64) -> io::Result<()> {
-        let path = {
-            let inner = self.inner.read();
-            let n = inner.node(ino).ok_or_else(enoent)?;
-            let dir = n
-                .dir
-                .as_deref()
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
-            if dir.listed_ms.is_some_and(|t| !self.stale(t)) {
-                return Ok(());
+        match self.listing_local(ino) {
+            Step::Done(r) => r,
+            Step::Ask(ask) => {
+                let r = self.source.list(&ask.path);
+                self.listing_answer(ino, ask, r)
             }
-            inner.path(ino).ok_or_else(enoent)?
+        }
+    }
+
+    /// [`Namespace::refresh_dir`] without holding a thread while the source
+    /// answers.
+    pub async fn refresh_dir_async(&self, ino: u64) -> io::Result<()> {
+        match self.listing_local(ino) {
+            Step::Done(r) => r,
+            Step::Ask(ask) => {
+                let r = Arc::clone(&self.source).list_async(ask.path.clone()).await;
+                self.listing_answer(ino, ask, r)
+            }
+        }
+    }
+
+    /// Done if directory `ino`'s listing is fresh, else what to ask the
+    /// source.
+    pub fn listing_local(&self, ino: u64) -> Step<()> {
+        let inner = self.inner.read();
+        let Some(n) = inner.node(ino) else {
+            return Step::Done(Err(enoent()));
         };
-        let now = self.now_ms();
-        let mut entries = match self.source.list(&path) {
+        let Some(dir) = n.dir.as_deref() else {
+            return Step::Done(Err(io::Error::from_raw_os_error(libc::ENOTDIR)));
+        };
+        if dir.listed_ms.is_some_and(|t| !self.stale(t)) {
+            return Step::Done(Ok(()));
+        }
+        match inner.path(ino) {
+            Some(p) => self.ask(p),
+            None => Step::Done(Err(enoent())),
+        }
+    }
+
+    /// Applies the source's listing `r` to [`Namespace::listing_local`]'s
+    /// question.
+    pub fn listing_answer(
+        &self,
+        ino: u64,
+        ask: Ask,
+        r: io::Result<Vec<(std::ffi::OsString, SourceAttr)>>,
+    ) -> io::Result<()> {
+        let (path, now) = (ask.path, ask.at_ms);
+        let mut entries = match r {
             Ok(e) => e,
             Err(e) if is_timeout(&e) => {
                 // A directory listed before is served as last listed; one
@@ -623,39 +756,6 @@ impl Namespace {
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// Whether [`Namespace::getattr`] of `ino` can answer without asking
-    /// the source (the FUSE adapter answers those on its own thread and
-    /// hands the others to a worker).
-    pub fn getattr_is_local(&self, ino: u64) -> bool {
-        let inner = self.inner.read();
-        inner.node(ino).is_none_or(|n| !self.stale(n.checked_ms))
-    }
-
-    /// Whether [`Namespace::lookup`] of `name` in `parent` can answer
-    /// without asking the source.
-    pub fn lookup_is_local(&self, parent: u64, name: &OsStr) -> bool {
-        let inner = self.inner.read();
-        let Some(dir) = inner.node(parent).and_then(|p| p.dir.as_deref()) else {
-            return true;
-        };
-        match inner.find_child(dir, name.as_bytes()) {
-            Ok(i) => inner
-                .node(dir.children[i])
-                .is_some_and(|n| !self.stale(n.checked_ms)),
-            Err(_) => dir.listed_ms.is_some_and(|t| !self.stale(t)),
-        }
-    }
-
-    /// Whether [`Namespace::refresh_dir`] of `ino` needs nothing from the
-    /// source.
-    pub fn listing_is_local(&self, ino: u64) -> bool {
-        let inner = self.inner.read();
-        inner
-            .node(ino)
-            .and_then(|n| n.dir.as_deref())
-            .is_none_or(|d| d.listed_ms.is_some_and(|t| !self.stale(t)))
     }
 
     /// Resolves a path relative to the root, component by component (no

@@ -155,6 +155,27 @@ pub trait Source: Send + Sync + 'static {
     /// `statvfs` of the source, for `df` on the mount.
     fn statvfs(&self) -> io::Result<libc::statvfs>;
 
+    /// [`Source::stat`] for async callers (see [`Source::read_at_async`]).
+    fn stat_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<SourceAttr>> {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || self.stat(&rel))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)))
+        })
+    }
+
+    /// [`Source::list`] for async callers (see [`Source::read_at_async`]).
+    fn list_async(
+        self: Arc<Self>,
+        rel: PathBuf,
+    ) -> BoxFuture<'static, io::Result<Vec<(OsString, SourceAttr)>>> {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || self.list(&rel))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)))
+        })
+    }
+
     /// [`Source::read_at`] for async callers. The default runs it on the
     /// runtime's blocking pool; the [`SourceGuard`](crate::source_guard::SourceGuard)
     /// runs it on its own bounded pool and holds no thread while it waits.

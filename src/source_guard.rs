@@ -417,6 +417,33 @@ impl SourceGuard {
             .max(Duration::from_millis(1))
     }
 
+    /// Runs `f` on a worker of `pool` and waits for it at most `deadline`
+    /// without holding a thread.
+    async fn call_async<T: Send + 'static>(
+        &self,
+        pool: &Arc<Pool>,
+        deadline: Duration,
+        what: &'static str,
+        f: impl FnOnce(&dyn Source) -> T + Send + 'static,
+    ) -> io::Result<T> {
+        self.admit()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        pool.submit(self.job(what, Reply::Async(tx), f));
+        let end = Instant::now() + deadline;
+        tokio::pin!(rx);
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(self.slice(left), &mut rx).await {
+                Ok(Ok(v)) => return Ok(v),
+                Err(_) if !left.is_zero() && !self.is_stalled() => {}
+                _ => {
+                    self.stats.source_timeouts.fetch_add(1, Relaxed);
+                    return Err(timed_out());
+                }
+            }
+        }
+    }
+
     fn meta<T: Send + 'static>(
         &self,
         what: &'static str,
@@ -478,28 +505,34 @@ impl Source for SourceGuard {
         len: usize,
     ) -> BoxFuture<'static, Result<Bytes, SourceError>> {
         Box::pin(async move {
-            if self.admit().is_err() {
-                return Err(source_timeout(&rel));
-            }
-            let (tx, rx) = tokio::sync::oneshot::channel();
             let r = Arc::clone(&rel);
-            self.data
-                .submit(self.job("read", Reply::Async(tx), move |s| {
-                    s.read_at(&r, &version, offset, len)
-                }));
-            let end = Instant::now() + self.cfg.data_timeout;
-            tokio::pin!(rx);
-            loop {
-                let left = end.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(self.slice(left), &mut rx).await {
-                    Ok(Ok(v)) => return v,
-                    Err(_) if !left.is_zero() && !self.is_stalled() => {}
-                    _ => {
-                        self.stats.source_timeouts.fetch_add(1, Relaxed);
-                        return Err(source_timeout(&rel));
-                    }
-                }
+            let read = move |s: &dyn Source| s.read_at(&r, &version, offset, len);
+            match self
+                .call_async(&self.data, self.cfg.data_timeout, "read", read)
+                .await
+            {
+                Ok(v) => v,
+                Err(_) => Err(source_timeout(&rel)),
             }
+        })
+    }
+
+    fn stat_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<SourceAttr>> {
+        Box::pin(async move {
+            let f = move |s: &dyn Source| s.stat(&rel);
+            self.call_async(&self.metadata, self.cfg.metadata_timeout, "stat", f)
+                .await?
+        })
+    }
+
+    fn list_async(
+        self: Arc<Self>,
+        rel: PathBuf,
+    ) -> BoxFuture<'static, io::Result<Vec<(OsString, SourceAttr)>>> {
+        Box::pin(async move {
+            let f = move |s: &dyn Source| s.list(&rel);
+            self.call_async(&self.metadata, self.cfg.metadata_timeout, "list", f)
+                .await?
         })
     }
 
