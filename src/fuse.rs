@@ -11,7 +11,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -22,8 +22,8 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
-use crate::cache::FileVersion;
-use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode};
+use crate::cache::{BlockCache, FileVersion};
+use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode, Prepared};
 use crate::metrics::{self, FuseOp};
 use crate::namespace::{Namespace, Step, ROOT};
 use crate::prefetch::ReadAhead;
@@ -62,7 +62,7 @@ pub struct FuseOptions {
 pub struct LocaFs {
     ns: Arc<Namespace>,
     reader: Arc<Reader>,
-    files: Arc<OpenFiles<BackingId>>,
+    files: Arc<OpenFiles<BackingId, CachePin>>,
     /// Handles of reads without one (the kernel open mode).
     inode_handles: InodeHandles,
     stats: Arc<Stats>,
@@ -72,6 +72,34 @@ pub struct LocaFs {
     /// The kernel open mode is on (and the kernel can open without us).
     kernel_open: AtomicBool,
     readahead: Arc<ReadAhead>,
+}
+
+/// One pin of a complete cached file, taken by [`BlockCache::open_complete`]
+/// or [`BlockCache::pin_complete`]: given back when dropped, so that every
+/// path that does not hand it over (to the open table, with the backing it
+/// keeps readable) unpins exactly once. (Weak: the cache's dropped-file hook
+/// holds the open table, which holds pins.)
+struct CachePin {
+    cache: Weak<dyn BlockCache>,
+    file: Arc<FileVersion>,
+}
+
+impl CachePin {
+    /// Owns the pin the caller just took on `file`.
+    fn taken(cache: &Arc<dyn BlockCache>, file: &Arc<FileVersion>) -> Self {
+        CachePin {
+            cache: Arc::downgrade(cache),
+            file: Arc::clone(file),
+        }
+    }
+}
+
+impl Drop for CachePin {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache.upgrade() {
+            cache.unpin(&self.file);
+        }
+    }
 }
 
 fn errno(e: &std::io::Error) -> Errno {
@@ -129,7 +157,7 @@ impl LocaFs {
         opts: FuseOptions,
         readahead: Arc<ReadAhead>,
     ) -> Self {
-        let files: Arc<OpenFiles<BackingId>> = Arc::default();
+        let files: Arc<OpenFiles<BackingId, CachePin>> = Arc::default();
         // Backings kept after their inode's last close name the cached file:
         // dropped as soon as it goes (or the kernel would keep its space and
         // read holes where blocks were dropped).
@@ -194,26 +222,32 @@ impl LocaFs {
 
     /// A verified backing file for passthrough, if the file is fully cached:
     /// the one kept from the inode's previous open of this version if the
-    /// cache still holds the file whole, else a new one. The file is pinned
-    /// in the cache either way.
+    /// cache still holds the file whole, else a new one; with the pin that
+    /// keeps the file in the cache (given back when dropped).
     fn prepare_backing(
         &self,
         reply: &ReplyOpen,
         ino: u64,
-        file: &FileVersion,
-    ) -> Option<Arc<BackingId>> {
+        file: &Arc<FileVersion>,
+    ) -> Option<Prepared<BackingId, CachePin>> {
         let cache = self.reader.cache();
-        if let Some(id) = self.files.take_idle(ino, &file.key) {
+        if let Some(backing) = self.files.take_idle(ino, &file.key) {
             publish_kept(&self.files, &self.stats);
             if cache.pin_complete(file) {
-                return Some(id);
+                let pin = CachePin::taken(cache, file);
+                return Some(Prepared { backing, pin });
             }
+            // No longer whole: the kept backing goes.
         }
         let f = cache.open_complete(file)?;
+        let pin = CachePin::taken(cache, file);
         match reply.open_backing(&f) {
-            Ok(id) => Some(Arc::new(id)),
+            Ok(id) => Some(Prepared {
+                backing: Arc::new(id),
+                pin,
+            }),
             Err(e) => {
-                self.reader.cache().unpin(file);
+                drop(pin);
                 if self.passthrough.swap(false, Ordering::Relaxed) {
                     warn!("passthrough refused by the kernel ({e}); serving all reads through the daemon");
                 }
@@ -294,7 +328,7 @@ fn fill_dir_plus(
 }
 
 /// Publishes the number of passthrough backings kept for closed files.
-fn publish_kept(files: &OpenFiles<BackingId>, stats: &Stats) {
+fn publish_kept(files: &OpenFiles<BackingId, CachePin>, stats: &Stats) {
     stats
         .passthrough_kept
         .store(files.idle_count() as u64, Ordering::Relaxed);
@@ -410,7 +444,9 @@ impl Filesystem for LocaFs {
         let file = Arc::new(FileVersion::new(rel, a.version()));
         let cache = self.reader.cache();
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
-        let backing = if self.passthrough.load(Ordering::Relaxed)
+        // Two opens may both find the inode idle and both prepare a backing:
+        // the table keeps one, and drops the other with its pin.
+        let prepared = if self.passthrough.load(Ordering::Relaxed)
             && a.size > 0
             && self.files.is_idle(ino.0)
         {
@@ -418,8 +454,7 @@ impl Filesystem for LocaFs {
         } else {
             None
         };
-        let offered = backing.is_some();
-        let opened = self.files.open(ino.0, Arc::clone(&file), backing);
+        let opened = self.files.open(ino.0, Arc::clone(&file), prepared);
         if let Ok((_, _, true)) = &opened {
             // Older versions of this path are stale from now on.
             cache.note_current(&file);
@@ -433,9 +468,6 @@ impl Filesystem for LocaFs {
             }
             Ok((fh, OpenMode::Cached { keep_cache }, _)) => {
                 self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
-                if offered {
-                    cache.unpin(&file);
-                }
                 self.readahead.on_open(ino.0, &file, false);
                 let flags = if keep_cache {
                     FopenFlags::FOPEN_KEEP_CACHE
@@ -510,8 +542,8 @@ impl Filesystem for LocaFs {
         if released.is_some() {
             self.stats.open_handles.fetch_sub(1, Ordering::Relaxed);
         }
-        if let Some((h, true)) = released {
-            self.reader.cache().unpin(&h.file);
+        // The last passthrough close gave its pin back (in the table).
+        if let Some((_, true)) = released {
             publish_kept(&self.files, &self.stats);
         }
         reply.ok();

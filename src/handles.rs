@@ -11,6 +11,13 @@
 //! the kernel; the cache drops it through [`OpenFiles::forget_idle`] when
 //! the cached file goes or loses blocks.
 //!
+//! A backing offered to an open comes as a [`Prepared`]: the backing and
+//! the pin that keeps its cached file whole, a guard that gives the pin
+//! back when dropped. The table keeps the one an inode's passthrough uses
+//! until its last close; every other one (the open joined another's
+//! passthrough, took the cached mode, or conflicted) is dropped by the
+//! table itself, so no path can forget a pin.
+//!
 //! In the kernel open mode there are no handles: the kernel sends no OPEN
 //! or RELEASE and every read comes with handle 0. [`InodeHandles`] then
 //! keeps one handle per inode (its current version and sequential-read
@@ -47,10 +54,28 @@ pub struct Handle {
 }
 
 #[derive(Debug)]
-struct InodeState<B> {
+struct InodeState<B, P> {
     cached_opens: u32,
-    passthrough: Option<(u32, VersionKey, Arc<B>)>,
+    passthrough: Option<Passthrough<B, P>>,
     last_version: Option<VersionKey>,
+}
+
+/// A backing prepared for a passthrough open, with the pin (`P`, a guard)
+/// that keeps its cached file whole while the kernel may read it: whoever
+/// holds it owns one pin, and dropping it gives the pin back.
+#[derive(Debug)]
+pub struct Prepared<B, P> {
+    pub backing: Arc<B>,
+    pub pin: P,
+}
+
+/// An inode's passthrough: its open count, version, and the prepared
+/// backing (and so the one pin) all its opens share.
+#[derive(Debug)]
+struct Passthrough<B, P> {
+    opens: u32,
+    key: VersionKey,
+    prepared: Prepared<B, P>,
 }
 
 /// Why an open cannot be given any mode right now.
@@ -64,23 +89,24 @@ pub struct ModeConflict;
 pub const IDLE_BACKINGS: usize = 131072;
 
 #[derive(Debug)]
-struct Inner<B> {
+struct Inner<B, P> {
     handles: HashMap<u64, Arc<Handle>>,
-    inodes: HashMap<u64, InodeState<B>>,
+    inodes: HashMap<u64, InodeState<B, P>>,
     next_fh: u64,
     /// Backing ids of closed inodes by version: (inode, backing).
     idle: [HashMap<VersionKey, (u64, Arc<B>)>; 2],
 }
 
-/// The table of open handles of one mount.
+/// The table of open handles of one mount: backing tokens `B`, pin guards
+/// `P`.
 #[derive(Debug)]
-pub struct OpenFiles<B> {
-    inner: Mutex<Inner<B>>,
+pub struct OpenFiles<B, P = ()> {
+    inner: Mutex<Inner<B, P>>,
     /// Entries of `Inner::idle`, kept up to date under the lock.
     kept: std::sync::atomic::AtomicUsize,
 }
 
-impl<B> Default for OpenFiles<B> {
+impl<B, P> Default for OpenFiles<B, P> {
     fn default() -> Self {
         OpenFiles {
             inner: Mutex::new(Inner {
@@ -94,7 +120,7 @@ impl<B> Default for OpenFiles<B> {
     }
 }
 
-impl<B> OpenFiles<B> {
+impl<B, P> OpenFiles<B, P> {
     /// Whether `ino` has no open handle: only then is it worth preparing a
     /// backing file for passthrough (otherwise the open follows the mode the
     /// inode is already in).
@@ -121,7 +147,7 @@ impl<B> OpenFiles<B> {
         Some(b)
     }
 
-    fn count_kept(&self, inner: &Inner<B>) {
+    fn count_kept(&self, inner: &Inner<B, P>) {
         let n = inner.idle.iter().map(HashMap::len).sum();
         self.kept.store(n, std::sync::atomic::Ordering::Relaxed);
     }
@@ -148,40 +174,62 @@ impl<B> OpenFiles<B> {
         self.kept.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Registers an open. `backing` is a ready backing token if the caller
-    /// prepared one (it is used only if the inode can take passthrough now;
-    /// otherwise it is dropped and the open is cached). Returns the handle
-    /// number, the mode, and whether this version is new for the inode (not
-    /// the one its previous open saw).
+    /// Registers an open. `prepared` is a ready backing and its pin if the
+    /// caller prepared one: the inode's passthrough takes it if the inode
+    /// can take passthrough now and has none; otherwise it is dropped here
+    /// (its pin given back), whatever the outcome. Returns the handle
+    /// number, the mode, and whether this version is new for the inode
+    /// (not the one its previous open saw).
     pub fn open(
         &self,
         ino: u64,
         file: Arc<FileVersion>,
-        backing: Option<Arc<B>>,
+        prepared: Option<Prepared<B, P>>,
     ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
+        let mut unused = prepared;
+        let mut guard = self.inner.lock();
+        let opened = Self::open_locked(&mut guard, ino, file, &mut unused);
+        drop(guard);
+        // Not taken: its pin goes back and its backing is unregistered
+        // from the kernel, outside the lock.
+        drop(unused);
+        opened
+    }
+
+    fn open_locked(
+        inner: &mut Inner<B, P>,
+        ino: u64,
+        file: Arc<FileVersion>,
+        prepared: &mut Option<Prepared<B, P>>,
+    ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
         let st = inner.inodes.entry(ino).or_insert(InodeState {
             cached_opens: 0,
             passthrough: None,
             last_version: None,
         });
         let keep_cache = st.last_version == Some(file.key);
-        let mode = match (&mut st.passthrough, backing) {
-            (Some((n, key, b)), _) if *key == file.key => {
-                *n += 1;
-                OpenMode::Passthrough(Arc::clone(b))
+        let mode = match &mut st.passthrough {
+            Some(p) if p.key == file.key => {
+                p.opens += 1;
+                OpenMode::Passthrough(Arc::clone(&p.prepared.backing))
             }
             // Open in passthrough on another version: neither mode works.
-            (Some(_), _) => return Err(ModeConflict),
-            (None, Some(b)) if st.cached_opens == 0 => {
-                st.passthrough = Some((1, file.key, Arc::clone(&b)));
-                OpenMode::Passthrough(b)
-            }
-            (None, _) => {
-                st.cached_opens += 1;
-                OpenMode::Cached { keep_cache }
-            }
+            Some(_) => return Err(ModeConflict),
+            None => match prepared.take() {
+                Some(prepared) if st.cached_opens == 0 => {
+                    let p = st.passthrough.insert(Passthrough {
+                        opens: 1,
+                        key: file.key,
+                        prepared,
+                    });
+                    OpenMode::Passthrough(Arc::clone(&p.prepared.backing))
+                }
+                not_taken => {
+                    *prepared = not_taken;
+                    st.cached_opens += 1;
+                    OpenMode::Cached { keep_cache }
+                }
+            },
         };
         let new_version = !keep_cache;
         st.last_version = Some(file.key);
@@ -205,25 +253,29 @@ impl<B> OpenFiles<B> {
     }
 
     /// Forgets a handle. Returns it, and whether it was the last passthrough
-    /// open of its inode (its backing token is then kept in the idle table).
+    /// open of its inode: its backing is then kept in the idle table, and
+    /// its pin given back.
     pub fn release(&self, fh: u64) -> Option<(Arc<Handle>, bool)> {
         let mut dropped = None;
+        let mut unpinned = None;
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         let h = inner.handles.remove(&fh)?;
         let mut last_passthrough = false;
         if let Some(st) = inner.inodes.get_mut(&h.ino) {
             if h.passthrough {
-                if let Some((n, _, _)) = &mut st.passthrough {
-                    *n -= 1;
-                    if *n == 0 {
+                if let Some(p) = &mut st.passthrough {
+                    p.opens -= 1;
+                    if p.opens == 0 {
                         last_passthrough = true;
-                        if let Some((_, key, b)) = st.passthrough.take() {
+                        if let Some(p) = st.passthrough.take() {
                             if inner.idle[0].len() >= IDLE_BACKINGS / 2 {
                                 dropped = Some(std::mem::take(&mut inner.idle[1]));
                                 inner.idle.swap(0, 1);
                             }
-                            inner.idle[0].insert(key, (h.ino, b));
+                            let Prepared { backing, pin } = p.prepared;
+                            inner.idle[0].insert(p.key, (h.ino, backing));
+                            unpinned = Some(pin);
                             self.count_kept(inner);
                         }
                     }
@@ -233,7 +285,8 @@ impl<B> OpenFiles<B> {
             }
         }
         drop(guard);
-        // Unregistering an older generation: outside the lock.
+        // Unpinning and unregistering an older generation: outside the lock.
+        drop(unpinned);
         drop(dropped);
         Some((h, last_passthrough))
     }
@@ -377,6 +430,106 @@ mod tests {
         ))
     }
 
+    /// A backing prepared without a pin.
+    fn prep<B>(b: B) -> Prepared<B, ()> {
+        Prepared {
+            backing: Arc::new(b),
+            pin: (),
+        }
+    }
+
+    /// A pin on a counter (the cache's pin count of one file), given back
+    /// when dropped.
+    #[derive(Debug)]
+    struct Pin(Arc<std::sync::atomic::AtomicI64>);
+
+    impl Pin {
+        fn take(count: &Arc<std::sync::atomic::AtomicI64>) -> Pin {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Pin(Arc::clone(count))
+        }
+    }
+
+    impl Drop for Pin {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn pinned(count: &Arc<std::sync::atomic::AtomicI64>) -> Option<Prepared<u32, Pin>> {
+        Some(Prepared {
+            backing: Arc::new(1),
+            pin: Pin::take(count),
+        })
+    }
+
+    fn pins(count: &Arc<std::sync::atomic::AtomicI64>) -> i64 {
+        count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn an_inode_in_passthrough_holds_one_pin_and_every_other_is_given_back() {
+        let t: OpenFiles<u32, Pin> = OpenFiles::default();
+        let (v1, v2) = (fv(10), fv(11));
+        let (p1, p2) = (Arc::default(), Arc::default());
+        // Two opens that both found the inode idle and both prepared one:
+        // the second joins the first's passthrough and its pin goes back.
+        let (a, m, _) = t.open(7, v1.clone(), pinned(&p1)).unwrap();
+        assert!(matches!(m, OpenMode::Passthrough(_)));
+        let (b, m, _) = t.open(7, v1.clone(), pinned(&p1)).unwrap();
+        assert!(matches!(m, OpenMode::Passthrough(_)));
+        assert_eq!(pins(&p1), 1);
+        // Another version while in passthrough: refused, its pin goes back.
+        assert_eq!(
+            t.open(7, v2.clone(), pinned(&p2)).unwrap_err(),
+            ModeConflict
+        );
+        assert_eq!(pins(&p2), 0);
+        assert!(!t.release(a).unwrap().1);
+        assert_eq!(pins(&p1), 1, "still open in passthrough");
+        assert!(t.release(b).unwrap().1);
+        assert_eq!(pins(&p1), 0, "the last close gives the pin back");
+        assert_eq!(t.idle_count(), 1, "its backing is kept, unpinned");
+        // Cached mode chosen (a cached open is there): the pin goes back.
+        let (c, m, _) = t.open(8, v1.clone(), None).unwrap();
+        assert!(matches!(m, OpenMode::Cached { .. }));
+        let (d, m, _) = t.open(8, v1.clone(), pinned(&p1)).unwrap();
+        assert!(matches!(m, OpenMode::Cached { .. }));
+        assert_eq!(pins(&p1), 0);
+        t.release(c);
+        t.release(d);
+        assert_eq!(pins(&p1), 0);
+    }
+
+    #[test]
+    fn racing_opens_of_one_idle_inode_leave_no_pin_behind() {
+        // Each worker does what the FUSE open does: prepares (and pins) a
+        // backing if the inode looks idle, opens, then closes.
+        let t: Arc<OpenFiles<u32, Pin>> = Arc::default();
+        let count = Arc::default();
+        let f = fv(10);
+        for _ in 0..50 {
+            let barrier = Arc::new(std::sync::Barrier::new(8));
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    let (t, count, f, barrier) =
+                        (t.clone(), Arc::clone(&count), f.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        let prepared = if t.is_idle(7) { pinned(&count) } else { None };
+                        let (fh, _, _) = t.open(7, f, prepared).unwrap();
+                        t.release(fh);
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            assert_eq!(pins(&count), 0);
+            assert!(t.is_idle(7));
+        }
+    }
+
     #[test]
     fn modes_never_mix_on_one_inode() {
         let t: OpenFiles<&'static str> = OpenFiles::default();
@@ -385,12 +538,12 @@ mod tests {
         assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
         assert!(!t.is_idle(7));
         // A backing offered while cached handles exist is not used.
-        let (b, m, _) = t.open(7, f.clone(), Some(Arc::new("backing"))).unwrap();
+        let (b, m, _) = t.open(7, f.clone(), Some(prep("backing"))).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
         t.release(a);
         t.release(b);
         assert!(t.is_idle(7));
-        let (c, m, _) = t.open(7, f.clone(), Some(Arc::new("backing"))).unwrap();
+        let (c, m, _) = t.open(7, f.clone(), Some(prep("backing"))).unwrap();
         let OpenMode::Passthrough(id) = m else {
             panic!()
         };
@@ -411,7 +564,7 @@ mod tests {
     fn the_backing_of_a_closed_inode_is_kept_for_its_next_open() {
         let t: OpenFiles<u32> = OpenFiles::default();
         let f = fv(10);
-        let (a, m, _) = t.open(7, f.clone(), Some(Arc::new(1))).unwrap();
+        let (a, m, _) = t.open(7, f.clone(), Some(prep(1))).unwrap();
         assert!(matches!(m, OpenMode::Passthrough(_)));
         assert_eq!(t.idle_count(), 0);
         assert!(t.release(a).unwrap().1);
@@ -423,7 +576,16 @@ mod tests {
         let b = t.take_idle(7, &f.key).expect("kept");
         assert_eq!(*b, 1);
         assert_eq!(t.idle_count(), 0);
-        let (a, m, _) = t.open(7, f.clone(), Some(b)).unwrap();
+        let (a, m, _) = t
+            .open(
+                7,
+                f.clone(),
+                Some(Prepared {
+                    backing: b,
+                    pin: (),
+                }),
+            )
+            .unwrap();
         assert!(matches!(m, OpenMode::Passthrough(ref x) if **x == 1));
         t.release(a);
         // Dropped when the cache says its file went.
@@ -436,7 +598,7 @@ mod tests {
     fn kept_backings_are_bounded() {
         let t: OpenFiles<u64> = OpenFiles::default();
         for ino in 1..=(IDLE_BACKINGS as u64 + 1000) {
-            let (h, _, _) = t.open(ino, fv(ino), Some(Arc::new(ino))).unwrap();
+            let (h, _, _) = t.open(ino, fv(ino), Some(prep(ino))).unwrap();
             t.release(h);
             assert!(t.idle_count() <= IDLE_BACKINGS);
         }

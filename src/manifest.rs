@@ -12,7 +12,11 @@
 
 use crate::source::{EntryKind, SourceAttr};
 
-const MAGIC: &[u8; 8] = b"LOCAFSN1";
+/// Format 2: the records are exactly the tree the mount last saw. Format 1
+/// held every inode the mount ever knew, deleted and replaced entries too,
+/// so a remount brought them back; such a manifest is ignored (the source
+/// is walked once more).
+const MAGIC: &[u8; 8] = b"LOCAFSN2";
 
 /// One inode of the snapshot.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,7 +28,9 @@ pub struct Record {
     pub listed: bool,
 }
 
-/// Builds a manifest incrementally (records in inode order, root first).
+/// Builds a manifest incrementally: the root first, then every parent
+/// before its children; record `i` (from 0) is entry number `i + 1`, the
+/// number its children give as `parent`.
 pub struct Encoder {
     buf: Vec<u8>,
     count: u64,
@@ -210,5 +216,19 @@ mod tests {
         let mut bad = bytes.clone();
         bad[40] ^= 1;
         assert!(decode(&bad).is_none());
+    }
+
+    #[test]
+    fn a_format_1_manifest_is_ignored() {
+        // Format 1 saved deleted and replaced entries too: not to be trusted.
+        let mut e = Encoder::new(b"/s", 1);
+        e.push(1, b"", &attr(EntryKind::Dir, 0), true);
+        let mut bytes = e.finish(2);
+        assert!(decode(&bytes).is_some());
+        let n = bytes.len() - 32;
+        bytes[..8].copy_from_slice(b"LOCAFSN1");
+        let sum = blake3::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(sum.as_bytes());
+        assert!(decode(&bytes).is_none());
     }
 }

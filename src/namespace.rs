@@ -149,6 +149,45 @@ impl Inner {
         }
     }
 
+    /// Calls `f(parent, node)` for every node of the tree, that is every
+    /// node reachable from the root through its parents' child lists:
+    /// parents before their children, children in name order, the root
+    /// first (as its own parent). Nodes are numbered 1, 2, ... in that
+    /// order, and `parent` is the parent's number, not its inode. A node
+    /// unlinked from its parent (deleted, or replaced by another object),
+    /// and with it the subtree of a directory, is not visited.
+    fn for_each_in_tree(&self, mut f: impl FnMut(u64, &Node)) {
+        let Some(root) = self.node(ROOT) else {
+            return;
+        };
+        f(ROOT, root);
+        let mut numbered = ROOT;
+        // (directory inode, its number, index of its next child)
+        let mut stack: Vec<(u64, u64, usize)> = vec![(ROOT, ROOT, 0)];
+        while let Some(top) = stack.last_mut() {
+            let (dir, number, next) = *top;
+            let child = self
+                .node(dir)
+                .and_then(|n| n.dir.as_deref())
+                .and_then(|d| d.children.get(next).copied());
+            let Some(c) = child else {
+                stack.pop();
+                continue;
+            };
+            top.2 += 1;
+            // A child is always a younger inode than its parent, which
+            // also rules out cycles.
+            let Some(n) = self.node(c).filter(|n| c > dir && n.parent == dir) else {
+                continue;
+            };
+            numbered += 1;
+            f(number, n);
+            if n.dir.is_some() {
+                stack.push((c, numbered, 0));
+            }
+        }
+    }
+
     fn remove_child(&mut self, parent: u64, name: &[u8]) {
         let pos = match self.node(parent).and_then(|p| p.dir.as_deref()) {
             Some(dir) => self.find_child(dir, name),
@@ -247,7 +286,10 @@ impl Namespace {
     /// Rebuilds the namespace from a manifest saved `age` ago, if it is
     /// usable: same source, and (unless immutable) younger than the
     /// revalidation interval would make worthless. Entries count as checked
-    /// when the manifest was saved.
+    /// when the manifest was saved. The tree is exactly the manifest's (the
+    /// tree the saving mount last saw): a manifest that does not describe
+    /// one tree (a record under a non-directory, two entries of one name in
+    /// a directory, a name that is not one path component) is not used.
     pub fn restore(
         source: Arc<dyn Source>,
         revalidate: Option<Duration>,
@@ -268,6 +310,10 @@ impl Namespace {
         for r in &manifest.records {
             let ino = inner.push(r.parent, &r.name, r.attr, 0);
             if ino != ROOT {
+                let name = &r.name[..];
+                if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+                    return None;
+                }
                 let parent = inner.node_mut(r.parent)?;
                 parent.dir.as_mut()?.children.push(ino);
             }
@@ -278,13 +324,14 @@ impl Namespace {
         if inner.nodes.first()?.attr.kind != EntryKind::Dir {
             return None;
         }
-        // Children sorted by name, as lookups expect.
+        // Children sorted by name, as lookups expect; one entry per name.
         for i in 0..inner.nodes.len() {
             if let Some(mut dir) = inner.nodes[i].dir.take() {
-                dir.children.sort_by(|a, b| {
-                    let name = |x: &u64| inner.node(*x).map(|n| &n.name[..]).unwrap_or(&[]);
-                    name(a).cmp(name(b))
-                });
+                let name = |x: &u64| inner.node(*x).map(|n| &n.name[..]).unwrap_or(&[]);
+                dir.children.sort_by(|a, b| name(a).cmp(name(b)));
+                if dir.children.windows(2).any(|w| name(&w[0]) == name(&w[1])) {
+                    return None;
+                }
                 inner.nodes[i].dir = Some(dir);
             }
         }
@@ -320,14 +367,19 @@ impl Namespace {
         }
     }
 
-    /// A manifest of everything known, for the next mount.
+    /// A manifest of the tree as the mount sees it now, for the next mount:
+    /// every entry reachable from the root, and nothing else. Inodes that
+    /// left the tree (deleted, or replaced by another object, with the
+    /// subtree of a directory) stay in the table, answerable, for the
+    /// kernel may still hold them, but are not saved; the saved entries are
+    /// numbered afresh (the next mount's inode numbers).
     pub fn save(&self, source_label: &[u8], saved_unix_s: u64) -> Vec<u8> {
         let inner = self.inner.read();
         let mut e = crate::manifest::Encoder::new(source_label, saved_unix_s);
-        for n in &inner.nodes {
+        inner.for_each_in_tree(|parent, n| {
             let listed = n.dir.as_ref().is_some_and(|d| d.listed_ms.is_some());
-            e.push(n.parent, &n.name, &n.attr, listed);
-        }
+            e.push(parent, &n.name, &n.attr, listed);
+        });
         e.finish(source_label.len())
     }
 
