@@ -58,8 +58,19 @@ pub struct FuseOptions {
     pub control_socket: String,
 }
 
-/// The mounted file system.
-pub struct LocaFs {
+/// The mounted file system: the adapter's state, shared with the tasks that
+/// finish requests off the FUSE threads.
+pub struct LocaFs(Arc<Core>);
+
+impl std::ops::Deref for LocaFs {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.0
+    }
+}
+
+/// What the adapter holds.
+pub struct Core {
     ns: Arc<Namespace>,
     reader: Arc<Reader>,
     files: Arc<OpenFiles<BackingId, CachePin>>,
@@ -166,7 +177,7 @@ impl LocaFs {
             kept.forget_idle(key);
             publish_kept(&kept, &gauge);
         }));
-        LocaFs {
+        LocaFs(Arc::new(Core {
             ns,
             reader,
             files,
@@ -177,9 +188,11 @@ impl LocaFs {
             passthrough: AtomicBool::new(false),
             kernel_open: AtomicBool::new(false),
             readahead,
-        }
+        }))
     }
+}
 
+impl Core {
     /// Answers a request that needs the source on the runtime's blocking
     /// pool, so that a FUSE thread never waits on the source (the wait there
     /// is bounded by the source guard's deadline).
@@ -199,12 +212,11 @@ impl LocaFs {
 
     /// The handle of a read that came without one (handle 0: the kernel open
     /// mode): the inode's current version and sequential-read state.
-    fn inode_handle(&self, ino: u64, offset: u64) -> std::io::Result<Arc<Handle>> {
-        let a = self.ns.getattr(ino)?;
+    fn inode_handle(&self, ino: u64, a: SourceAttr, offset: u64) -> std::io::Result<Arc<Handle>> {
         let r = match self.inode_handles.get(ino, &a.version(), offset) {
             Some(r) => r,
             None => {
-                let (rel, a) = self.ns.open_file(ino)?;
+                let (rel, a) = self.ns.file_with(ino, a)?;
                 let file = Arc::new(FileVersion::new(rel, a.version()));
                 self.inode_handles.install(ino, file, offset)
             }
@@ -218,6 +230,63 @@ impl LocaFs {
             self.readahead.on_open(ino, &r.handle.file, false);
         }
         Ok(r.handle)
+    }
+
+    /// The rest of an OPEN once the file's attributes are known: its mode
+    /// (passthrough for a fully cached file, else cached), its handle.
+    fn open_file(
+        &self,
+        ino: u64,
+        file: std::io::Result<(Arc<Path>, SourceAttr)>,
+        reply: ReplyOpen,
+    ) {
+        let (rel, a) = match file {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        if self.kernel_open.load(Ordering::Relaxed) {
+            // The kernel sets no_open for the connection: no OPEN or
+            // RELEASE for files from now on, reads come with handle 0.
+            return reply.error(Errno::ENOSYS);
+        }
+        let file = Arc::new(FileVersion::new(rel, a.version()));
+        let cache = self.reader.cache();
+        self.stats.opens.fetch_add(1, Ordering::Relaxed);
+        // Two opens may both find the inode idle and both prepare a backing:
+        // the table keeps one, and drops the other with its pin.
+        let prepared =
+            if self.passthrough.load(Ordering::Relaxed) && a.size > 0 && self.files.is_idle(ino) {
+                self.prepare_backing(&reply, ino, &file)
+            } else {
+                None
+            };
+        let opened = self.files.open(ino, Arc::clone(&file), prepared);
+        if let Ok((_, _, true)) = &opened {
+            // Older versions of this path are stale from now on.
+            cache.note_current(&file);
+        }
+        match opened {
+            Ok((fh, OpenMode::Passthrough(id), _)) => {
+                self.readahead.on_open(ino, &file, true);
+                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
+                self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+            }
+            Ok((fh, OpenMode::Cached { keep_cache }, _)) => {
+                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
+                self.readahead.on_open(ino, &file, false);
+                let flags = if keep_cache {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(FileHandle(fh), flags);
+            }
+            Err(_) => {
+                warn!(file = %file.rel.display(), "file changed at the source while open in passthrough mode; retry once it is closed");
+                reply.error(Errno::from_i32(libc::EBUSY));
+            }
+        }
     }
 
     /// A verified backing file for passthrough, if the file is fully cached:
@@ -327,6 +396,28 @@ fn fill_dir_plus(
     }
 }
 
+/// Answers a READ from the read path (memory, disk cache, peers, source).
+async fn read_reply(
+    reader: &Arc<Reader>,
+    file: &Arc<FileVersion>,
+    offset: u64,
+    size: u32,
+    reply: ReplyData,
+) {
+    match Arc::clone(reader)
+        .read(Arc::clone(file), offset, size)
+        .await
+    {
+        Ok(bytes) => reply.data(&bytes),
+        Err(e) => {
+            if let Some(more) = READ_FAILURES.allow() {
+                warn!(file = %file.rel.display(), offset, "read failed: {e} ({more} more failed reads not logged)");
+            }
+            reply.error(Errno::from_i32(e.errno()));
+        }
+    }
+}
+
 /// Publishes the number of passthrough backings kept for closed files.
 fn publish_kept(files: &OpenFiles<BackingId, CachePin>, stats: &Stats) {
     stats
@@ -432,53 +523,21 @@ impl Filesystem for LocaFs {
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
-        let (rel, a) = match self.ns.open_file(ino.0) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        if self.kernel_open.load(Ordering::Relaxed) {
-            // The kernel sets no_open for the connection: no OPEN or
-            // RELEASE for files from now on, reads come with handle 0.
-            return reply.error(Errno::ENOSYS);
-        }
-        let file = Arc::new(FileVersion::new(rel, a.version()));
-        let cache = self.reader.cache();
-        self.stats.opens.fetch_add(1, Ordering::Relaxed);
-        // Two opens may both find the inode idle and both prepare a backing:
-        // the table keeps one, and drops the other with its pin.
-        let prepared = if self.passthrough.load(Ordering::Relaxed)
-            && a.size > 0
-            && self.files.is_idle(ino.0)
-        {
-            self.prepare_backing(&reply, ino.0, &file)
-        } else {
-            None
-        };
-        let opened = self.files.open(ino.0, Arc::clone(&file), prepared);
-        if let Ok((_, _, true)) = &opened {
-            // Older versions of this path are stale from now on.
-            cache.note_current(&file);
-        }
-        match opened {
-            Ok((fh, OpenMode::Passthrough(id), _)) => {
-                self.readahead.on_open(ino.0, &file, true);
-                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
-                self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+        match self.ns.getattr_local(ino.0) {
+            Step::Done(a) => {
+                let file = a.and_then(|a| self.ns.file_with(ino.0, a));
+                self.open_file(ino.0, file, reply)
             }
-            Ok((fh, OpenMode::Cached { keep_cache }, _)) => {
-                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
-                self.readahead.on_open(ino.0, &file, false);
-                let flags = if keep_cache {
-                    FopenFlags::FOPEN_KEEP_CACHE
-                } else {
-                    FopenFlags::empty()
-                };
-                reply.opened(FileHandle(fh), flags);
-            }
-            Err(_) => {
-                warn!(file = %file.rel.display(), "file changed at the source while open in passthrough mode; retry once it is closed");
-                reply.error(Errno::from_i32(libc::EBUSY));
+            Step::Ask(_) => {
+                // Revalidation first, without holding a thread; the rest
+                // (which may verify a cached file) on the blocking pool.
+                let core = Arc::clone(&self.0);
+                self.rt.spawn(async move {
+                    let file = core.ns.open_file_async(ino.0).await;
+                    let c = Arc::clone(&core);
+                    core.rt
+                        .spawn_blocking(move || c.open_file(ino.0, file, reply));
+                });
             }
         }
     }
@@ -498,7 +557,29 @@ impl Filesystem for LocaFs {
         let h = if fh.0 == 0 {
             // No handle (handles start at 1): the kernel opened the file
             // without us (kernel open mode).
-            match self.inode_handle(ino.0, offset) {
+            let a = match self.ns.getattr_local(ino.0) {
+                Step::Done(Ok(a)) => a,
+                Step::Done(Err(e)) => return reply.error(errno(&e)),
+                Step::Ask(_) => {
+                    // Attributes to revalidate first: without a thread.
+                    let core = Arc::clone(&self.0);
+                    self.rt.spawn(async move {
+                        let h = match core.ns.getattr_async(ino.0).await {
+                            Ok(a) => core.inode_handle(ino.0, a, offset),
+                            Err(e) => Err(e),
+                        };
+                        match h {
+                            Ok(h) => {
+                                core.readahead.on_read(&h.seq, &h.file, offset, size as u64);
+                                read_reply(&core.reader, &h.file, offset, size, reply).await
+                            }
+                            Err(e) => reply.error(errno(&e)),
+                        }
+                    });
+                    return;
+                }
+            };
+            match self.inode_handle(ino.0, a, offset) {
                 Ok(h) => h,
                 Err(e) => return reply.error(errno(&e)),
             }
@@ -514,17 +595,8 @@ impl Filesystem for LocaFs {
         }
         let reader = Arc::clone(&self.reader);
         let file = Arc::clone(&h.file);
-        self.rt.spawn(async move {
-            match reader.read(Arc::clone(&file), offset, size).await {
-                Ok(bytes) => reply.data(&bytes),
-                Err(e) => {
-                    if let Some(more) = READ_FAILURES.allow() {
-                        warn!(file = %file.rel.display(), offset, "read failed: {e} ({more} more failed reads not logged)");
-                    }
-                    reply.error(Errno::from_i32(e.errno()));
-                }
-            }
-        });
+        self.rt
+            .spawn(async move { read_reply(&reader, &file, offset, size, reply).await });
     }
 
     fn release(

@@ -827,7 +827,17 @@ impl Namespace {
 
     /// Path and fresh attributes of a regular file about to be opened.
     pub fn open_file(&self, ino: u64) -> io::Result<(Arc<Path>, SourceAttr)> {
-        let attr = self.getattr(ino)?;
+        self.file_with(ino, self.getattr(ino)?)
+    }
+
+    /// [`Namespace::open_file`] without holding a thread while the source
+    /// answers.
+    pub async fn open_file_async(&self, ino: u64) -> io::Result<(Arc<Path>, SourceAttr)> {
+        self.file_with(ino, self.getattr_async(ino).await?)
+    }
+
+    /// The path of `ino`, a regular file whose attributes are `attr`.
+    pub fn file_with(&self, ino: u64, attr: SourceAttr) -> io::Result<(Arc<Path>, SourceAttr)> {
         match attr.kind {
             EntryKind::File => {}
             EntryKind::Dir => return Err(io::Error::from_raw_os_error(libc::EISDIR)),

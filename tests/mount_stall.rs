@@ -383,3 +383,70 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
     m.unmount();
     drop(server);
 }
+
+#[test]
+fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
+    if !inproc::fuse_available("mount_stall::a_request_waiting_on_the_source_holds_no_fuse_thread")
+    {
+        return;
+    }
+    // One FUSE thread, reads through the daemon, and a long metadata
+    // deadline: while a lookup waits on the stalled source (10 s before
+    // the stall is declared), reads of a cached file must still be served.
+    let d = inproc::dirs();
+    let tree = make_tree(&d.src);
+    let source = Arc::new(StallSource::new(&d.src));
+    let cfg = inproc::config(
+        &d,
+        &[
+            "--fuse-threads",
+            "1",
+            "--no-passthrough",
+            "--revalidate",
+            "1s",
+            "--metadata-timeout",
+            "10s",
+        ],
+    );
+    let m = inproc::mount(&cfg, Arc::clone(&source) as _);
+    let mnt = d.mnt.clone();
+    cache_everything(&mnt, &tree, || inproc::stats(&mnt).files_cached);
+    let rel = Path::new("f009.bin");
+    let f = fs::File::open(mnt.join(rel)).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    // So that the read below reaches the daemon.
+    inproc::drop_page_cache();
+    source.stall();
+    // A lookup that must ask the source (its entry is past --revalidate).
+    let p = mnt.join("sub/f040.bin");
+    let waiting = std::thread::spawn(move || {
+        let t = Instant::now();
+        let r = fs::metadata(p).map(|m| m.len());
+        (r.ok(), t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let s2 = Arc::clone(&source);
+    let data = tree[rel].clone();
+    let (_, took) = within(
+        "a read while a lookup waits",
+        Duration::from_secs(8),
+        move || s2.resume(),
+        move || {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; data.len()];
+            f.read_exact_at(&mut buf, 0).unwrap();
+            assert!(buf == data);
+        },
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the lookup did not wait on the source"
+    );
+    eprintln!("cached read served in {took:?} while a lookup waited on the stalled source");
+    let (len, waited) = waiting.join().unwrap();
+    // Answered from the last known tree at the deadline.
+    assert_eq!(len, Some(tree[Path::new("sub/f040.bin")].len() as u64));
+    assert!(waited >= Duration::from_secs(5), "{waited:?}");
+    source.resume();
+    drop(m);
+}
