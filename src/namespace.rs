@@ -202,6 +202,20 @@ impl Inner {
             self.account(old.as_ref(), None);
         }
     }
+
+    /// Takes inode `ino` out of its parent's listing, if it is still there:
+    /// the source no longer has it at its path.
+    fn unlink(&mut self, ino: u64) {
+        let Some(n) = self.node(ino) else { return };
+        let (parent, name) = (n.parent, n.name.clone());
+        let here = self
+            .node(parent)
+            .and_then(|p| p.dir.as_deref())
+            .and_then(|d| self.find_child(d, &name).ok().map(|i| d.children[i]));
+        if ino != ROOT && here == Some(ino) {
+            self.remove_child(parent, &name);
+        }
+    }
 }
 
 /// A request the namespace answers alone, or the question it must put to
@@ -586,12 +600,21 @@ impl Namespace {
                 self.stale_answer("stat", &ask.path);
                 return Ok(known);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                if e.kind() == io::ErrorKind::NotFound {
+                    // Gone: not in the tree any more (nor in the next
+                    // manifest).
+                    self.inner.write().unlink(ino);
+                }
+                return Err(e);
+            }
         };
         let mut inner = self.inner.write();
         let old = inner.node(ino).ok_or_else(enoent)?.attr;
         if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir) || old.ino != attr.ino {
-            // Another object now lives at this path: this inode is gone.
+            // Another object now lives at this path: this inode is gone
+            // (the next lookup or listing finds the new one).
+            inner.unlink(ino);
             return Err(enoent());
         }
         inner.account(Some(&old), Some(&attr));

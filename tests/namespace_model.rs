@@ -399,3 +399,34 @@ fn a_manifest_that_is_not_one_tree_is_not_restored() {
         assert!(restore(&[(1, bad, file)]).is_none(), "{bad:?}");
     }
 }
+
+/// An attribute check that finds another object at a path, or none, takes
+/// the old entry out of the tree at once: a manifest saved before any
+/// lookup or listing of that directory must not bring it back.
+#[test]
+fn an_entry_found_gone_by_getattr_is_not_saved() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().to_owned();
+    for f in ["a.txt", "b.txt", "c.txt"] {
+        std::fs::write(src.join(f), f).unwrap();
+    }
+    let source: Arc<dyn Source> = Arc::new(DirSource::new(src.clone()));
+    let ns = Namespace::new(Arc::clone(&source), Some(Duration::ZERO), Arc::default()).unwrap();
+    assert_eq!(known(&ns, true), source_tree(&src));
+    let (a, _) = ns.lookup(ROOT, "a.txt".as_ref()).unwrap();
+    let (b, _) = ns.lookup(ROOT, "b.txt".as_ref()).unwrap();
+    std::fs::write(src.join("a.txt.new"), "new a").unwrap();
+    std::fs::rename(src.join("a.txt.new"), src.join("a.txt")).unwrap();
+    std::fs::remove_file(src.join("b.txt")).unwrap();
+    for ino in [a, b] {
+        let e = ns.getattr(ino).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    }
+    // Only c.txt is known for sure now (a.txt's new object is not looked
+    // up yet).
+    let want: Vec<Entry> = source_tree(&src)
+        .into_iter()
+        .filter(|e| e.0 == Path::new("c.txt"))
+        .collect();
+    save_restore(&ns, &source, &want, false).unwrap();
+}
