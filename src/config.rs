@@ -50,8 +50,9 @@ pub enum Command {
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
     /// path per line).
     Plan(crate::cli_control::PlanArgs),
-    /// Print a new random cluster secret (32 bytes in hex) for
-    /// --cluster-secret-file: `locafs secret > /etc/locafs/secret`.
+    /// Print a new random cluster secret (256 bits, as
+    /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
+    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
     Secret,
 }
 
@@ -181,7 +182,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "LIST")]
     pub peers: Option<String>,
     /// File holding the cluster secret shared by all nodes of the job
-    /// (make one with `locafs secret > FILE`); nodes without it get nothing.
+    /// (make one with `locafs secret > FILE`: nothing else is accepted);
+    /// nodes without it get nothing.
     /// Alternative: --peer-ca, --peer-cert and --peer-key.
     #[arg(long, value_name = "FILE")]
     pub cluster_secret_file: Option<PathBuf>,
@@ -933,7 +935,9 @@ mod tests {
             cluster_secret_file: Some(weak.clone()),
             ..Default::default()
         };
-        assert!(resolve_peer(&f).unwrap_err().0.contains("too weak"));
+        let e = resolve_peer(&f).unwrap_err().0;
+        assert!(e.contains("run `locafs secret > FILE`"), "{e}");
+        assert!(e.starts_with("--cluster-secret-file "), "{e}");
         f.cluster_secret_file = Some(d.path().join("missing"));
         assert!(resolve_peer(&f).is_err());
         std::fs::write(&weak, crate::peer::tls::generate_secret().unwrap()).unwrap();

@@ -182,10 +182,10 @@ impl Auth<'_> {
     }
 }
 
+/// A cluster secret in the form `locafs secret` prints, from `rng` (so that
+/// a test's secrets are the same at every run).
 fn random_secret(rng: &mut impl Rng) -> String {
-    (0..32)
-        .map(|_| format!("{:02x}", rng.random::<u8>()))
-        .collect()
+    locafs::peer::tls::format_secret(&rng.random())
 }
 
 /// One running `locafs mount` process.
