@@ -236,7 +236,12 @@ impl PeerServer {
                     }
                     Err(_) => {
                         me.stats.peer_refused_connections.fetch_add(1, Relaxed);
-                        debug!("peer handshake from {remote} timed out");
+                        if let Some(held_back) = me.refused_log.allow(Instant::now()) {
+                            info!(
+                                "peer connection from {remote} refused: handshake timed out{}",
+                                held_back_note(held_back)
+                            );
+                        }
                     }
                 }
             });
