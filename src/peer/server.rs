@@ -331,25 +331,25 @@ impl PeerServer {
         let Some(request) = self.limits.request(remote) else {
             return (Frame::Busy, None);
         };
-        let len = fv.block_len(block, self.block_size) as u64;
-        let host = remote.ip().to_canonical();
-        let Some(memory) = self.replies.acquire(host, len, self.timeout / 2).await else {
-            return (Frame::Busy, None);
-        };
-        let serving = Serving {
-            _memory: memory,
-            _request: request,
-        };
         let source = Arc::clone(&self.source);
         let rel2 = Arc::clone(&rel);
         let current = tokio::task::spawn_blocking(move || is_current(&*source, &rel2, &v))
             .await
             .unwrap_or(false);
+        let mut serving = Serving {
+            _memory: None,
+            _request: request,
+        };
         if !current {
-            return (Frame::NotFound, None);
+            return (Frame::NotFound, Some(serving));
         }
-        let res = Arc::clone(&self.reader).fetch_for_peer(fv, block).await;
-        match res {
+        let len = fv.block_len(block, self.block_size) as u64;
+        let host = remote.ip().to_canonical();
+        let Some(memory) = self.replies.acquire(host, len, self.timeout / 2).await else {
+            return (Frame::Busy, None);
+        };
+        serving._memory = Some(memory);
+        match Arc::clone(&self.reader).fetch_for_peer(fv, block).await {
             Ok(b) => {
                 let n = b.data().len() as u64;
                 self.stats.peer_served_bytes.fetch_add(n, Relaxed);
@@ -362,15 +362,19 @@ impl PeerServer {
                 };
                 (reply, Some(serving))
             }
-            Err(e) => (Frame::error(code::SOURCE_FAILED, &e.to_string()), None),
+            Err(e) => (
+                Frame::error(code::SOURCE_FAILED, &e.to_string()),
+                Some(serving),
+            ),
         }
     }
 }
 
-/// What a request being served holds until its reply has left: reply
-/// memory and its places under the per-peer and per-host limits.
+/// What a request being served holds until its reply has left: its places
+/// under the per-peer and per-host limits and, from the fetch of its block
+/// on, reply memory.
 struct Serving {
-    _memory: ReplyMemory,
+    _memory: Option<ReplyMemory>,
     _request: Held,
 }
 
