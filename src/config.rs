@@ -50,8 +50,9 @@ pub enum Command {
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
     /// path per line).
     Plan(crate::cli_control::PlanArgs),
-    /// Print a new random cluster secret (32 bytes in hex) for
-    /// --cluster-secret-file: `locafs secret > /etc/locafs/secret`.
+    /// Print a new random cluster secret (256 bits, as
+    /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
+    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
     Secret,
 }
 
@@ -189,7 +190,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "LIST")]
     pub peers: Option<String>,
     /// File holding the cluster secret shared by all nodes of the job
-    /// (make one with `locafs secret > FILE`); nodes without it get nothing.
+    /// (make one with `locafs secret > FILE`: nothing else is accepted);
+    /// nodes without it get nothing.
     /// Alternative: --peer-ca, --peer-cert and --peer-key.
     #[arg(long, value_name = "FILE")]
     pub cluster_secret_file: Option<PathBuf>,
@@ -642,7 +644,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     if !(1..=1024).contains(&prefetch_jobs) {
         return Err(usage("--prefetch-jobs: must be between 1 and 1024"));
     }
-    let readahead = crate::prefetch::ReadAheadConfig {
+    let mut readahead = crate::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,
         max_window: size("readahead-window", &f.readahead_window)?
@@ -704,7 +706,17 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     })?;
     let _ = std::fs::remove_file(&probe);
 
-    let peer = resolve_peer(&f)?;
+    let mut peer = resolve_peer(&f)?;
+    if let Some(p) = &mut peer {
+        check_peer_timeout(p.timeout, source_timeout)?;
+        // Replies to other nodes are block buffers too: a share of the
+        // budget (docs/tuning.md), taken from read-ahead's.
+        p.reply_memory = crate::peer::limits::reply_memory(budget);
+        readahead.memory = readahead
+            .memory
+            .saturating_sub(p.reply_memory)
+            .max(2 * block_size);
+    }
 
     Ok(MountConfig {
         dataset_name: id_for_peers,
@@ -843,7 +855,26 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
         peers,
         identity,
         timeout,
+        // Set by resolve() from --prefetch-memory.
+        reply_memory: 0,
     }))
+}
+
+/// A read asks at most two peers (`peer::client::MAX_ATTEMPTS`), each for up
+/// to `--peer-timeout`, before the source, all within `--source-timeout`:
+/// unless twice the peer timeout is well below it, a slow peer turns a
+/// healthy source into ETIMEDOUT.
+fn check_peer_timeout(peer: Duration, source: Duration) -> Result<(), UsageError> {
+    let n = crate::peer::client::MAX_ATTEMPTS as u32;
+    if peer * n >= source {
+        return Err(usage(format!(
+            "--peer-timeout {peer:?}: a read may wait for {n} peers in turn, so {n} x \
+             --peer-timeout must be below --source-timeout ({source:?}), or a slow peer makes \
+             reads time out before the source is asked; lower --peer-timeout or raise \
+             --source-timeout"
+        )));
+    }
+    Ok(())
 }
 
 /// The identity from the admin's PEM files; errors name the file at fault.
@@ -959,7 +990,9 @@ mod tests {
             cluster_secret_file: Some(weak.clone()),
             ..Default::default()
         };
-        assert!(resolve_peer(&f).unwrap_err().0.contains("too weak"));
+        let e = resolve_peer(&f).unwrap_err().0;
+        assert!(e.contains("run `locafs secret > FILE`"), "{e}");
+        assert!(e.starts_with("--cluster-secret-file "), "{e}");
         f.cluster_secret_file = Some(d.path().join("missing"));
         assert!(resolve_peer(&f).is_err());
         std::fs::write(&weak, crate::peer::tls::generate_secret().unwrap()).unwrap();
@@ -969,6 +1002,57 @@ mod tests {
         assert!(resolve_peer(&f).unwrap_err().0.contains("--listen"));
         f.listen = None;
         assert!(resolve_peer(&f).is_err());
+    }
+
+    #[test]
+    fn peer_timeout_must_leave_the_source_its_time_and_replies_share_the_budget() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
+        for p in [&src, &mnt] {
+            std::fs::create_dir(p).unwrap();
+        }
+        let secret = d.path().join("secret");
+        std::fs::write(&secret, crate::peer::tls::generate_secret().unwrap()).unwrap();
+        let args = |peer_timeout: Option<&str>, source_timeout: Option<&str>, peers: bool| {
+            let mut opts = MountFlags {
+                cache_dir: Some(cache.clone()),
+                peer_timeout: peer_timeout.map(Into::into),
+                source_timeout: source_timeout.map(Into::into),
+                prefetch_memory: Some("256M".into()),
+                ..Default::default()
+            };
+            if peers {
+                opts.listen = Some("127.0.0.1:7070".into());
+                opts.peers = Some("127.0.0.1:7070".into());
+                opts.cluster_secret_file = Some(secret.clone());
+            }
+            MountArgs {
+                source: Some(src.clone()),
+                mountpoint: Some(mnt.clone()),
+                opts,
+                ..Default::default()
+            }
+        };
+        // 2 x 61s and 2 x 60s are not below the default 120s.
+        for (peer, source) in [
+            (Some("61s"), None),
+            (Some("60s"), None),
+            (Some("2s"), Some("4s")),
+        ] {
+            let e = resolve(&args(peer, source, true)).unwrap_err().0;
+            assert!(e.starts_with("--peer-timeout "), "{e}");
+            assert!(e.contains("below --source-timeout"), "{e}");
+        }
+        for (peer, source) in [(None, None), (Some("59s"), None), (Some("2s"), Some("5s"))] {
+            resolve(&args(peer, source, true)).unwrap();
+        }
+        // Replies to peers take an eighth of --prefetch-memory from
+        // read-ahead's share; without peers read-ahead keeps it.
+        let with = resolve(&args(None, None, true)).unwrap();
+        let without = resolve(&args(None, None, false)).unwrap();
+        let reply = with.peer.as_ref().unwrap().reply_memory;
+        assert_eq!(reply, 32 << 20);
+        assert_eq!(with.readahead.memory + reply, without.readahead.memory);
     }
 
     /// A CA and a node certificate and key signed by it, as PEM files in `d`.

@@ -411,11 +411,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
     let cert = t.join("n1.pem");
     fs::write(&cert, pki.cert.pem()).unwrap();
     let secret = t.join("secret");
-    fs::write(
-        &secret,
-        "8f3a0c5d7e9b1a2c4d6e8f0a1b3c5d7e9f1a2b3c4d5e6f708192a3b4c5d6e7f8",
-    )
-    .unwrap();
+    fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
     let peer = [
         os("--listen"),
         os("127.0.0.1:17071"),

@@ -1,7 +1,8 @@
 //! What a hostile member can do to a real node: a peer that answers with
 //! wrong blocks is caught (the reads stay byte-exact and a counter shows
 //! it), and malformed, oversized, escaping or stale requests are refused
-//! while the node keeps serving its peers and its mount. And authentication
+//! while the node keeps serving its peers and its mount; a flood of failed
+//! handshakes is counted but logged once. And authentication
 //! with an admin's own CA and certificates (`--peer-ca`, `--peer-cert`,
 //! `--peer-key`): nodes of the CA share blocks whatever names their
 //! certificates carry, even when they share one certificate, and a node
@@ -512,4 +513,46 @@ fn nodes_sharing_one_admin_certificate_still_tell_each_other_apart() {
         "a and b exchanged no block"
     );
     assert_eq!(sa.source_bytes + sb.source_bytes, c.total_bytes());
+}
+
+/// Failed handshakes are all counted but logged at most once per
+/// `REFUSAL_LOG_EVERY` (with the number held back), so that whoever can
+/// reach the port cannot fill the node's log.
+#[test]
+fn a_flood_of_failed_handshakes_is_counted_but_logged_once() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::new(2, 1_000, 2_000, 15);
+    let (node, port, _, _) = lone_target(&c);
+    let stranger = ClusterIdentity::from_secret(&std::fs::read(c.other_secret()).unwrap()).unwrap();
+    let refused_before = node.stats().peer_refused_connections;
+    let lines = |log: &str| log.matches("peer connection from 127.0.0.1").count();
+    let logged_before = lines(&node.log_text());
+    const TRIES: u64 = 40;
+    runtime().block_on(async {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(stranger.client_config());
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        for _ in 0..TRIES {
+            let attempt = ep.connect(addr, PEER_SERVER_NAME).unwrap();
+            let r = tokio::time::timeout(Duration::from_secs(10), attempt).await;
+            assert!(matches!(r, Ok(Err(_))), "a stranger got in: {r:?}");
+        }
+    });
+    wait_until(
+        "every refusal to be counted",
+        Duration::from_secs(10),
+        || node.stats().peer_refused_connections - refused_before >= TRIES,
+    );
+    let log = node.log_text();
+    let logged = lines(&log) - logged_before;
+    assert!(
+        (1..=2).contains(&logged),
+        "{logged} log lines for {TRIES} refused handshakes:\n{log}"
+    );
+    // The node still serves its mount.
+    for (rel, data) in &c.files {
+        node.read_check(rel, data);
+    }
 }

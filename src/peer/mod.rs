@@ -7,7 +7,8 @@
 //! `membership` (the `--peers` list, liveness, one pooled QUIC connection per
 //! member), `client` (the [`crate::reader::PeerTier`] the reader asks:
 //! owner first, then the next in line, verified, bounded in time) and
-//! `server` (answers other nodes from `Reader::fetch_for_peer`). [`PeerNode`]
+//! `server` (answers other nodes from `Reader::fetch_for_peer`, within
+//! the per-host limits and reply memory of `limits`). [`PeerNode`]
 //! binds the one QUIC endpoint that both serves and connects (so a peer's
 //! connections come from its listening address) and starts the tasks.
 //!
@@ -16,6 +17,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod limits;
 pub mod membership;
 pub mod placement;
 pub mod server;
@@ -26,7 +28,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::Semaphore;
 
 use crate::reader::Reader;
 use crate::source::Source;
@@ -46,6 +47,10 @@ pub struct PeerConfig {
     pub peers: Vec<String>,
     pub identity: ClusterIdentity,
     pub timeout: Duration,
+    /// Bytes that replies to other nodes may hold at once: the share of
+    /// `--prefetch-memory` that [`limits::reply_memory`] gives (set by
+    /// `config::resolve`).
+    pub reply_memory: u64,
 }
 
 /// The 16-byte data set id on the wire, from the `--dataset-id` name (or the
@@ -155,7 +160,6 @@ impl PeerNode {
 
     /// Starts answering other nodes from `reader`.
     pub fn serve(&self, reader: Arc<Reader>, source: Arc<dyn Source>, rt: &Handle) {
-        let slots = ((128u64 << 20) / self.block_size).clamp(4, 256) as usize;
         let server = Arc::new(PeerServer {
             dataset: self.dataset,
             block_size: self.block_size,
@@ -164,8 +168,10 @@ impl PeerNode {
             source,
             membership: Arc::clone(&self.membership),
             stats: Arc::clone(&self.stats),
-            slots: Arc::new(Semaphore::new(slots)),
+            replies: limits::ReplyBudget::new(self.cfg.reply_memory, self.block_size),
             limits: Arc::default(),
+            refused_log: limits::LogLimiter::new(server::REFUSAL_LOG_EVERY),
+            over_limit_log: limits::LogLimiter::new(server::REFUSAL_LOG_EVERY),
         });
         rt.spawn(server.run(self.endpoint.clone()));
     }

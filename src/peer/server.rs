@@ -16,11 +16,32 @@
 //! streams open; one peer (one remote address) may hold
 //! [`CONNECTIONS_PER_PEER`] connections and one remote host
 //! [`CONNECTIONS_PER_HOST`] (more are closed after the handshake and counted
-//! as refused); one peer gets at most [`REQUESTS_PER_PEER`] requests served
-//! at once and all peers together at most `slots` (more get `Busy` at once),
-//! so memory for replies is bounded by slots x block size and no single peer
-//! can take all of it. A malformed request gets an `Error` reply and ends its
-//! stream; nothing a peer sends can panic this module or stop it serving.
+//! as refused). One peer address gets at most [`REQUESTS_PER_PEER`] and one
+//! host (IP address, whatever its ports) at most [`REQUESTS_PER_HOST`]
+//! requests served at once (more get `Busy` at once). Replies hold memory
+//! from the [`ReplyBudget`] (a share of `--prefetch-memory`, at most half
+//! of it per host; a request waits at most half the peer timeout for it,
+//! then gets `Busy`), and a request keeps its memory and its places under
+//! these limits until its reply has left: written, finished and
+//! acknowledged by the peer, or abandoned (the stream reset, so that quinn
+//! drops what it still buffers) when that takes longer than the peer
+//! timeout. So a peer that never reads its replies holds at most its
+//! host's share for at most the peer timeout per reply, and no host can
+//! take all of a node's serving memory. A malformed request gets an `Error`
+//! reply and ends its stream; nothing a peer sends can panic this module or
+//! stop it serving.
+//!
+//! Limits are per host, not per authenticated identity: from a cluster
+//! secret every node's certificate says `locafs-peer` and carries a key made
+//! at its start, so whoever holds the secret makes as many identities as
+//! they like; an admin's certificate may be shared by every node of a job
+//! (a supported set-up), so a limit per certificate would throttle the
+//! whole cluster to one node's share. The source address is what a peer
+//! cannot multiply cheaply.
+//!
+//! Refused handshakes and connections are logged at most once per
+//! [`REFUSAL_LOG_EVERY`] each (with the number held back), so a flood of
+//! them cannot fill the log; `peer_refused_connections` counts every one.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -30,14 +51,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
 use super::codec::{self, Frame};
+use super::limits::{LogLimiter, ReplyBudget, ReplyMemory};
 use super::membership::Membership;
 use crate::cache::{FileVersion, VersionKey};
 use crate::reader::Reader;
@@ -53,9 +74,23 @@ pub const CONNECTIONS_PER_PEER: usize = 4;
 /// Connections from one remote IP address at once (several nodes may share
 /// a machine).
 pub const CONNECTIONS_PER_HOST: usize = 32;
-/// Requests of one peer served at once; an honest node sends at most
-/// `membership::STREAMS_PER_PEER` at a time.
-pub const REQUESTS_PER_PEER: usize = super::membership::STREAMS_PER_PEER;
+/// Requests of one peer address served at once. An honest node sends at
+/// most `membership::STREAMS_PER_PEER` at a time; twice that because a
+/// request keeps its place until the asker's acknowledgement of its reply
+/// arrives, and the asker may send its next request before that.
+pub const REQUESTS_PER_PEER: usize = 2 * super::membership::STREAMS_PER_PEER;
+/// Requests of one host (IP address, all its ports) served at once: room
+/// for four honest nodes on one machine each at its full
+/// [`REQUESTS_PER_PEER`] (tests and small set-ups run several nodes per
+/// machine; real jobs one), while a host with many endpoints cannot take
+/// more.
+pub const REQUESTS_PER_HOST: usize = 4 * REQUESTS_PER_PEER;
+/// The shortest interval between two log lines about refused handshakes
+/// (and, apart, about connections over the limits).
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Application error code of a reply stream reset because the reply did
+/// not leave in time.
+const RESET_TOO_SLOW: u32 = 1;
 
 /// Error codes of `Error` replies.
 pub mod code {
@@ -75,10 +110,14 @@ pub struct PeerServer {
     pub source: Arc<dyn Source>,
     pub membership: Arc<Membership>,
     pub stats: Arc<Stats>,
-    /// Requests being served at once, across all peers.
-    pub slots: Arc<Semaphore>,
-    /// Connections and requests per peer.
+    /// Memory for replies, shared between hosts.
+    pub replies: Arc<ReplyBudget>,
+    /// Connections and requests per peer and per host.
     pub limits: Arc<PeerLimits>,
+    /// Log lines about refused handshakes.
+    pub refused_log: LogLimiter,
+    /// Log lines about connections over the limits.
+    pub over_limit_log: LogLimiter,
 }
 
 /// Counts of what each peer holds now, with RAII [`Held`] tokens.
@@ -87,6 +126,7 @@ pub struct PeerLimits {
     conns: Counter<SocketAddr>,
     hosts: Counter<IpAddr>,
     requests: Counter<SocketAddr>,
+    host_requests: Counter<IpAddr>,
 }
 
 /// One unit held under a limit; released when dropped.
@@ -152,12 +192,21 @@ impl PeerLimits {
         })
     }
 
-    /// A request of `remote` being served, if it has fewer than
-    /// [`REQUESTS_PER_PEER`].
+    /// A request of `remote` being served, if neither it nor its host has
+    /// its most ([`REQUESTS_PER_PEER`], [`REQUESTS_PER_HOST`]).
     pub fn request(&self, remote: SocketAddr) -> Option<Held> {
-        let remote = SocketAddr::new(remote.ip().to_canonical(), remote.port());
-        let r = self.requests.take(remote, REQUESTS_PER_PEER)?;
-        Some(Held { release: vec![r] })
+        let ip = remote.ip().to_canonical();
+        let host = self.host_requests.take(ip, REQUESTS_PER_HOST)?;
+        let Some(peer) = self
+            .requests
+            .take(SocketAddr::new(ip, remote.port()), REQUESTS_PER_PEER)
+        else {
+            host();
+            return None;
+        };
+        Some(Held {
+            release: vec![peer, host],
+        })
     }
 
     /// Connections `remote` holds now.
@@ -178,11 +227,21 @@ impl PeerServer {
                     Ok(Ok(conn)) => me.serve_connection(conn).await,
                     Ok(Err(e)) => {
                         me.stats.peer_refused_connections.fetch_add(1, Relaxed);
-                        info!("peer connection from {remote} refused: {e}");
+                        if let Some(held_back) = me.refused_log.allow(Instant::now()) {
+                            info!(
+                                "peer connection from {remote} refused: {e}{}",
+                                held_back_note(held_back)
+                            );
+                        }
                     }
                     Err(_) => {
                         me.stats.peer_refused_connections.fetch_add(1, Relaxed);
-                        debug!("peer handshake from {remote} timed out");
+                        if let Some(held_back) = me.refused_log.allow(Instant::now()) {
+                            info!(
+                                "peer connection from {remote} refused: handshake timed out{}",
+                                held_back_note(held_back)
+                            );
+                        }
                     }
                 }
             });
@@ -195,7 +254,12 @@ impl PeerServer {
         self.membership.note_accepted(&conn);
         let Some(_held) = self.limits.connection(remote) else {
             self.stats.peer_refused_connections.fetch_add(1, Relaxed);
-            info!("peer connection from {remote} refused: too many connections from it");
+            if let Some(held_back) = self.over_limit_log.allow(Instant::now()) {
+                info!(
+                    "peer connection from {remote} refused: too many connections from it{}",
+                    held_back_note(held_back)
+                );
+            }
             conn.close(2u32.into(), b"too many connections");
             return;
         };
@@ -213,11 +277,16 @@ impl PeerServer {
         mut recv: quinn::RecvStream,
     ) {
         let limit = codec::HEADER_LEN + 16 + 16 + 8 + 4 + 26 + codec::MAX_PATH_LEN;
-        let reply = match tokio::time::timeout(self.timeout, recv.read_to_end(limit)).await {
-            Err(_) => Frame::error(code::TIMEOUT, "request not received in time"),
+        let (reply, held) = match tokio::time::timeout(self.timeout, recv.read_to_end(limit)).await
+        {
+            Err(_) => (
+                Frame::error(code::TIMEOUT, "request not received in time"),
+                None,
+            ),
             Ok(Err(e)) => {
                 self.stats.peer_bad_requests.fetch_add(1, Relaxed);
-                Frame::error(code::MALFORMED, &format!("bad request stream: {e}"))
+                let e = Frame::error(code::MALFORMED, &format!("bad request stream: {e}"));
+                (e, None)
             }
             Ok(Ok(raw)) => {
                 let mut buf = BytesMut::from(&raw[..]);
@@ -225,65 +294,125 @@ impl PeerServer {
                     Ok(Some(frame)) if buf.is_empty() => self.answer(remote, frame).await,
                     Ok(_) => {
                         self.stats.peer_bad_requests.fetch_add(1, Relaxed);
-                        Frame::error(code::MALFORMED, "expected exactly one GetBlock frame")
+                        let e =
+                            Frame::error(code::MALFORMED, "expected exactly one GetBlock frame");
+                        (e, None)
                     }
                     Err(e) => {
                         self.stats.peer_bad_requests.fetch_add(1, Relaxed);
-                        Frame::error(code::MALFORMED, &e.to_string())
+                        (Frame::error(code::MALFORMED, &e.to_string()), None)
                     }
                 }
             }
         };
-        // Block data goes out as it is held (no copy into a frame buffer).
-        if let Ok(mut chunks) = codec::encode_chunks(&reply) {
-            let _ = tokio::time::timeout(self.timeout, send.write_all_chunks(&mut chunks)).await;
+        drop(recv);
+        // The request's memory and places are given back only once the
+        // reply has left, or has been abandoned and quinn has dropped it.
+        if !send_reply(&mut send, reply, self.timeout).await {
+            let _ = send.reset(RESET_TOO_SLOW.into());
+            debug!("peer {remote}: reply abandoned (not read and acknowledged in time)");
         }
-        let _ = send.finish();
+        drop(send);
+        drop(held);
     }
 
-    async fn answer(&self, remote: SocketAddr, frame: Frame) -> Frame {
+    /// The reply to a decoded request, with what it holds while it is sent.
+    async fn answer(&self, remote: SocketAddr, frame: Frame) -> (Frame, Option<Serving>) {
         let (fv, block) = match check_request(&self.dataset, self.block_size, frame) {
             Ok(ok) => ok,
             Err(Refusal { reply, hostile }) => {
                 if hostile {
                     self.stats.peer_bad_requests.fetch_add(1, Relaxed);
                 }
-                return reply;
+                return (reply, None);
             }
         };
         let (rel, v) = (Arc::clone(&fv.rel), fv.version);
-        let Some(mine) = self.limits.request(remote) else {
-            return Frame::Busy;
-        };
-        let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-            return Frame::Busy;
+        let Some(request) = self.limits.request(remote) else {
+            return (Frame::Busy, None);
         };
         let source = Arc::clone(&self.source);
         let rel2 = Arc::clone(&rel);
         let current = tokio::task::spawn_blocking(move || is_current(&*source, &rel2, &v))
             .await
             .unwrap_or(false);
+        let mut serving = Serving {
+            _memory: None,
+            _request: request,
+        };
         if !current {
-            return Frame::NotFound;
+            return (Frame::NotFound, Some(serving));
         }
-        let res = Arc::clone(&self.reader).fetch_for_peer(fv, block).await;
-        drop(permit);
-        drop(mine);
-        match res {
+        let len = fv.block_len(block, self.block_size) as u64;
+        let host = remote.ip().to_canonical();
+        let Some(memory) = self.replies.acquire(host, len, self.timeout / 2).await else {
+            return (Frame::Busy, None);
+        };
+        serving._memory = Some(memory);
+        match Arc::clone(&self.reader).fetch_for_peer(fv, block).await {
             Ok(b) => {
                 let n = b.data().len() as u64;
                 self.stats.peer_served_bytes.fetch_add(n, Relaxed);
                 if let Some(m) = self.membership.member_at(&remote) {
                     m.bytes_sent.fetch_add(n, Relaxed);
                 }
-                Frame::Block {
+                let reply = Frame::Block {
                     checksum: *b.checksum(),
                     data: b.data().clone(),
-                }
+                };
+                (reply, Some(serving))
             }
-            Err(e) => Frame::error(code::SOURCE_FAILED, &e.to_string()),
+            Err(e) => (
+                Frame::error(code::SOURCE_FAILED, &e.to_string()),
+                Some(serving),
+            ),
         }
     }
+}
+
+/// What a request being served holds until its reply has left: its places
+/// under the per-peer and per-host limits and, from the fetch of its block
+/// on, reply memory.
+struct Serving {
+    _memory: Option<ReplyMemory>,
+    _request: Held,
+}
+
+/// " (N more held back)" for a rate-limited log line.
+fn held_back_note(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more since the last such line)")
+    }
+}
+
+/// Writes `reply` (block data as it is held, no copy into a frame buffer),
+/// finishes the stream and waits until the peer has acknowledged all of it,
+/// within `limit`. False if that did not happen (the peer stopped the
+/// stream, the connection failed, or it took too long): the caller resets
+/// the stream. `reply` is dropped before this returns.
+async fn send_reply(send: &mut quinn::SendStream, reply: Frame, limit: Duration) -> bool {
+    let Ok(mut chunks) = codec::encode_chunks(&reply) else {
+        return false;
+    };
+    drop(reply);
+    chunks.retain(|c| !c.is_empty());
+    let leave = async {
+        let mut rest: &mut [Bytes] = &mut chunks;
+        while !rest.is_empty() {
+            let done = send.write_chunks(rest).await.ok()?.chunks;
+            rest = &mut rest[done..];
+        }
+        send.finish().ok()?;
+        // None: finished and every byte acknowledged; Some: stopped.
+        send.stopped().await.ok()?.is_none().then_some(())
+    };
+    tokio::time::timeout(limit, leave)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
 }
 
 /// Why a request is not served: the reply to send, and whether the request
@@ -535,5 +664,39 @@ mod tests {
         assert!(l.request(b).is_some());
         drop(reqs);
         assert!(l.request(a).is_some());
+    }
+
+    #[test]
+    fn requests_are_limited_per_host_whatever_its_ports() {
+        let l = PeerLimits::default();
+        let host: IpAddr = "10.0.0.1".parse().unwrap();
+        // Many endpoints of one host, each within its own limit, together
+        // get REQUESTS_PER_HOST.
+        let mut held = Vec::new();
+        let mut port = 7000;
+        while let Some(h) = l.request(SocketAddr::new(host, port)) {
+            held.push(h);
+            if held.len() % REQUESTS_PER_PEER == 0 {
+                port += 1;
+            }
+        }
+        assert_eq!(held.len(), REQUESTS_PER_HOST);
+        // Whatever new port it uses, and as a v4-mapped v6 address.
+        assert!(l.request(SocketAddr::new(host, 9999)).is_none());
+        assert!(l
+            .request("[::ffff:10.0.0.1]:9998".parse().unwrap())
+            .is_none());
+        // Another host is not affected; a refused request took nothing.
+        let other: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+        let o: Vec<Held> = (0..REQUESTS_PER_PEER)
+            .map(|_| l.request(other).unwrap())
+            .collect();
+        held.pop();
+        assert!(l.request(SocketAddr::new(host, 9999)).is_some());
+        drop((held, o));
+        // An honest node asks at most STREAMS_PER_PEER at once; with replies
+        // waiting for their acknowledgement it stays within its limit.
+        const { assert!(REQUESTS_PER_PEER >= 2 * crate::peer::membership::STREAMS_PER_PEER) };
+        assert_eq!(l.host_requests.get(&host), 0);
     }
 }

@@ -6,7 +6,7 @@
 //! know which.
 //!
 //! From a secret, every node turns the secret into the same Ed25519 key
-//! (seed = `blake3::derive_key("locafs cluster ca v1", secret)`) and the same
+//! (seed = `blake3::derive_key("locafs cluster ca v1", secret's 32 bytes)`) and the same
 //! self-signed CA certificate ("locafs cluster CA"). At start each node makes
 //! a fresh random Ed25519 leaf key and a certificate for it (SAN
 //! `locafs-peer`, usable as server and client) signed by that CA, then drops
@@ -36,13 +36,19 @@
 //!
 //! Both ways insist on TLS 1.3 and ALPN `locafs/1`.
 //!
-//! Accepted secrets (after trimming ASCII whitespace, so a trailing newline
-//! in the secret file does not matter): an even-length hex string, decoded,
-//! credited 8 bits per decoded byte; anything else taken as raw bytes,
-//! credited 4 bits per byte. At least 128 bits are required (16 random bytes
-//! in hex, or 32 bytes of raw text), and material with fewer than 8 distinct
-//! byte values is refused as an obvious mistake. `locafs secret` prints
-//! [`generate_secret`]: 32 random bytes in hex.
+//! Accepted secrets: only what `locafs secret` prints ([`generate_secret`]),
+//! `locafs-secret-v1:` then 32 bytes from the system random generator as 64
+//! hex digits, `:` and an 8-hex-digit check value (the first 4 bytes of a
+//! keyed blake3 hash of the 32 bytes), after trimming ASCII whitespace so
+//! that a trailing newline does not matter. The CA certificate that every
+//! node presents is a public function of the secret, so anyone who can reach
+//! a node's UDP port can test guesses of the secret offline, as fast as
+//! they can hash: a hand-made passphrase (`imagenet-cluster-secret-2026`)
+//! or hex typed by a person would be found. So anything else, including the
+//! bare 64 hex digits older versions printed, is refused with a message
+//! saying to run `locafs secret`; the prefix makes a secret recognisable
+//! (and findable by secret scanners) and the check catches a truncated or
+//! mistyped copy before the node silently fails every handshake.
 //!
 //! This module must never write a key or the secret anywhere (disk, logs,
 //! `Debug` output, error messages), never accept a peer that does not chain
@@ -77,8 +83,17 @@ pub const ALPN: &[u8] = b"locafs/1";
 /// Distinguished name (CN) of the cluster CA.
 pub const CA_COMMON_NAME: &str = "locafs cluster CA";
 
-/// Minimum estimated strength of a cluster secret, in bits.
-pub const MIN_SECRET_BITS: usize = 128;
+/// How a cluster secret printed by `locafs secret` begins.
+pub const SECRET_PREFIX: &str = "locafs-secret-v1:";
+
+/// Random bytes in a cluster secret: 256 bits.
+pub const SECRET_BYTES: usize = 32;
+
+/// Context of the keyed hash whose first bytes are a secret's check value.
+const SECRET_CHECK_CONTEXT: &str = "locafs secret check v1";
+
+/// Bytes of the check value at the end of a secret.
+const SECRET_CHECK_BYTES: usize = 4;
 
 const CA_KEY_CONTEXT: &str = "locafs cluster ca v1";
 
@@ -91,16 +106,27 @@ const ED25519_PKCS8_PREFIX: [u8; 16] = [
 /// Why a node could not build its cluster identity.
 #[derive(Debug, Error)]
 pub enum TlsError {
-    #[error("cluster secret is empty")]
+    #[error("cluster secret is empty: make one with `locafs secret > FILE`")]
     EmptySecret,
+    /// Not of the form `locafs secret` prints: a hand-made passphrase, or a
+    /// secret of an older version (64 hex digits without the prefix).
     #[error(
-        "cluster secret too weak: about {estimated_bits} bits, need at least {required_bits} \
-         (use 32 random bytes in hex, as printed by `locafs secret`)"
+        "not a secret made by `locafs secret` (those begin with {SECRET_PREFIX}): run \
+         `locafs secret > FILE` and give that file to every node; hand-made passphrases (and \
+         the bare hex secrets of older versions) are refused, since anyone who can reach the \
+         peer port can test guesses offline"
     )]
-    WeakSecret {
-        estimated_bits: usize,
-        required_bits: usize,
-    },
+    NotGenerated,
+    /// Has the prefix, but the rest is cut, mistyped or fails its check.
+    #[error(
+        "cluster secret is damaged ({0}): copy the file again from a node that works, or make \
+         a new one for every node with `locafs secret > FILE`"
+    )]
+    DamagedSecret(&'static str),
+    /// Right form and check, but not random (fewer than 8 distinct byte
+    /// values): made by hand, not by `locafs secret`.
+    #[error("cluster secret is not random: make one with `locafs secret > FILE`")]
+    WeakSecret,
     #[error("could not build a peer certificate: {0}")]
     Certificate(#[from] rcgen::Error),
     #[error("could not configure TLS: {0}")]
@@ -184,6 +210,11 @@ impl ClusterIdentity {
         let material = secret_material(secret)?;
         let provider = ring_provider();
 
+        // One fast hash is enough: its input is 256 bits from the system
+        // random generator (secret_material accepts nothing else), so
+        // guessing it offline from the public CA certificate is out of
+        // reach however fast the hash; a slow password hash would only be
+        // needed for a secret a person chose.
         let seed = blake3::derive_key(CA_KEY_CONTEXT, &material);
         let mut pkcs8 = Vec::with_capacity(ED25519_PKCS8_PREFIX.len() + seed.len());
         pkcs8.extend_from_slice(&ED25519_PKCS8_PREFIX);
@@ -540,15 +571,33 @@ fn own_chain_error(role: &str, e: rustls::Error) -> TlsError {
     )
 }
 
-/// A new cluster secret: 32 bytes from the system random generator, as 64
-/// lowercase hex digits, for `locafs secret`.
+/// A new cluster secret for `locafs secret`: 32 bytes from the system
+/// random generator, in the form [`format_secret`] gives.
 pub fn generate_secret() -> Result<String, TlsError> {
-    let mut bytes = [0u8; 32];
+    let mut bytes = [0u8; SECRET_BYTES];
     ring_provider()
         .secure_random
         .fill(&mut bytes)
         .map_err(|_| TlsError::Random)?;
-    Ok(hex(&bytes))
+    Ok(format_secret(&bytes))
+}
+
+/// The text form of a cluster secret: [`SECRET_PREFIX`], the 32 bytes as 64
+/// lowercase hex digits, `:` and the 8-hex-digit check value. Only
+/// [`generate_secret`] should choose the bytes (tests use fixed ones).
+pub fn format_secret(bytes: &[u8; SECRET_BYTES]) -> String {
+    format!(
+        "{SECRET_PREFIX}{}:{}",
+        hex(bytes),
+        hex(&secret_check(bytes))
+    )
+}
+
+fn secret_check(bytes: &[u8; SECRET_BYTES]) -> [u8; SECRET_CHECK_BYTES] {
+    let k = blake3::derive_key(SECRET_CHECK_CONTEXT, bytes);
+    let mut c = [0u8; SECRET_CHECK_BYTES];
+    c.copy_from_slice(&k[..SECRET_CHECK_BYTES]);
+    c
 }
 
 /// The ring provider, handed to each rustls builder explicitly.
@@ -556,35 +605,42 @@ fn ring_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Trims, decodes hex if it is hex, and checks the estimated strength.
-fn secret_material(secret: &[u8]) -> Result<Vec<u8>, TlsError> {
+/// The 32 random bytes of a secret file's contents, if it holds a secret
+/// as [`format_secret`] writes it (surrounding whitespace allowed).
+fn secret_material(secret: &[u8]) -> Result<[u8; SECRET_BYTES], TlsError> {
     let trimmed = secret.trim_ascii();
     if trimmed.is_empty() {
         return Err(TlsError::EmptySecret);
     }
-    let (material, bits_per_byte) = match unhex(trimmed) {
-        Some(decoded) => (decoded, 8),
-        None => (trimmed.to_vec(), 4),
+    let Some(rest) = trimmed.strip_prefix(SECRET_PREFIX.as_bytes()) else {
+        return Err(TlsError::NotGenerated);
     };
+    let malformed = TlsError::DamagedSecret("expected 64 hex digits, ':' and 8 hex digits");
+    let (body, check) = match rest.iter().position(|&b| b == b':') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => return Err(malformed),
+    };
+    if body.len() != 2 * SECRET_BYTES || check.len() != 2 * SECRET_CHECK_BYTES {
+        return Err(malformed);
+    }
+    let (Some(body), Some(check)) = (unhex(body), unhex(check)) else {
+        return Err(malformed);
+    };
+    let mut bytes = [0u8; SECRET_BYTES];
+    bytes.copy_from_slice(&body);
+    if secret_check(&bytes)[..] != check[..] {
+        return Err(TlsError::DamagedSecret("its check value does not match"));
+    }
     let mut seen = [false; 256];
-    for &b in &material {
+    for &b in &bytes {
         seen[b as usize] = true;
     }
-    let distinct = seen.iter().filter(|&&s| s).count();
-    let estimated_bits = if distinct < 8 {
-        // log2(distinct) bits per byte at best: "aaaa…" or "0000…" is a
-        // mistake, not a secret.
-        material.len() * distinct.ilog2() as usize
-    } else {
-        material.len() * bits_per_byte
-    };
-    if distinct < 8 || estimated_bits < MIN_SECRET_BITS {
-        return Err(TlsError::WeakSecret {
-            estimated_bits,
-            required_bits: MIN_SECRET_BITS,
-        });
+    // 32 random bytes have fewer than 8 distinct values with a probability
+    // below 2^-150: such bytes were chosen by hand (all zeros, say).
+    if seen.iter().filter(|&&s| s).count() < 8 {
+        return Err(TlsError::WeakSecret);
     }
-    Ok(material)
+    Ok(bytes)
 }
 
 fn unhex(s: &[u8]) -> Option<Vec<u8>> {
@@ -684,7 +740,17 @@ mod tests {
     use std::time::Duration;
     use tokio::time::timeout;
 
-    const SECRET: &[u8] = b"8f3a0c5d7e9b1a2c4d6e8f0a1b3c5d7e9f1a2b3c4d5e6f708192a3b4c5d6e7f8\n";
+    const BYTES: [u8; SECRET_BYTES] = [
+        0x8f, 0x3a, 0x0c, 0x5d, 0x7e, 0x9b, 0x1a, 0x2c, 0x4d, 0x6e, 0x8f, 0x0a, 0x1b, 0x3c, 0x5d,
+        0x7e, 0x9f, 0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6,
+        0xe7, 0xf8,
+    ];
+
+    /// A secret file's contents, with a trailing newline as `locafs secret >
+    /// FILE` leaves it.
+    fn secret() -> Vec<u8> {
+        format!("{}\n", format_secret(&BYTES)).into_bytes()
+    }
     const LIMIT: Duration = Duration::from_secs(10);
 
     fn localhost() -> SocketAddr {
@@ -753,8 +819,8 @@ mod tests {
 
     #[test]
     fn same_secret_gives_same_ca_and_fresh_leaves() {
-        let a = ClusterIdentity::from_secret(SECRET).unwrap();
-        let b = ClusterIdentity::from_secret(SECRET.trim_ascii()).unwrap();
+        let a = ClusterIdentity::from_secret(&secret()).unwrap();
+        let b = ClusterIdentity::from_secret(secret().trim_ascii()).unwrap();
         assert_eq!(a.ca_certificates(), b.ca_certificates());
         assert_eq!(a.cluster_id(), b.cluster_id());
         assert_ne!(a.leaf_certificate(), b.leaf_certificate());
@@ -765,66 +831,86 @@ mod tests {
     }
 
     #[test]
-    fn secret_parsing_and_strength() {
-        // Hex: 16 bytes is enough, 15 is not.
-        assert!(secret_material(hex(&(100u8..116).collect::<Vec<_>>()).as_bytes()).is_ok());
+    fn only_secrets_made_by_locafs_secret_are_accepted() {
+        assert_eq!(secret_material(&secret()).unwrap(), BYTES);
+        // Surrounding whitespace is fine, and so is upper-case hex.
+        let padded = format!("  {}\r\n\n", format_secret(&BYTES));
+        assert_eq!(secret_material(padded.as_bytes()).unwrap(), BYTES);
+        let upper = format_secret(&BYTES)
+            .to_uppercase()
+            .replace("LOCAFS-SECRET-V1:", SECRET_PREFIX);
+        assert_eq!(secret_material(upper.as_bytes()).unwrap(), BYTES);
+        // Passphrases that used to pass the old strength estimate, and the
+        // bare 64 hex digits of older versions: refused, saying what to do.
+        for hand_made in [
+            "0123456789abcdef0123456789abcdef",
+            "abcdefghabcdefghabcdefghabcdefgh",
+            "imagenet-cluster-secret-2026-abc",
+            "8f3a0c5d7e9b1a2c4d6e8f0a1b3c5d7e9f1a2b3c4d5e6f708192a3b4c5d6e7f8",
+            "hunter2",
+        ] {
+            let e = ClusterIdentity::from_secret(hand_made.as_bytes()).unwrap_err();
+            assert!(matches!(e, TlsError::NotGenerated), "{hand_made}: {e}");
+            let msg = e.to_string();
+            assert!(msg.contains("run `locafs secret > FILE`"), "{msg}");
+            assert!(!msg.contains(hand_made), "{msg}");
+        }
+        // The prefix with a damaged rest: cut, a digit changed, the check
+        // missing or altered.
+        let good = format_secret(&BYTES);
+        let flip = |at: usize| {
+            let mut b = good.clone().into_bytes();
+            b[at] = if b[at] == b'0' { b'1' } else { b'0' };
+            String::from_utf8(b).unwrap()
+        };
+        let damaged = [
+            good[..good.len() - 1].to_owned(),
+            good[..SECRET_PREFIX.len() + 64].to_owned(),
+            format!("{}:", &good[..SECRET_PREFIX.len() + 64]),
+            flip(SECRET_PREFIX.len() + 5),
+            flip(good.len() - 1),
+            good.replacen(':', ";", 2).replacen(';', ":", 1),
+            format!("{good}00"),
+            good.replace(&good[SECRET_PREFIX.len()..SECRET_PREFIX.len() + 2], "zz"),
+        ];
+        for d in &damaged {
+            let e = secret_material(d.as_bytes()).unwrap_err();
+            assert!(matches!(e, TlsError::DamagedSecret(_)), "{d}: {e}");
+            assert!(e.to_string().contains("locafs secret"), "{e}");
+            assert!(!e.to_string().contains(&good[SECRET_PREFIX.len()..]), "{e}");
+        }
+        // Right form and check, but not random.
         assert!(matches!(
-            secret_material(&hex(&(0u8..15).collect::<Vec<_>>()).into_bytes()),
-            Err(TlsError::WeakSecret {
-                estimated_bits: 120,
-                ..
-            })
-        ));
-        assert_eq!(
-            secret_material(b"  0a0b0c0d0e0f1011121314151617181f \n").unwrap(),
-            [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 31]
-        );
-        // Raw bytes: 32 are enough, 31 are not.
-        let raw: Vec<u8> = (0u8..32).map(|i| b'A' + i % 26).collect();
-        assert!(secret_material(&raw).is_ok());
-        assert!(matches!(
-            secret_material(&raw[..31]),
-            Err(TlsError::WeakSecret { .. })
-        ));
-        // Degenerate and empty.
-        assert!(matches!(
-            secret_material(&[b'a'; 64]),
-            Err(TlsError::WeakSecret {
-                estimated_bits: 0,
-                ..
-            })
-        ));
-        assert!(matches!(
-            secret_material(b"0".repeat(64).as_slice()),
-            Err(TlsError::WeakSecret { .. })
+            secret_material(format_secret(&[0; SECRET_BYTES]).as_bytes()),
+            Err(TlsError::WeakSecret)
         ));
         assert!(matches!(
             secret_material(b" \n\t"),
             Err(TlsError::EmptySecret)
         ));
-        let err = ClusterIdentity::from_secret(b"hunter2").unwrap_err();
-        assert!(err.to_string().contains("too weak"), "{err}");
     }
 
     #[test]
-    fn generated_secret_is_64_hex_digits_and_accepted() {
+    fn generated_secrets_are_256_random_bits_with_prefix_and_check() {
         let s = generate_secret().unwrap();
-        assert_eq!(s.len(), 64);
-        assert_eq!(unhex(s.as_bytes()).unwrap().len(), 32);
+        assert_eq!(s.len(), SECRET_PREFIX.len() + 64 + 1 + 8);
+        assert!(s.starts_with(SECRET_PREFIX), "{s}");
+        let bytes = secret_material(s.as_bytes()).unwrap();
+        assert_eq!(format_secret(&bytes), s);
         assert_ne!(s, generate_secret().unwrap());
         assert!(ClusterIdentity::from_secret(s.as_bytes()).is_ok());
     }
 
     #[tokio::test]
     async fn nodes_with_the_same_secret_connect_and_exchange_a_message() {
-        let a = ClusterIdentity::from_secret(SECRET).unwrap();
-        let b = ClusterIdentity::from_secret(SECRET).unwrap();
+        let a = ClusterIdentity::from_secret(&secret()).unwrap();
+        let b = ClusterIdentity::from_secret(&secret()).unwrap();
         exchange_ok(&a, b.client_config()).await;
     }
 
     #[tokio::test]
     async fn a_node_with_another_secret_is_refused() {
-        let a = ClusterIdentity::from_secret(SECRET).unwrap();
+        let a = ClusterIdentity::from_secret(&secret()).unwrap();
         let stranger =
             ClusterIdentity::from_secret(&generate_secret().unwrap().into_bytes()).unwrap();
         assert_refused(&a, stranger.client_config()).await;
@@ -832,7 +918,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_without_a_certificate_is_refused() {
-        let a = ClusterIdentity::from_secret(SECRET).unwrap();
+        let a = ClusterIdentity::from_secret(&secret()).unwrap();
         // Trusts the right CA, so only the missing client certificate is wrong.
         let mut roots = RootCertStore::empty();
         roots.add(a.ca_certificates()[0].clone()).unwrap();
@@ -848,7 +934,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_with_a_certificate_from_another_ca_is_refused() {
-        let a = ClusterIdentity::from_secret(SECRET).unwrap();
+        let a = ClusterIdentity::from_secret(&secret()).unwrap();
         // Knows the (public) CA certificate, but not the secret: signs its own.
         let rogue = rcgen::generate_simple_self_signed(vec![PEER_SERVER_NAME.to_owned()]).unwrap();
         let mut roots = RootCertStore::empty();

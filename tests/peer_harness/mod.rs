@@ -182,10 +182,10 @@ impl Auth<'_> {
     }
 }
 
+/// A cluster secret in the form `locafs secret` prints, from `rng` (so that
+/// a test's secrets are the same at every run).
 fn random_secret(rng: &mut impl Rng) -> String {
-    (0..32)
-        .map(|_| format!("{:02x}", rng.random::<u8>()))
-        .collect()
+    locafs::peer::tls::format_secret(&rng.random())
 }
 
 /// One running `locafs mount` process.
@@ -244,16 +244,27 @@ impl Node {
             peer_timeout: "1s",
             netns: None,
         };
-        Node::launch(c, name, spec, auth)
+        Node::launch(c, name, spec, auth, &[])
     }
 
     /// Starts a node as `spec` says and waits until its mount answers.
     pub fn start_spec(c: &Cluster, name: &str, o: NodeSpec) -> Node {
-        let secret = o.secret;
-        Node::launch(c, name, o, Auth::Secret(secret))
+        Node::start_spec_with(c, name, o, &[])
     }
 
-    fn launch(c: &Cluster, name: &str, o: NodeSpec, auth: Auth) -> Node {
+    /// Like [`Node::start_spec`], with more `locafs mount` options (a
+    /// `--block-size` there replaces the harness's [`BLOCK`]).
+    pub fn start_spec_with(c: &Cluster, name: &str, o: NodeSpec, extra: &[&str]) -> Node {
+        let secret = o.secret;
+        Node::launch(c, name, o, Auth::Secret(secret), extra)
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    fn launch(c: &Cluster, name: &str, o: NodeSpec, auth: Auth, extra: &[&str]) -> Node {
         let base = c.dir.path().join(name);
         let mountpoint = base.join("mnt");
         let cache = base.join("cache");
@@ -284,12 +295,17 @@ impl Node {
             .arg("--cache-dir")
             .arg(&cache)
             .args(["--cache-size", o.cache_size])
-            .args(["--block-size", &BLOCK.to_string()])
+            .args(if extra.contains(&"--block-size") {
+                Vec::new()
+            } else {
+                vec!["--block-size".to_owned(), BLOCK.to_string()]
+            })
             .arg("--no-passthrough")
             .args(["--listen", &o.listen])
             .args(["--peers", &peers.join(",")])
             .args(auth.args())
             .args(["--peer-timeout", o.peer_timeout])
+            .args(extra)
             .arg("--log-file")
             .arg(&log)
             .env("RUST_LOG", "locafs=debug")
