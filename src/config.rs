@@ -612,8 +612,10 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     if source_timeout.is_zero() {
         return Err(usage("--source-timeout: must be more than 0"));
     }
-    let metadata_timeout =
-        dur("metadata-timeout", &f.metadata_timeout)?.unwrap_or(DEFAULT_METADATA_TIMEOUT);
+    // The default never exceeds --source-timeout: a short source timeout
+    // shortens it.
+    let metadata_timeout = dur("metadata-timeout", &f.metadata_timeout)?
+        .unwrap_or(DEFAULT_METADATA_TIMEOUT.min(source_timeout));
     if metadata_timeout.is_zero() || metadata_timeout > source_timeout {
         return Err(usage(format!(
             "--metadata-timeout: must be more than 0 and at most --source-timeout ({}s)",
@@ -1002,6 +1004,34 @@ mod tests {
         assert!(resolve_peer(&f).unwrap_err().0.contains("--listen"));
         f.listen = None;
         assert!(resolve_peer(&f).is_err());
+    }
+
+    #[test]
+    fn metadata_timeout_defaults_to_5s_and_never_exceeds_the_source_timeout() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
+        for p in [&src, &mnt] {
+            std::fs::create_dir(p).unwrap();
+        }
+        let args = |meta: Option<&str>, source: Option<&str>| MountArgs {
+            source: Some(src.clone()),
+            mountpoint: Some(mnt.clone()),
+            opts: MountFlags {
+                cache_dir: Some(cache.clone()),
+                metadata_timeout: meta.map(Into::into),
+                source_timeout: source.map(Into::into),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let got = |meta, source| resolve(&args(meta, source)).map(|c| c.metadata_timeout);
+        assert_eq!(got(None, None).unwrap(), Duration::from_secs(5));
+        assert_eq!(got(None, Some("3s")).unwrap(), Duration::from_secs(3));
+        assert_eq!(got(Some("1s"), None).unwrap(), Duration::from_secs(1));
+        for (meta, source) in [(Some("10s"), Some("4s")), (Some("0s"), None)] {
+            let e = got(meta, source).unwrap_err().0;
+            assert!(e.starts_with("--metadata-timeout"), "{e}");
+        }
     }
 
     #[test]
