@@ -102,7 +102,7 @@ fn stats_json_schema_and_watch() {
     assert!(obj["uptime_s"].is_f64());
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 4,
+        strings.len() + counts.len() + 5,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();
