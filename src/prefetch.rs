@@ -14,8 +14,8 @@
 //! Every prefetch goes through the reader's single-flight path (a block is
 //! never fetched twice at once) and holds a share of one global memory
 //! budget until it is done; when the budget is used up, read-ahead waits or
-//! skips, it never grows. Loader reads never wait for read-ahead: background
-//! prefetch runs with fewer jobs while loader reads are in flight.
+//! skips, it never grows. Read-ahead starts no fetch while a block the loader
+//! read waits for room in the write-back queue (`Reader::prefetch`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -547,14 +547,6 @@ impl ReadAhead {
             if !planned && !cache.has_room_for(&file) {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
-            }
-            // Loader reads first: with demand reads in flight, run half the
-            // jobs (a plan's files are what the loader reads next: not held back).
-            while !planned
-                && self.reader.demand_inflight() > 0
-                && jobs.available_permits() <= self.cfg.jobs / 2
-            {
-                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let bs = self.reader.block_size();
             for i in 0..file.block_count(bs) {

@@ -11,7 +11,7 @@
 //! failure fails a read, and then only that read.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,8 +94,6 @@ pub struct Reader {
     peers: Option<Arc<dyn PeerTier>>,
     rt: Handle,
     stats: Arc<Stats>,
-    /// Loader reads waiting on a fetch right now (read-ahead yields to them).
-    demand: AtomicU64,
     /// Bounds the blocks waiting to be written to the disk cache (KiB).
     write_queue: Arc<tokio::sync::Semaphore>,
     /// Bounds the loader's blocks held while they wait for the write queue
@@ -164,7 +162,6 @@ impl Reader {
             peers,
             rt,
             stats,
-            demand: AtomicU64::new(0),
             write_queue: Arc::new(tokio::sync::Semaphore::new(write_queue_kib)),
             write_wait: Arc::new(tokio::sync::Semaphore::new(write_wait_kib)),
             write_wait_kib: write_wait_kib as u32,
@@ -400,11 +397,6 @@ impl Reader {
     /// without peers).
     pub fn owns(&self, file: &FileVersion, index: u64) -> bool {
         self.peers.as_ref().is_none_or(|p| p.owns(file, index))
-    }
-
-    /// Loader reads currently waiting on fetches.
-    pub fn demand_inflight(&self) -> u64 {
-        self.demand.load(Relaxed)
     }
 
     /// Whether blocks the loader read are waiting for room in the write
@@ -719,6 +711,7 @@ mod tests {
     use std::fs::File;
     use std::io;
     use std::path::{Path, PathBuf};
+    use std::sync::atomic::AtomicU64;
 
     const BS: u64 = 4096;
 
