@@ -2181,4 +2181,41 @@ mod tests {
         assert!(c.get(&bad, 2).is_none());
         assert!(c.get(&bad, 3).is_some());
     }
+
+    #[test]
+    fn a_cache_dir_that_refuses_direct_io_at_open_still_caches() {
+        // ramfs creates the file, then refuses O_DIRECT: new data files are
+        // created with O_EXCL, and the buffered retry finds it in the way
+        // (it is unlinked and created again).
+        let d = tempfile::tempdir().unwrap();
+        let c = std::ffi::CString::new(d.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: mount(2) with NUL-terminated strings and no data.
+        let r = unsafe {
+            libc::mount(
+                c"ramfs".as_ptr(),
+                c.as_ptr(),
+                c"ramfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            eprintln!(
+                "SKIPPED: cannot mount a ramfs ({})",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        let result = std::panic::catch_unwind(|| {
+            let cache = open(d.path(), 1 << 20);
+            let f = file("ramfs", 1);
+            assert!(cache.put(&f, 0, &block(&f, 0)), "not cached");
+            assert!(!cache.direct.load(Ordering::Relaxed));
+            assert_eq!(cache.get(&f, 0).unwrap().data(), block(&f, 0).data());
+        });
+        let _ = crate::sys::unmount(d.path());
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    }
 }
