@@ -126,7 +126,13 @@ pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
-        let mtime_ns = st.stx_mtime.tv_sec * 1_000_000_000 + st.stx_mtime.tv_nsec as i64;
+        // As `SourceAttr::from_metadata` computes it, without a panic on
+        // an absurd time.
+        let mtime_ns = st
+            .stx_mtime
+            .tv_sec
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(st.stx_mtime.tv_nsec as i64);
         Ok((st.stx_size, mtime_ns, st.stx_ino))
     }
 }
