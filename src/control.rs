@@ -131,7 +131,7 @@ async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
             }
         },
         Request::Plan { paths } => {
-            let (files, unknown) = ra.set_plan(&paths);
+            let (files, unknown) = ra.set_plan(&paths).await;
             Response {
                 ok: true,
                 files: files as u64,

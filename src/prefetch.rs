@@ -14,8 +14,8 @@
 //! Every prefetch goes through the reader's single-flight path (a block is
 //! never fetched twice at once) and holds a share of one global memory
 //! budget until it is done; when the budget is used up, read-ahead waits or
-//! skips, it never grows. Loader reads never wait for read-ahead: background
-//! prefetch runs with fewer jobs while loader reads are in flight.
+//! skips, it never grows. Read-ahead starts no fetch while a block the loader
+//! read waits for room in the write-back queue (`Reader::prefetch`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -344,16 +344,28 @@ impl ReadAhead {
     }
 
     /// Installs a plan: paths relative to the mount root, in the order the
-    /// loader will read them. Returns (files known, paths not found).
-    pub fn set_plan(&self, paths: &[PathBuf]) -> (usize, usize) {
-        let mut order = Vec::with_capacity(paths.len());
-        let mut unknown = 0;
-        for p in paths {
-            match self.ns.lookup_path(p) {
-                Ok((ino, attr)) if attr.kind == EntryKind::File => order.push(ino),
-                _ => unknown += 1,
+    /// loader will read them. Returns (files known, paths not found). The
+    /// paths are resolved on the blocking pool: each may cost the source a
+    /// `stat` (a round trip on NFS), and a plan of 100k paths would hold a
+    /// runtime thread for many seconds.
+    pub async fn set_plan(&self, paths: &[PathBuf]) -> (usize, usize) {
+        let ns = Arc::clone(&self.ns);
+        let owned = paths.to_vec();
+        let resolved = tokio::task::spawn_blocking(move || {
+            let mut order = Vec::with_capacity(owned.len());
+            let mut unknown = 0;
+            for p in &owned {
+                match ns.lookup_path(p) {
+                    Ok((ino, attr)) if attr.kind == EntryKind::File => order.push(ino),
+                    _ => unknown += 1,
+                }
             }
-        }
+            (order, unknown)
+        })
+        .await;
+        let Ok((order, unknown)) = resolved else {
+            return (0, paths.len());
+        };
         let index = order.iter().enumerate().map(|(i, ino)| (*ino, i)).collect();
         let n = order.len();
         let mut st = self.state.lock();
@@ -371,17 +383,21 @@ impl ReadAhead {
     /// Makes sure every block of a file is cached (for `locafs warm`).
     /// Returns (bytes now cached, bytes that did not fit).
     pub async fn warm(self: &Arc<Self>, rel: &Path) -> Result<(u64, u64), String> {
-        let (ino, attr) = self
-            .ns
-            .lookup_path(rel)
-            .map_err(|e| format!("{}: {e}", rel.display()))?;
-        if attr.kind != EntryKind::File {
-            return Err(format!("{}: not a regular file", rel.display()));
-        }
-        let (rel, attr) = self
-            .ns
-            .open_file(ino)
-            .map_err(|e| format!("{}: {e}", rel.display()))?;
+        // Source metadata calls: on the blocking pool.
+        let ns = Arc::clone(&self.ns);
+        let path = rel.to_path_buf();
+        let (rel, attr) = tokio::task::spawn_blocking(move || {
+            let (ino, attr) = ns
+                .lookup_path(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if attr.kind != EntryKind::File {
+                return Err(format!("{}: not a regular file", path.display()));
+            }
+            ns.open_file(ino)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        })
+        .await
+        .map_err(|e| format!("{}: {e}", rel.display()))??;
         let file = Arc::new(FileVersion::new(rel, attr.version()));
         let bs = self.reader.block_size();
         let (mut cached, mut missing) = (0, 0);
@@ -518,7 +534,11 @@ impl ReadAhead {
                     tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
                 continue;
             };
-            let Ok((rel, attr)) = self.ns.open_file(ino) else {
+            // A fresh stat at the source (when the attributes are old): on
+            // the blocking pool.
+            let ns = Arc::clone(&self.ns);
+            let Ok(Ok((rel, attr))) = tokio::task::spawn_blocking(move || ns.open_file(ino)).await
+            else {
                 continue;
             };
             let file = Arc::new(FileVersion::new(rel, attr.version()));
@@ -532,14 +552,6 @@ impl ReadAhead {
             if !planned && !cache.has_room_for(&file) {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
-            }
-            // Loader reads first: with demand reads in flight, run half the
-            // jobs (a plan's files are what the loader reads next: not held back).
-            while !planned
-                && self.reader.demand_inflight() > 0
-                && jobs.available_permits() <= self.cfg.jobs / 2
-            {
-                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let bs = self.reader.block_size();
             for i in 0..file.block_count(bs) {
@@ -674,5 +686,193 @@ mod tests {
         s.retract(r.start);
         let r2 = s.on_read(2 * BS, BS, BS, 100, 8 * BS);
         assert!(r2.start <= r.start + 1);
+    }
+
+    /// Source metadata calls (a `stat` is a round trip on NFS, and may
+    /// stall) must not run on the runtime's threads: a runtime of one
+    /// thread, and a source whose `stat` of one path waits at a gate the
+    /// `nth` time (1-based), until the test has seen whether another task
+    /// still runs.
+    mod off_the_runtime {
+        use super::*;
+        use crate::cache::disk::DiskCache;
+        use crate::reader::ReaderConfig;
+        use crate::source::{DirSource, Source, SourceAttr, SourceError, SourceVersion};
+        use std::ffi::OsString;
+        use std::io;
+        use std::sync::atomic::AtomicUsize;
+
+        struct GatedSource {
+            inner: DirSource,
+            path: PathBuf,
+            nth: usize,
+            seen: AtomicUsize,
+            waiting: AtomicU64,
+            open: Mutex<bool>,
+            opened: parking_lot::Condvar,
+        }
+
+        impl GatedSource {
+            fn open_gate(&self) {
+                *self.open.lock() = true;
+                self.opened.notify_all();
+            }
+        }
+
+        impl Source for GatedSource {
+            fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
+                if rel == self.path && self.seen.fetch_add(1, Relaxed) + 1 == self.nth {
+                    self.waiting.store(1, Relaxed);
+                    let mut open = self.open.lock();
+                    while !*open {
+                        self.opened.wait(&mut open);
+                    }
+                }
+                self.inner.stat(rel)
+            }
+            fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+                self.inner.list(rel)
+            }
+            fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+                self.inner.read_link(rel)
+            }
+            fn read_at(
+                &self,
+                rel: &Path,
+                version: &SourceVersion,
+                offset: u64,
+                len: usize,
+            ) -> Result<bytes::Bytes, SourceError> {
+                self.inner.read_at(rel, version, offset, len)
+            }
+            fn statvfs(&self) -> io::Result<libc::statvfs> {
+                self.inner.statvfs()
+            }
+        }
+
+        fn wait_for(cond: impl Fn() -> bool) -> bool {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !cond() {
+                if Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            true
+        }
+
+        /// Starts `act` on a one-thread runtime over a data set of files
+        /// "a", "b", "p" and "w"; once the gated `stat` waits, checks that
+        /// another task runs; then opens the gate and waits for `act`.
+        fn runtime_stays_free<F, Fut>(gate: (&str, usize), epoch: bool, act: F) -> bool
+        where
+            F: FnOnce(Arc<ReadAhead>) -> Fut,
+            Fut: std::future::Future<Output = ()> + Send + 'static,
+        {
+            let tmp = tempfile::tempdir().unwrap();
+            let src = tmp.path().join("src");
+            std::fs::create_dir_all(&src).unwrap();
+            for f in ["a", "b", "p", "w"] {
+                std::fs::write(src.join(f), vec![7u8; 10_000]).unwrap();
+            }
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let source = Arc::new(GatedSource {
+                inner: DirSource::new(src),
+                path: PathBuf::from(gate.0),
+                nth: gate.1,
+                seen: AtomicUsize::new(0),
+                waiting: AtomicU64::new(0),
+                open: Mutex::new(false),
+                opened: parking_lot::Condvar::new(),
+            });
+            let stats = Arc::new(crate::stats::Stats::default());
+            let (cache, _) = DiskCache::open(
+                &tmp.path().join("cache"),
+                Some(64 << 20),
+                BS,
+                Arc::clone(&stats),
+            )
+            .unwrap();
+            // Attributes always stale: every lookup and open asks the source.
+            let ns = Arc::new(
+                Namespace::new(source.clone(), Some(Duration::ZERO), Arc::default()).unwrap(),
+            );
+            let reader = Reader::new(
+                ReaderConfig {
+                    block_size: BS,
+                    memory_bytes: 8 * BS,
+                    write_queue_bytes: 8 * BS,
+                    write_wait_bytes: 2 * BS,
+                    source_timeout: Duration::from_secs(120),
+                },
+                Arc::new(cache),
+                source.clone(),
+                None,
+                rt.handle().clone(),
+                stats,
+            );
+            let ra = ReadAhead::new(
+                ReadAheadConfig {
+                    sequential: false,
+                    epoch,
+                    max_window: 8 * BS,
+                    memory: 8 * BS,
+                    jobs: 2,
+                    bandwidth: None,
+                    small_file: 4 * BS,
+                    plan_ahead: 8,
+                },
+                reader,
+                ns,
+                rt.handle().clone(),
+            );
+            let task = rt.spawn(act(ra));
+            assert!(
+                wait_for(|| source.waiting.load(Relaxed) == 1),
+                "the gated stat never came"
+            );
+            let ran = Arc::new(AtomicU64::new(0));
+            let r2 = Arc::clone(&ran);
+            rt.spawn(async move { r2.store(1, Relaxed) });
+            let free = wait_for(|| ran.load(Relaxed) == 1);
+            source.open_gate();
+            rt.block_on(task).unwrap();
+            rt.shutdown_background();
+            free
+        }
+
+        #[test]
+        fn set_plan_resolves_paths_off_the_runtime() {
+            let free = runtime_stays_free(("b", 1), false, |ra| async move {
+                let plan = [PathBuf::from("a"), PathBuf::from("b")];
+                assert_eq!(ra.set_plan(&plan).await, (2, 0));
+            });
+            assert!(free, "set_plan held the runtime thread on a source stat");
+        }
+
+        #[test]
+        fn warm_resolves_its_path_off_the_runtime() {
+            let free = runtime_stays_free(("w", 1), false, |ra| async move {
+                assert_eq!(ra.warm(Path::new("w")).await, Ok((10_000, 0)));
+            });
+            assert!(free, "warm held the runtime thread on a source stat");
+        }
+
+        #[test]
+        fn background_prefetch_opens_files_off_the_runtime() {
+            // The plan's lookup is the first stat of "p" (not gated); the
+            // background task's open of it the second.
+            let free = runtime_stays_free(("p", 2), true, |ra| async move {
+                assert_eq!(ra.set_plan(&[PathBuf::from("p")]).await, (1, 0));
+            });
+            assert!(
+                free,
+                "background prefetch held the runtime thread on a source stat"
+            );
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! failure fails a read, and then only that read.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,8 +94,6 @@ pub struct Reader {
     peers: Option<Arc<dyn PeerTier>>,
     rt: Handle,
     stats: Arc<Stats>,
-    /// Loader reads waiting on a fetch right now (read-ahead yields to them).
-    demand: AtomicU64,
     /// Bounds the blocks waiting to be written to the disk cache (KiB).
     write_queue: Arc<tokio::sync::Semaphore>,
     /// Bounds the loader's blocks held while they wait for the write queue
@@ -164,7 +162,6 @@ impl Reader {
             peers,
             rt,
             stats,
-            demand: AtomicU64::new(0),
             write_queue: Arc::new(tokio::sync::Semaphore::new(write_queue_kib)),
             write_wait: Arc::new(tokio::sync::Semaphore::new(write_wait_kib)),
             write_wait_kib: write_wait_kib as u32,
@@ -213,7 +210,9 @@ impl Reader {
     }
 
     /// A block from memory or the local disk cache, without waiting on
-    /// anything remote. Cheap enough to call on a FUSE thread.
+    /// anything remote: a disk read and a checksum of up to a block. Cheap
+    /// enough for a FUSE thread (the fast path), not for a runtime thread:
+    /// async code calls [`Reader::local_block_async`].
     fn local_block(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         let id = BlockId {
             key: file.key,
@@ -228,6 +227,45 @@ impl Reader {
         metrics::observe_tier(Tier::Cache, t, true);
         self.remember(id, b.clone());
         Some(b)
+    }
+
+    /// [`Reader::local_block`] for async code: the disk read and checksum
+    /// run on the blocking pool, and only for a block the cache holds.
+    async fn local_block_async(
+        self: &Arc<Self>,
+        file: &Arc<FileVersion>,
+        index: u64,
+    ) -> Option<ChecksummedBytes> {
+        let id = BlockId {
+            key: file.key,
+            index,
+        };
+        if let Some(b) = self.memory.get(&id) {
+            metrics::observe_tier(Tier::Cache, metrics::timer(), true);
+            return Some(b);
+        }
+        if !self.cache.is_block_cached(file, index) {
+            return None;
+        }
+        let (me, f) = (Arc::clone(self), Arc::clone(file));
+        tokio::task::spawn_blocking(move || me.local_block(&f, index))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// A block the disk cache holds, read on the blocking pool; fetched if
+    /// the cache fails to serve it after all. Also says whether it was a
+    /// hit.
+    async fn cached_or_fetch(
+        self: Arc<Self>,
+        file: Arc<FileVersion>,
+        index: u64,
+    ) -> Result<(ChecksummedBytes, bool), ReadError> {
+        if let Some(b) = self.local_block_async(&file, index).await {
+            return Ok((b, true));
+        }
+        self.fetch(&file, index).await.map(|b| (b, false))
     }
 
     fn assemble(
@@ -286,25 +324,41 @@ impl Reader {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
+        // Blocks in the disk cache are read on the blocking pool (this is a
+        // runtime thread), those missing fetched; all at once.
         let mut fetches = Vec::new();
-        let mut hit = 0u64;
-        let mut miss = 0u64;
         for i in range.clone() {
-            match self.local_block(&file, i) {
-                Some(b) => {
-                    hit += b.data().len() as u64;
-                    fetches.push(futures::future::ready(Ok(b)).boxed());
-                }
-                None => {
-                    miss += file.block_len(i, self.cfg.block_size) as u64;
-                    fetches.push(self.fetch(&file, i).boxed());
-                }
-            }
+            let id = BlockId {
+                key: file.key,
+                index: i,
+            };
+            fetches.push(if let Some(b) = self.memory.get(&id) {
+                metrics::observe_tier(Tier::Cache, metrics::timer(), true);
+                futures::future::ready(Ok((b, true))).boxed()
+            } else if self.cache.is_block_cached(&file, i) {
+                Arc::clone(&self)
+                    .cached_or_fetch(Arc::clone(&file), i)
+                    .boxed()
+            } else {
+                self.fetch(&file, i).map(|r| r.map(|b| (b, false))).boxed()
+            });
         }
         let deadline = self.cfg.source_timeout;
+        let (mut hit, mut miss) = (0u64, 0u64);
         let blocks =
             match tokio::time::timeout(deadline, futures::future::try_join_all(fetches)).await {
-                Ok(Ok(b)) => b,
+                Ok(Ok(b)) => b
+                    .into_iter()
+                    .map(|(b, was_hit)| {
+                        let n = b.data().len() as u64;
+                        if was_hit {
+                            hit += n;
+                        } else {
+                            miss += n;
+                        }
+                        b
+                    })
+                    .collect::<Vec<_>>(),
                 Ok(Err(e)) => {
                     self.stats.read_errors.fetch_add(1, Relaxed);
                     return Err(e);
@@ -343,11 +397,6 @@ impl Reader {
     /// without peers).
     pub fn owns(&self, file: &FileVersion, index: u64) -> bool {
         self.peers.as_ref().is_none_or(|p| p.owns(file, index))
-    }
-
-    /// Loader reads currently waiting on fetches.
-    pub fn demand_inflight(&self) -> u64 {
-        self.demand.load(Relaxed)
     }
 
     /// Whether blocks the loader read are waiting for room in the write
@@ -478,7 +527,7 @@ impl Reader {
         file: Arc<FileVersion>,
         index: u64,
     ) -> Result<ChecksummedBytes, ReadError> {
-        if let Some(b) = self.local_block(&file, index) {
+        if let Some(b) = self.local_block_async(&file, index).await {
             return Ok(b);
         }
         tokio::time::timeout(
@@ -659,6 +708,7 @@ mod tests {
     use std::fs::File;
     use std::io;
     use std::path::{Path, PathBuf};
+    use std::sync::atomic::AtomicU64;
 
     const BS: u64 = 4096;
 
@@ -816,5 +866,135 @@ mod tests {
         assert_eq!(left, vec![7, 6, 5, 4]);
         // Nothing was read from the source twice.
         assert_eq!(source.reads.load(Relaxed), blocks);
+    }
+
+    /// A cache holding every block of the file, whose `get` (a disk read
+    /// and a checksum) waits until the test opens a gate.
+    #[derive(Default)]
+    struct SlowGetCache {
+        open: Mutex<bool>,
+        opened: parking_lot::Condvar,
+        /// `get`s waiting at the gate.
+        waiting: AtomicU64,
+    }
+
+    impl SlowGetCache {
+        fn open_gate(&self) {
+            *self.open.lock() = true;
+            self.opened.notify_all();
+        }
+    }
+
+    impl BlockCache for SlowGetCache {
+        fn get(&self, _: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
+            self.waiting.fetch_add(1, Relaxed);
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+            Some(ChecksummedBytes::from_source(Bytes::from(vec![
+                index as u8;
+                BS as usize
+            ])))
+        }
+        fn put(&self, _: &FileVersion, _: u64, _: &ChecksummedBytes) -> bool {
+            true
+        }
+        fn is_block_cached(&self, _: &FileVersion, _: u64) -> bool {
+            true
+        }
+        fn is_complete(&self, _: &FileVersion) -> bool {
+            true
+        }
+        fn open_complete(&self, _: &FileVersion) -> Option<File> {
+            None
+        }
+        fn unpin(&self, _: &FileVersion) {}
+        fn note_current(&self, _: &FileVersion) {}
+        fn record_access(&self, _: &FileVersion, _: u64) {}
+        fn usage(&self) -> crate::cache::CacheUsage {
+            crate::cache::CacheUsage {
+                used_bytes: 0,
+                capacity_bytes: 1 << 30,
+                files_cached: 0,
+                evictions: 0,
+                writable: true,
+            }
+        }
+        fn has_room_for(&self, _: &FileVersion) -> bool {
+            true
+        }
+    }
+
+    /// Waits (up to a minute) for `cond`.
+    fn wait_for(cond: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !cond() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    #[test]
+    fn disk_reads_of_async_reads_leave_the_runtime_free() {
+        // One runtime thread: a disk read done on it would stop every other
+        // task (peer requests, timers, the reads of other files).
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let file = Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size: 2 * BS,
+                mtime_ns: 1,
+                ino: 1,
+            },
+        ));
+        for peer in [false, true] {
+            let cache = Arc::new(SlowGetCache::default());
+            let reader = Reader::new(
+                ReaderConfig {
+                    block_size: BS,
+                    memory_bytes: 64 * BS,
+                    write_queue_bytes: 4 * BS,
+                    write_wait_bytes: 4 * BS,
+                    source_timeout: Duration::from_secs(120),
+                },
+                cache.clone(),
+                Arc::new(MemSource {
+                    len: 2 * BS,
+                    reads: AtomicU64::new(0),
+                }),
+                None,
+                rt.handle().clone(),
+                Arc::new(Stats::default()),
+            );
+            let (r, f) = (Arc::clone(&reader), Arc::clone(&file));
+            let read = rt.spawn(async move {
+                if peer {
+                    r.fetch_for_peer(f, 1).await.map(|b| b.data().clone())
+                } else {
+                    r.read(f, BS, BS as u32).await
+                }
+            });
+            assert!(wait_for(|| cache.waiting.load(Relaxed) > 0));
+            // While the disk read waits, another task runs.
+            let ran = Arc::new(AtomicU64::new(0));
+            let r2 = Arc::clone(&ran);
+            rt.spawn(async move { r2.store(1, Relaxed) });
+            let free = wait_for(|| ran.load(Relaxed) == 1);
+            cache.open_gate();
+            let got = rt.block_on(read).unwrap().unwrap();
+            assert!(got.iter().all(|b| *b == 1) && got.len() as u64 == BS);
+            assert!(
+                free,
+                "a disk read held the runtime thread (fetch_for_peer: {peer})"
+            );
+        }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use thiserror::Error;
-use tracing::info;
+use tracing::{info, warn};
 
 /// The identity and content version of a file at the source: a changed file
 /// is a new version, and cached bytes of the old one are never served for it.
@@ -214,6 +214,13 @@ pub struct DirSource {
     /// Whether blocks are read with O_DIRECT (until the source's file system
     /// refuses it).
     direct: AtomicBool,
+    /// Whether versions are checked with `statx(AT_STATX_FORCE_SYNC)` (until
+    /// the kernel says it has no statx: then `fstat`).
+    fresh_stat: AtomicBool,
+    /// Called between the version check before a read and the read itself
+    /// (tests change the file at exactly that point).
+    #[cfg(test)]
+    before_read: parking_lot::Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl DirSource {
@@ -221,7 +228,52 @@ impl DirSource {
         DirSource {
             root,
             direct: AtomicBool::new(true),
+            fresh_stat: AtomicBool::new(true),
+            #[cfg(test)]
+            before_read: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The version an open file is now, asked of the file system itself:
+    /// `statx` with `AT_STATX_FORCE_SYNC`, so that NFS (or FUSE) asks its
+    /// server rather than answering from an attribute cache that may predate
+    /// a rewrite (then new bytes would be taken for the old version's). Falls
+    /// back to `fstat` for good, with one log line, where statx is missing.
+    fn version_now(&self, rel: &Path, f: &File) -> Result<SourceVersion, SourceError> {
+        if self.fresh_stat.load(Ordering::Relaxed) {
+            match crate::sys::fstat_fresh(f) {
+                Ok((size, mtime_ns, ino)) => {
+                    return Ok(SourceVersion {
+                        size,
+                        mtime_ns,
+                        ino,
+                    })
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                    if self.fresh_stat.swap(false, Ordering::Relaxed) {
+                        warn!("source: statx(2) is not available ({e}); checking versions with fstat, which a network file system may answer from its attribute cache");
+                    }
+                }
+                Err(e) => return Err(SourceError::io(rel, e)),
+            }
+        }
+        let m = f.metadata().map_err(|e| SourceError::io(rel, e))?;
+        Ok(SourceAttr::from_metadata(&m).version())
+    }
+
+    /// `SourceError::Changed` unless the open file is `version` now.
+    fn check_version(
+        &self,
+        rel: &Path,
+        f: &File,
+        version: &SourceVersion,
+    ) -> Result<(), SourceError> {
+        if self.version_now(rel, f)? != *version {
+            return Err(SourceError::Changed {
+                path: rel.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Opens a file for a block read: with O_DIRECT while the file system
@@ -312,15 +364,13 @@ impl Source for DirSource {
         let (mut file, direct) = self
             .open_for_read(&path, offset, len)
             .map_err(|e| SourceError::io(rel, e))?;
-        let check = |f: &File| -> Result<(), SourceError> {
-            let m = f.metadata().map_err(|e| SourceError::io(rel, e))?;
-            if SourceAttr::from_metadata(&m).version() != *version {
-                return Err(SourceError::Changed {
-                    path: rel.to_owned(),
-                });
-            }
-            Ok(())
-        };
+        // Before the read: the path may name another version already (no
+        // byte of it is read then).
+        self.check_version(rel, &file, version)?;
+        #[cfg(test)]
+        if let Some(hook) = &*self.before_read.lock() {
+            hook();
+        }
         let mut read = None;
         if direct {
             match crate::sys::read_direct_at(&file, len, offset) {
@@ -344,9 +394,9 @@ impl Source for DirSource {
             }
         })?;
         // The bytes are good only if the file is still the asked-for version
-        // after the read: a file rewritten before or during the read has
-        // another size, mtime or inode by then.
-        check(&file)?;
+        // after the read: a file rewritten during the read has another size,
+        // mtime or inode by then (a fresh stat: see `version_now`).
+        self.check_version(rel, &file, version)?;
         Ok(buf)
     }
 
@@ -392,5 +442,178 @@ mod tests {
         std::fs::write(dir.path().join("f"), b"new").unwrap();
         let e = src.read_at(rel, &v, 0, 3).unwrap_err();
         assert!(matches!(e, SourceError::Changed { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_file_rewritten_in_place_between_the_check_and_the_read_is_refused() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![1u8; 8192]).unwrap();
+        let src = DirSource::new(dir.path().to_path_buf());
+        let rel = Path::new("f");
+        let v = src.stat(rel).unwrap().version();
+        let p2 = p.clone();
+        *src.before_read.lock() = Some(Box::new(move || {
+            // Same inode and size, new bytes and mtime.
+            let f = std::fs::OpenOptions::new().write(true).open(&p2).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[2u8; 8192], 0).unwrap();
+            f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+                .unwrap();
+        }));
+        let e = src.read_at(rel, &v, 0, 8192).unwrap_err();
+        assert!(matches!(e, SourceError::Changed { .. }), "{e}");
+    }
+
+    /// A network file system in miniature: a FUSE mount serving one file
+    /// ("f", inode 2) whose bytes and mtime the test changes on the
+    /// "server", while the kernel keeps its attributes for an hour (as an
+    /// NFS client's attribute cache does). Reads are direct (no page cache),
+    /// so they see the server's bytes at once; the test counts them.
+    mod stale_attrs {
+        use super::*;
+        use fuser::{
+            FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+            OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
+        };
+        use std::ffi::OsStr;
+        use std::sync::atomic::AtomicU64;
+        use std::sync::Arc;
+        use std::time::{Duration, UNIX_EPOCH};
+
+        const TTL: Duration = Duration::from_secs(3600);
+
+        #[derive(Default)]
+        struct Server {
+            /// The file's bytes and mtime (seconds).
+            file: parking_lot::Mutex<(Vec<u8>, u64)>,
+            reads: AtomicU64,
+        }
+
+        impl Server {
+            fn set(&self, bytes: Vec<u8>, mtime_s: u64) {
+                *self.file.lock() = (bytes, mtime_s);
+            }
+            fn attr(&self, ino: u64) -> FileAttr {
+                let (size, mtime, kind, perm) = if ino == 1 {
+                    (0, 1, FileType::Directory, 0o755)
+                } else {
+                    let f = self.file.lock();
+                    (f.0.len() as u64, f.1, FileType::RegularFile, 0o644)
+                };
+                let t = UNIX_EPOCH + Duration::from_secs(mtime);
+                FileAttr {
+                    ino: INodeNo(ino),
+                    size,
+                    blocks: size.div_ceil(512),
+                    atime: t,
+                    mtime: t,
+                    ctime: t,
+                    crtime: t,
+                    kind,
+                    perm,
+                    nlink: 1,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    blksize: 4096,
+                    flags: 0,
+                }
+            }
+        }
+
+        struct Fs(Arc<Server>);
+
+        impl Filesystem for Fs {
+            fn lookup(&self, _: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+                if parent.0 == 1 && name == "f" {
+                    reply.entry(&TTL, &self.0.attr(2), Generation(0));
+                } else {
+                    reply.error(fuser::Errno::ENOENT);
+                }
+            }
+            fn getattr(&self, _: &Request, ino: INodeNo, _: Option<FileHandle>, reply: ReplyAttr) {
+                reply.attr(&TTL, &self.0.attr(ino.0));
+            }
+            fn open(&self, _: &Request, _: INodeNo, _: OpenFlags, reply: ReplyOpen) {
+                reply.opened(FileHandle(1), FopenFlags::FOPEN_DIRECT_IO);
+            }
+            fn read(
+                &self,
+                _: &Request,
+                _: INodeNo,
+                _: FileHandle,
+                offset: u64,
+                size: u32,
+                _: OpenFlags,
+                _: Option<LockOwner>,
+                reply: ReplyData,
+            ) {
+                self.0.reads.fetch_add(1, Ordering::SeqCst);
+                let f = self.0.file.lock();
+                let start = (offset as usize).min(f.0.len());
+                let end = (start + size as usize).min(f.0.len());
+                reply.data(&f.0[start..end]);
+            }
+        }
+
+        #[test]
+        fn new_bytes_under_a_cached_attribute_are_refused() {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+                eprintln!("SKIPPED: needs root and /dev/fuse");
+                return;
+            }
+            let mnt = tempfile::tempdir().unwrap();
+            let server = Arc::new(Server::default());
+            let old = vec![1u8; 8192];
+            server.set(old.clone(), 1_000);
+            let mut cfg = fuser::Config::default();
+            cfg.mount_options = vec![fuser::MountOption::RO];
+            let session = fuser::spawn_mount(Fs(Arc::clone(&server)), mnt.path(), &cfg)
+                .expect("mount the test file system");
+            let src = DirSource::new(mnt.path().to_path_buf());
+            let rel = Path::new("f");
+            let v = src.stat(rel).unwrap().version();
+            assert!(src.read_at(rel, &v, 0, 8192).unwrap() == old[..]);
+
+            // Rewritten on the server: same size, new bytes, new mtime. The
+            // kernel still holds the old attributes (fstat says v).
+            server.set(vec![2u8; 8192], 2_000);
+            let f = File::open(mnt.path().join("f")).unwrap();
+            assert_eq!(
+                SourceAttr::from_metadata(&f.metadata().unwrap()).version(),
+                v,
+                "the kernel answered fstat from its attribute cache"
+            );
+            drop(f);
+            let reads = server.reads.load(Ordering::SeqCst);
+            let r = src.read_at(rel, &v, 0, 8192);
+            assert!(
+                matches!(r, Err(SourceError::Changed { .. })),
+                "bytes of the new version served as the old one: {:?}",
+                r.map(|b| b[0])
+            );
+            assert_eq!(
+                server.reads.load(Ordering::SeqCst),
+                reads,
+                "the new version was read before its version was checked"
+            );
+
+            // Rewritten between the check before the read and the read.
+            let v2 = SourceVersion {
+                mtime_ns: 2_000 * 1_000_000_000,
+                ..v
+            };
+            let s2 = Arc::clone(&server);
+            *src.before_read.lock() = Some(Box::new(move || s2.set(vec![3u8; 8192], 3_000)));
+            let r = src.read_at(rel, &v2, 0, 8192);
+            assert!(
+                matches!(r, Err(SourceError::Changed { .. })),
+                "bytes of a newer version served: {:?}",
+                r.map(|b| b[0])
+            );
+            drop(src);
+            session.umount_and_join().unwrap();
+        }
     }
 }

@@ -105,6 +105,38 @@ pub fn punch_hole(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Size, mtime (ns) and inode of an open file, as `statx(2)` with
+/// `AT_STATX_FORCE_SYNC` gives them: a network file system (NFS, FUSE) asks
+/// its server instead of answering from its attribute cache. Fails with
+/// ENOSYS where the kernel (or a seccomp filter) lacks statx.
+pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `st` is a plain C struct that statx fills; the path is an
+    // empty NUL-terminated string, used with AT_EMPTY_PATH on an open
+    // descriptor.
+    unsafe {
+        let mut st: libc::statx = std::mem::zeroed();
+        let r = libc::statx(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_SIZE | libc::STATX_MTIME | libc::STATX_INO,
+            &mut st,
+        );
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // As `SourceAttr::from_metadata` computes it, without a panic on
+        // an absurd time.
+        let mtime_ns = st
+            .stx_mtime
+            .tv_sec
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(st.stx_mtime.tv_nsec as i64);
+        Ok((st.stx_size, mtime_ns, st.stx_ino))
+    }
+}
+
 /// Detaches a mount even if it is busy (`umount -l`).
 pub fn lazy_unmount(p: &Path) -> io::Result<()> {
     let c = cpath(p)?;

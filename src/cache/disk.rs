@@ -131,6 +131,14 @@ struct Entry {
     meta_bytes: u64,
     /// The meta is in the data file's [`META_XATTR`], not in a `.meta` file.
     meta_in_xattr: bool,
+    /// Passthrough pins (`open_complete`, `pin_complete`, less `unpin`):
+    /// while any is held the kernel may read the data file without us, so
+    /// it is never modified in place; it is dropped whole (unlinked) if it
+    /// must go.
+    pins: u32,
+    /// Tells this entry from a later one of the same key (the entry was
+    /// dropped and the version cached again while a write was under way).
+    gen: u64,
 }
 
 impl Entry {
@@ -145,9 +153,16 @@ struct State {
     by_path: HashMap<u64, Vec<VersionKey>>,
     policy: Policy<Part>,
     files_complete: u64,
+    /// The last [`Entry::gen`] given out.
+    gens: u64,
 }
 
 impl State {
+    fn next_gen(&mut self) -> u64 {
+        self.gens += 1;
+        self.gens
+    }
+
     fn forget(&mut self, key: &VersionKey) {
         if let Some(e) = self.entries.remove(key) {
             if e.complete() {
@@ -188,6 +203,26 @@ enum Eviction {
 
 /// The block cache of one data set on local disk.
 pub struct DiskCache {
+    core: Arc<Core>,
+}
+
+impl std::ops::Deref for DiskCache {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Drop for DiskCache {
+    fn drop(&mut self) {
+        // A background verification still running stops at its next block.
+        self.core.closed.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The state of a [`DiskCache`], shared with its background verifier.
+#[doc(hidden)]
+pub struct Core {
     dir: PathBuf,
     block_size: u64,
     capacity: u64,
@@ -214,6 +249,48 @@ pub struct DiskCache {
     stats: Arc<Stats>,
     /// Told when a version's cached file is deleted or loses blocks.
     dropped: std::sync::OnceLock<super::DroppedHook>,
+    /// Complete files waiting for a background verification.
+    verify: Mutex<VerifyQueue>,
+    /// The cache is gone: a background verification stops.
+    closed: std::sync::atomic::AtomicBool,
+    /// This core, for the background verifier thread.
+    me: std::sync::Weak<Core>,
+}
+
+/// Complete files to verify in the background (see
+/// [`BlockCache::open_complete`]): at most [`VERIFY_QUEUE_MAX`], each once.
+#[derive(Default)]
+struct VerifyQueue {
+    files: std::collections::VecDeque<FileVersion>,
+    queued: std::collections::HashSet<VersionKey>,
+    /// Whether the verifier thread is running (it exits when the queue is
+    /// empty).
+    running: bool,
+}
+
+/// Files waiting for a background verification, at most (a file beyond that
+/// is queued by a later open).
+const VERIFY_QUEUE_MAX: usize = 1024;
+
+/// Whether an error opening or reading a cache file says nothing about the
+/// file (the process or the machine is short of something, or a signal):
+/// then it is a miss that leaves the entry as it is.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EINTR | libc::EAGAIN | libc::ENOBUFS
+        )
+    )
+}
+
+/// What reading one cached block found.
+enum Checked {
+    Good(ChecksummedBytes),
+    /// A transient error (see [`transient`]): nothing is known of the block.
+    Transient,
+    /// A read error or a checksum that does not match.
+    Bad,
 }
 
 /// A data file open for writing blocks, and whether it was opened with
@@ -289,7 +366,7 @@ impl DiskCache {
                 fs::create_dir(&d)?;
             }
         }
-        let cache = DiskCache {
+        let mut cache = Core {
             dir: dir.to_owned(),
             block_size,
             capacity,
@@ -302,6 +379,7 @@ impl DiskCache {
                     p
                 },
                 files_complete: 0,
+                gens: 0,
             }),
             readers: moka::sync::Cache::builder()
                 .max_capacity(1024)
@@ -317,8 +395,10 @@ impl DiskCache {
             bounce_free: parking_lot::Condvar::new(),
             stats,
             dropped: std::sync::OnceLock::new(),
+            verify: Mutex::new(VerifyQueue::default()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            me: std::sync::Weak::new(),
         };
-        let mut cache = cache;
         let mut rec = cache.recover()?;
         if !explicit {
             // Default: 80 % of what this cache could grow to on its disk.
@@ -335,9 +415,15 @@ impl DiskCache {
             };
             cache.evict(work);
         }
-        Ok((cache, rec))
+        let core = Arc::new_cyclic(|me| {
+            cache.me = me.clone();
+            cache
+        });
+        Ok((DiskCache { core }, rec))
     }
+}
 
+impl Core {
     /// Books `bytes` of files the mount keeps beside the cache (the
     /// namespace manifest) against the size bound; false if they do not fit.
     /// The reservation is never evicted.
@@ -423,7 +509,8 @@ impl DiskCache {
                     }
                 };
                 match loaded {
-                    Ok(Some((key, entry))) => {
+                    Ok(Some((key, mut entry))) => {
+                        entry.gen = st.next_gen();
                         let own = self.part_bytes(&entry, false);
                         let guest = self.part_bytes(&entry, true);
                         rec.files += 1;
@@ -646,6 +733,8 @@ impl DiskCache {
                 created: true,
                 meta_bytes: round_alloc(meta_len),
                 meta_in_xattr: false,
+                pins: 0,
+                gen: 0,
             },
         )))
     }
@@ -681,6 +770,8 @@ impl DiskCache {
                 created: true,
                 meta_bytes: ALLOC,
                 meta_in_xattr: true,
+                pins: 0,
+                gen: 0,
             },
         ))
     }
@@ -795,7 +886,16 @@ impl DiskCache {
         let (data, meta) = self.paths(&file.key);
         // The data file needs no set_len: it reaches its full size once every
         // block is written, and only a complete file is handed to the kernel.
-        let d = self.open_data(&data, true, via)?;
+        // Always a new inode: a file left at this path (by an entry dropped
+        // while its unlink failed) may be in use by a passthrough reader, so
+        // it is unlinked, never truncated.
+        let d = match self.open_data(&data, true, via) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let _ = fs::remove_file(&data);
+                self.open_data(&data, true, via)?
+            }
+            r => r?,
+        };
         if meta_in_xattr {
             return Ok((d, None));
         }
@@ -805,7 +905,8 @@ impl DiskCache {
         Ok((d, Some(m)))
     }
 
-    /// Opens (or creates, truncating) a data file for writing blocks: with
+    /// Opens (or creates: a new file, `AlreadyExists` if there is one) a
+    /// data file for writing blocks: with
     /// O_DIRECT while the file system takes it, so block data goes from our
     /// buffer to the disk without a copy into the page cache (the loader
     /// already has these bytes in its own page cache; a second copy costs a
@@ -819,7 +920,7 @@ impl DiskCache {
         let mut o = OpenOptions::new();
         o.write(true);
         if create {
-            o.create(true).truncate(true);
+            o.create_new(true);
         }
         if via == Via::Direct && self.direct.load(Ordering::Relaxed) {
             match o.clone().custom_flags(libc::O_DIRECT).open(path) {
@@ -996,20 +1097,33 @@ impl DiskCache {
     }
 
     /// Drops one block found bad (on the books and, best effort, on disk).
+    /// A file in use by passthrough is not modified: it is dropped whole.
     fn drop_block(&self, file: &FileVersion, index: u64, corrupt: bool) {
         let len = file.block_len(index, self.block_size) as u64;
+        if corrupt {
+            self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
+            warn!(file = %file.rel.display(), block = index, "cache: corrupt block dropped; refetching from the source");
+        }
         let meta_in_xattr = {
             let mut st = self.state.lock();
             let Some(e) = st.entries.get_mut(&file.key) else {
                 return;
             };
             let was_complete = e.complete();
+            if !matches!(e.slots.get(index as usize), Some(Slot::Present(_))) {
+                return;
+            }
+            if e.pins > 0 {
+                // Punching the block out would show the kernel a hole (zeros)
+                // where a passthrough reader expects the file's bytes.
+                st.forget(&file.key);
+                drop(st);
+                self.unlink(&file.key);
+                return;
+            }
             let Some(slot) = e.slots.get_mut(index as usize) else {
                 return;
             };
-            if !matches!(slot, Slot::Present(_)) {
-                return;
-            }
             *slot = Slot::Empty;
             e.verified[index as usize] = false;
             e.present -= 1;
@@ -1024,10 +1138,6 @@ impl DiskCache {
             st.policy.shrink(&part, round_alloc(len));
             meta_in_xattr
         };
-        if corrupt {
-            self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
-            warn!(file = %file.rel.display(), block = index, "cache: corrupt block dropped; refetching from the source");
-        }
         let nblocks = file.block_count(self.block_size);
         let (table, _) = self.meta_layout(&file.rel, nblocks);
         self.punch_blocks(&file.key, table, &[(index, len)], meta_in_xattr);
@@ -1080,7 +1190,7 @@ impl DiskCache {
             std::thread::sleep(Duration::from_millis(1));
             waited += 1;
         }
-        let (victims, new, bytes, meta_in_xattr) = {
+        let (victims, new, bytes, meta_in_xattr, gen) = {
             let mut st = self.state.lock();
             let st = &mut *st;
             st.policy
@@ -1108,6 +1218,7 @@ impl DiskCache {
                 Admission::Admit { evict } => evict,
             };
             let work = self.plan_evictions(st, &victims);
+            let gen = if new { st.next_gen() } else { 0 };
             let e = st.entries.entry(file.key).or_insert_with(|| Entry {
                 path_hash: path_hash(&file.rel),
                 size: file.version.size,
@@ -1120,7 +1231,10 @@ impl DiskCache {
                 created: false,
                 meta_bytes,
                 meta_in_xattr: inline,
+                pins: 0,
+                gen,
             });
+            let gen = e.gen;
             e.slots[index as usize] = Slot::Writing;
             e.guest[index as usize] = guest;
             // Read once: only this write (the file's one block) changes it.
@@ -1134,7 +1248,7 @@ impl DiskCache {
             // Writing entries are pinned: an eviction must not unlink files
             // that a write is about to recreate.
             st.policy.pin(&part);
-            (work, new, bytes, meta_in_xattr)
+            (work, new, bytes, meta_in_xattr, gen)
         };
         self.evict(victims);
         let mut result = Ok(());
@@ -1165,6 +1279,14 @@ impl DiskCache {
             result = self.write_block(file, index, block, guest, via, handles, meta_in_xattr);
         }
         let mut st = self.state.lock();
+        if st.entries.get(&file.key).is_none_or(|e| e.gen != gen) {
+            // The entry was dropped while this block was written (its data
+            // file unlinked; the bytes went to that inode or, being the same
+            // version's bytes, to a new file of the same key, whose entry
+            // does not count them): nothing to book, and no fault of the
+            // cache disk.
+            return false;
+        }
         st.policy.unpin(&part);
         match result {
             Ok(()) => {
@@ -1197,6 +1319,26 @@ impl DiskCache {
         }
     }
 
+    /// Reads one block and checks it against its checksum; drops nothing.
+    fn read_checked(&self, f: &File, file: &FileVersion, index: u64, sum: &Checksum) -> Checked {
+        let len = file.block_len(index, self.block_size);
+        match crate::sys::read_vec_at(f, len, index * self.block_size) {
+            Ok(buf) => match ChecksummedBytes::verified(Bytes::from(buf), *sum) {
+                Some(b) => Checked::Good(b),
+                None => Checked::Bad,
+            },
+            Err(e) if transient(&e) => {
+                debug!(file = %file.rel.display(), "cache read failed: {e}; a miss");
+                Checked::Transient
+            }
+            Err(e) => {
+                debug!(file = %file.rel.display(), "cache read failed: {e}");
+                Checked::Bad
+            }
+        }
+    }
+
+    /// One verified block; a bad one is dropped.
     fn read_verified(
         &self,
         f: &File,
@@ -1204,29 +1346,167 @@ impl DiskCache {
         index: u64,
         sum: &Checksum,
     ) -> Option<ChecksummedBytes> {
-        let len = file.block_len(index, self.block_size);
-        let buf = match crate::sys::read_vec_at(f, len, index * self.block_size) {
-            Ok(b) => b,
-            Err(e) => {
-                debug!(file = %file.rel.display(), "cache read failed: {e}");
-                self.drop_block(file, index, true);
-                return None;
-            }
-        };
-        match ChecksummedBytes::verified(Bytes::from(buf), *sum) {
-            Some(b) => Some(b),
-            None => {
+        match self.read_checked(f, file, index, sum) {
+            Checked::Good(b) => Some(b),
+            Checked::Transient => None,
+            Checked::Bad => {
                 self.drop_block(file, index, true);
                 None
             }
         }
     }
 
-    fn reader(&self, key: &VersionKey) -> Option<Arc<File>> {
+    /// The version's data file, open for reading (kept open for a while).
+    fn reader(&self, key: &VersionKey) -> io::Result<Arc<File>> {
         let (data, _) = self.paths(key);
         self.readers
             .try_get_with(*key, || File::open(&data).map(Arc::new))
-            .ok()
+            .map_err(|e| match e.raw_os_error() {
+                Some(n) => io::Error::from_raw_os_error(n),
+                None => io::Error::new(e.kind(), e.to_string()),
+            })
+    }
+
+    /// A version's data file could not be opened. A transient error leaves
+    /// the entry as it is (a miss); any other (the file is gone, EIO) drops
+    /// the entry properly: off the books, its files deleted, the FUSE layer
+    /// told.
+    fn data_unreadable(&self, file: &FileVersion, e: &io::Error) {
+        if transient(e) {
+            debug!(file = %file.rel.display(), "cache: data file not opened ({e}); a miss");
+            return;
+        }
+        warn!(file = %file.rel.display(), "cache: data file cannot be opened ({e}); entry dropped");
+        self.drop_file(&file.key);
+    }
+
+    /// Drops a version's entry whole: off the books (its space and pins with
+    /// it), then its files unlinked (descriptors open on them keep the old
+    /// inode) and the dropped-file hook told.
+    fn drop_file(&self, key: &VersionKey) {
+        self.state.lock().forget(key);
+        self.unlink(key);
+    }
+
+    /// Marks blocks verified, if the entry still holds them with these
+    /// checksums.
+    fn mark_verified(&self, key: &VersionKey, blocks: &[(u64, Checksum)]) {
+        let mut st = self.state.lock();
+        if let Some(e) = st.entries.get_mut(key) {
+            for (i, sum) in blocks {
+                if e.slots.get(*i as usize) == Some(&Slot::Present(*sum)) {
+                    e.verified[*i as usize] = true;
+                }
+            }
+        }
+    }
+
+    /// The present blocks of a complete file not yet verified in this mount;
+    /// None if the file is not complete.
+    fn unverified(&self, key: &VersionKey) -> Option<Vec<(u64, Checksum)>> {
+        let st = self.state.lock();
+        let e = st.entries.get(key)?;
+        if !e.complete() {
+            return None;
+        }
+        // (Every block is usually verified already: opened before, or
+        // written during this mount.)
+        if e.verified.iter().all(|v| *v) {
+            return Some(Vec::new());
+        }
+        Some(
+            e.slots
+                .iter()
+                .zip(&e.verified)
+                .enumerate()
+                .filter_map(|(i, (s, v))| match s {
+                    Slot::Present(sum) if !v => Some((i as u64, *sum)),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// Queues a complete file for verification on the background verifier
+    /// thread (started if it is not running; it exits when the queue is
+    /// empty).
+    fn verify_later(&self, file: &FileVersion) {
+        let mut q = self.verify.lock();
+        if q.queued.contains(&file.key) || q.files.len() >= VERIFY_QUEUE_MAX {
+            return;
+        }
+        q.queued.insert(file.key);
+        q.files.push_back(file.clone());
+        if q.running {
+            return;
+        }
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("locafs-verify".into())
+            .spawn(move || {
+                while let Some(core) = me.upgrade() {
+                    let next = {
+                        let mut q = core.verify.lock();
+                        let next = q.files.pop_front();
+                        match &next {
+                            Some(f) => {
+                                q.queued.remove(&f.key);
+                            }
+                            None => q.running = false,
+                        }
+                        next
+                    };
+                    match next {
+                        Some(f) => core.verify_file(&f),
+                        None => return,
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => q.running = true,
+            Err(e) => {
+                debug!("cache: no verifier thread ({e}); the file is verified as it is read");
+                q.files.clear();
+                q.queued.clear();
+            }
+        }
+    }
+
+    /// Verifies every unverified block of a complete file (the background
+    /// verifier); a bad block is dropped.
+    fn verify_file(&self, file: &FileVersion) {
+        let Some(todo) = self.unverified(&file.key) else {
+            return;
+        };
+        if todo.is_empty() {
+            return;
+        }
+        let f = match self.reader(&file.key) {
+            Ok(f) => f,
+            Err(e) => return self.data_unreadable(file, &e),
+        };
+        let mut done = Vec::with_capacity(todo.len());
+        for (i, sum) in todo {
+            if self.closed.load(Ordering::Relaxed) {
+                break;
+            }
+            if self.read_verified(&f, file, i, &sum).is_none() {
+                break;
+            }
+            done.push((i, sum));
+        }
+        self.mark_verified(&file.key, &done);
+    }
+
+    /// Takes back one passthrough pin.
+    fn unpin_passthrough(&self, file: &FileVersion) {
+        let mut st = self.state.lock();
+        if let Some(e) = st.entries.get_mut(&file.key) {
+            e.pins = e.pins.saturating_sub(1);
+        }
+        for p in Part::both(file.key) {
+            st.policy.unpin(&p);
+        }
     }
 }
 
@@ -1239,20 +1519,18 @@ impl BlockCache for DiskCache {
                 _ => return None,
             }
         };
-        let Some(f) = self.reader(&file.key) else {
-            // The data file is gone (someone cleaned the cache dir).
-            let mut st = self.state.lock();
-            st.forget(&file.key);
-            return None;
+        let f = match self.reader(&file.key) {
+            Ok(f) => f,
+            Err(e) => {
+                // Out of descriptors (a miss), or the file is gone (someone
+                // cleaned the cache dir): dropped properly.
+                self.data_unreadable(file, &e);
+                return None;
+            }
         };
         let block = self.read_verified(&f, file, index, &sum)?;
-        let mut st = self.state.lock();
-        if let Some(e) = st.entries.get_mut(&file.key) {
-            if let Some(v) = e.verified.get_mut(index as usize) {
-                *v = true;
-            }
-        }
-        st.touch(file.key);
+        self.mark_verified(&file.key, &[(index, sum)]);
+        self.state.lock().touch(file.key);
         Some(block)
     }
 
@@ -1290,63 +1568,69 @@ impl BlockCache for DiskCache {
             .is_some_and(Entry::complete)
     }
 
+    /// Verifies on the caller's thread (a FUSE thread) at most one block's
+    /// bytes, as a read served from the cache does; a file with more not yet
+    /// verified in this mount (after a remount or a crash) gets None (it is
+    /// opened without passthrough, its reads verified as they are served)
+    /// and is queued for the background verifier, so that a later open can
+    /// hand it to the kernel.
     fn open_complete(&self, file: &FileVersion) -> Option<File> {
-        let todo: Vec<(u64, Checksum)> = {
+        let todo = self.unverified(&file.key)?;
+        let unverified: u64 = todo
+            .iter()
+            .map(|(i, _)| file.block_len(*i, self.block_size) as u64)
+            .sum();
+        if unverified > self.block_size {
+            self.verify_later(file);
+            return None;
+        }
+        {
             let mut st = self.state.lock();
-            let e = st.entries.get(&file.key)?;
+            let e = st.entries.get_mut(&file.key)?;
             if !e.complete() {
                 return None;
             }
-            // (Every block is usually verified already: opened before, or
-            // written during this mount.)
-            let todo = if e.verified.iter().all(|v| *v) {
-                Vec::new()
-            } else {
-                e.slots
-                    .iter()
-                    .zip(&e.verified)
-                    .enumerate()
-                    .filter_map(|(i, (s, v))| match s {
-                        Slot::Present(sum) if !v => Some((i as u64, *sum)),
-                        _ => None,
-                    })
-                    .collect()
-            };
+            e.pins += 1;
             for p in Part::both(file.key) {
                 st.policy.pin(&p);
             }
             // The kernel reads it without us: count it as read whole.
             st.policy.record_read(file.version.size);
             st.touch(file.key);
-            todo
-        };
+        }
         let (data, _) = self.paths(&file.key);
-        let fail = || {
-            self.unpin(file);
-            None
-        };
-        let Ok(f) = File::open(&data) else {
-            return fail();
+        let f = match File::open(&data) {
+            Ok(f) => f,
+            Err(e) => {
+                self.unpin_passthrough(file);
+                self.data_unreadable(file, &e);
+                return None;
+            }
         };
         // The kernel reads a passthrough file to its own end: it must be
         // exactly the source file's size (a cache directory edited by hand,
         // or written by an older version that padded direct writes).
         if f.metadata().map(|m| m.len()).ok() != Some(file.version.size) {
-            return fail();
+            self.unpin_passthrough(file);
+            return None;
         }
         for (i, sum) in &todo {
-            if self.read_verified(&f, file, *i, sum).is_none() {
-                return fail();
-            }
-        }
-        if !todo.is_empty() {
-            let mut st = self.state.lock();
-            if let Some(e) = st.entries.get_mut(&file.key) {
-                for (i, _) in &todo {
-                    e.verified[*i as usize] = true;
+            match self.read_checked(&f, file, *i, sum) {
+                Checked::Good(_) => {}
+                Checked::Transient => {
+                    self.unpin_passthrough(file);
+                    return None;
+                }
+                Checked::Bad => {
+                    // Unpinned first: nobody else reads it by passthrough
+                    // (it was not verified), so only the block goes.
+                    self.unpin_passthrough(file);
+                    self.drop_block(file, *i, true);
+                    return None;
                 }
             }
         }
+        self.mark_verified(&file.key, &todo);
         Some(f)
     }
 
@@ -1355,6 +1639,9 @@ impl BlockCache for DiskCache {
         match st.entries.get(&file.key) {
             Some(e) if e.complete() && e.verified.iter().all(|v| *v) => {}
             _ => return false,
+        }
+        if let Some(e) = st.entries.get_mut(&file.key) {
+            e.pins += 1;
         }
         for p in Part::both(file.key) {
             st.policy.pin(&p);
@@ -1372,10 +1659,7 @@ impl BlockCache for DiskCache {
     }
 
     fn unpin(&self, file: &FileVersion) {
-        let mut st = self.state.lock();
-        for p in Part::both(file.key) {
-            st.policy.unpin(&p);
-        }
+        self.unpin_passthrough(file);
     }
 
     fn note_current(&self, file: &FileVersion) {
@@ -1689,6 +1973,249 @@ mod tests {
                 assert!(back == data, "bytes differ ({what})");
                 c.unpin(&f);
             }
+        }
+    }
+
+    /// Records the keys the dropped-file hook is told.
+    fn watch_drops(c: &DiskCache) -> Arc<Mutex<Vec<VersionKey>>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&seen);
+        c.on_file_dropped(Box::new(move |k| s2.lock().push(*k)));
+        seen
+    }
+
+    fn read_whole(f: &File) -> Vec<u8> {
+        let mut b = vec![0u8; f.metadata().unwrap().len() as usize];
+        f.read_exact_at(&mut b, 0).unwrap();
+        b
+    }
+
+    const EMFILE_CHILD: &str = "LOCAFS_TEST_EMFILE_CHILD";
+
+    #[test]
+    fn running_out_of_descriptors_is_a_miss_that_keeps_the_entry() {
+        // The descriptor limit is lowered in a child process (this test
+        // binary run again for this one test), not in this one, whose other
+        // tests run in parallel.
+        if std::env::var_os(EMFILE_CHILD).is_some() {
+            return emfile_child();
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "cache::disk::tests::running_out_of_descriptors_is_a_miss_that_keeps_the_entry",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(EMFILE_CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+    }
+
+    fn emfile_child() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let drops = watch_drops(&c);
+        let f = file("in-use", 3);
+        for i in 0..3 {
+            assert!(c.put(&f, i, &block(&f, i)));
+        }
+        // Open in passthrough: the kernel reads this file without us.
+        let pt = c.open_complete(&f).expect("complete and verified");
+        let seen = read_whole(&pt);
+        let used = c.usage().used_bytes;
+        // SAFETY: getrlimit/setrlimit on a stack struct.
+        unsafe {
+            let mut r: libc::rlimit = std::mem::zeroed();
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+            r.rlim_cur = 64;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+        }
+        let mut fill = Vec::new();
+        let e = loop {
+            match File::open("/dev/null") {
+                Ok(f) => fill.push(f),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+        assert!(c.get(&f, 1).is_none(), "read without a descriptor");
+        drop(fill);
+        // Nothing was lost: still cached, still booked, still pinned.
+        assert!(c.is_block_cached(&f, 1), "the entry was forgotten");
+        assert_eq!(c.usage().used_bytes, used);
+        assert!(drops.lock().is_empty());
+        assert!(c.paths(&f.key).1.exists());
+        // Caching it again does not recreate (truncate) the file in use.
+        assert!(c.put(&f, 1, &block(&f, 1)));
+        assert_eq!(c.get(&f, 1).unwrap().data(), block(&f, 1).data());
+        assert!(read_whole(&pt) == seen, "the file in use was modified");
+        c.unpin(&f);
+    }
+
+    #[test]
+    fn a_data_file_gone_drops_its_entry_properly() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let drops = watch_drops(&c);
+        let base = c.usage().used_bytes;
+        let f = file("gone", 3);
+        for i in 0..3 {
+            assert!(c.put(&f, i, &block(&f, i)));
+        }
+        let (data, meta) = c.paths(&f.key);
+        fs::remove_file(&data).unwrap();
+        assert!(c.get(&f, 0).is_none());
+        assert!(!c.is_block_cached(&f, 2));
+        assert!(!meta.exists(), "its meta file was left behind");
+        assert_eq!(c.usage().used_bytes, base, "its space is still booked");
+        assert_eq!(*drops.lock(), vec![f.key], "the FUSE layer was not told");
+        // Cached again from scratch.
+        for i in 0..3 {
+            assert!(c.put(&f, i, &block(&f, i)));
+        }
+        assert_eq!(c.get(&f, 2).unwrap().data(), block(&f, 2).data());
+    }
+
+    #[test]
+    fn a_bad_block_of_a_file_in_use_by_passthrough_drops_the_file_whole() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let drops = watch_drops(&c);
+        let base = c.usage().used_bytes;
+        let f = file("pinned", 3);
+        for i in 0..3 {
+            assert!(c.put(&f, i, &block(&f, i)));
+        }
+        let pt = c.open_complete(&f).expect("complete and verified");
+        let (data, meta) = c.paths(&f.key);
+        // Rot in block 1 of the file the passthrough reader holds.
+        let w = OpenOptions::new().write(true).open(&data).unwrap();
+        w.write_all_at(b"rot", BS + 10).unwrap();
+        drop(w);
+        let seen = read_whole(&pt);
+        assert!(c.get(&f, 1).is_none(), "a corrupt block served");
+        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        assert!(
+            read_whole(&pt) == seen,
+            "the file in use was modified in place (a hole punched)"
+        );
+        assert!(!data.exists() && !meta.exists(), "not dropped whole");
+        assert_eq!(*drops.lock(), vec![f.key]);
+        assert_eq!(c.usage().used_bytes, base);
+        // Cached again: a new file; the reader's inode is left alone.
+        for i in 0..3 {
+            assert!(c.put(&f, i, &block(&f, i)));
+        }
+        assert_ne!(
+            fs::metadata(&data).unwrap().ino(),
+            pt.metadata().unwrap().ino()
+        );
+        assert!(read_whole(&pt) == seen);
+        assert_eq!(c.get(&f, 1).unwrap().data(), block(&f, 1).data());
+        c.unpin(&f);
+    }
+
+    #[test]
+    fn open_complete_verifies_one_block_inline_and_larger_files_in_the_background() {
+        let d = tempfile::tempdir().unwrap();
+        let one = file("one", 1);
+        let big = file("big", 4);
+        let bad = file("bad", 4);
+        {
+            let c = open(d.path(), 1 << 20);
+            assert!(c.put(&one, 0, &block(&one, 0)));
+            for i in 0..4 {
+                assert!(c.put(&big, i, &block(&big, i)));
+                assert!(c.put(&bad, i, &block(&bad, i)));
+            }
+            let w = OpenOptions::new()
+                .write(true)
+                .open(c.paths(&bad.key).0)
+                .unwrap();
+            w.write_all_at(b"rot", 2 * BS + 1).unwrap();
+        }
+        // Remounted: nothing verified yet.
+        let c = open(d.path(), 1 << 20);
+        let h = c
+            .open_complete(&one)
+            .expect("one block is verified at once");
+        drop(h);
+        c.unpin(&one);
+        assert!(
+            c.open_complete(&big).is_none(),
+            "four blocks verified on the caller's (a FUSE) thread"
+        );
+        assert!(c.open_complete(&bad).is_none());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let h = loop {
+            if let Some(h) = c.open_complete(&big) {
+                break h;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never verified in the background"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            read_whole(&h)
+                == (0..4)
+                    .flat_map(|i| block(&big, i).data().to_vec())
+                    .collect::<Vec<u8>>()
+        );
+        c.unpin(&big);
+        while c.is_complete(&bad) {
+            assert!(Instant::now() < deadline, "the corrupt block was not found");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        assert!(c.get(&bad, 2).is_none());
+        assert!(c.get(&bad, 3).is_some());
+    }
+
+    #[test]
+    fn a_cache_dir_that_refuses_direct_io_at_open_still_caches() {
+        // ramfs creates the file, then refuses O_DIRECT: new data files are
+        // created with O_EXCL, and the buffered retry finds it in the way
+        // (it is unlinked and created again).
+        let d = tempfile::tempdir().unwrap();
+        let c = std::ffi::CString::new(d.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: mount(2) with NUL-terminated strings and no data.
+        let r = unsafe {
+            libc::mount(
+                c"ramfs".as_ptr(),
+                c.as_ptr(),
+                c"ramfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            eprintln!(
+                "SKIPPED: cannot mount a ramfs ({})",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        let result = std::panic::catch_unwind(|| {
+            let cache = open(d.path(), 1 << 20);
+            let f = file("ramfs", 1);
+            assert!(cache.put(&f, 0, &block(&f, 0)), "not cached");
+            assert!(!cache.direct.load(Ordering::Relaxed));
+            assert_eq!(cache.get(&f, 0).unwrap().data(), block(&f, 0).data());
+        });
+        let _ = crate::sys::unmount(d.path());
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
         }
     }
 }
