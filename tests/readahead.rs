@@ -684,8 +684,17 @@ fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
             "128K",
         ],
     );
+    // The first 32 source reads wait for each other and end together, so
+    // their cache writes arrive at once (reads that end one by one, as fast
+    // as they start, may let the queue keep up).
     let source = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
-    let m = mount(&cfg, source.clone());
+    let burst = Arc::new(Burst {
+        inner: Arc::clone(&source),
+        barrier: std::sync::Barrier::new(blocks as usize),
+        arrived: std::sync::atomic::AtomicU64::new(0),
+        size: blocks,
+    });
+    let m = mount(&cfg, burst);
     let want = std::fs::read(d.src.join("big")).unwrap();
     std::thread::scope(|s| {
         for i in 0..blocks {
@@ -722,4 +731,44 @@ fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
     }
     assert!(per_block.values().all(|c| *c <= 2), "{per_block:?}");
     drop(m);
+}
+
+/// A source whose first `size` reads wait until all of them have arrived,
+/// then go on together; later reads pass straight through.
+struct Burst {
+    inner: Arc<SlowSource>,
+    barrier: std::sync::Barrier,
+    arrived: std::sync::atomic::AtomicU64,
+    size: u64,
+}
+
+impl locafs::source::Source for Burst {
+    fn stat(&self, rel: &Path) -> std::io::Result<locafs::source::SourceAttr> {
+        self.inner.stat(rel)
+    }
+    fn list(
+        &self,
+        rel: &Path,
+    ) -> std::io::Result<Vec<(std::ffi::OsString, locafs::source::SourceAttr)>> {
+        self.inner.list(rel)
+    }
+    fn read_link(&self, rel: &Path) -> std::io::Result<PathBuf> {
+        self.inner.read_link(rel)
+    }
+    fn read_at(
+        &self,
+        rel: &Path,
+        version: &locafs::source::SourceVersion,
+        offset: u64,
+        len: usize,
+    ) -> Result<bytes::Bytes, locafs::source::SourceError> {
+        let n = self.arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < self.size {
+            self.barrier.wait();
+        }
+        self.inner.read_at(rel, version, offset, len)
+    }
+    fn statvfs(&self) -> std::io::Result<libc::statvfs> {
+        self.inner.statvfs()
+    }
 }
