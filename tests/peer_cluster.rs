@@ -52,6 +52,15 @@ fn epochs_on_three_nodes_read_each_block_from_the_source_once() {
             s.peer_refused_connections,
             s.cache_writes_skipped
         );
+        if s.peer_refused_connections > 0 {
+            for l in n
+                .log_text()
+                .lines()
+                .filter(|l| l.contains("refused") || l.contains("down"))
+            {
+                eprintln!("  {l}");
+            }
+        }
         assert_eq!(s.read_errors, 0);
         assert_eq!(s.peer_bad_blocks, 0);
         assert!(s.peer_bytes > 0, "{} got nothing from its peers", n.name);

@@ -762,7 +762,9 @@ impl locafs::source::Source for Burst {
         offset: u64,
         len: usize,
     ) -> Result<bytes::Bytes, locafs::source::SourceError> {
-        let n = self.arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let n = self
+            .arrived
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if n < self.size {
             self.barrier.wait();
         }
