@@ -22,7 +22,7 @@ use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
 use crate::source::{EntryKind, Source, SourceAttr};
-use crate::source_guard::is_timeout;
+use crate::source_guard::{is_timeout, timed_out};
 use crate::stats::Stats;
 
 /// The root's inode number (FUSE's convention).
@@ -495,10 +495,26 @@ impl Namespace {
             Err(_) if listed_fresh => return Step::Done(Err(enoent())),
             Err(_) => {}
         }
-        match inner.path(parent) {
-            Some(p) => self.ask(p.join(OsStr::from_bytes(name))),
-            None => Step::Done(Err(enoent())),
+        let Some(path) = inner.path(parent) else {
+            return Step::Done(Err(enoent()));
+        };
+        if self.source.stalled() {
+            // No point asking: the last known answer now, or none.
+            let known = inner
+                .find_child(dir, name)
+                .ok()
+                .map(|i| dir.children[i])
+                .and_then(|ino| Some((ino, inner.node(ino)?.attr)));
+            drop(inner);
+            return Step::Done(match known {
+                Some(k) => {
+                    self.stale_answer("lookup", &path.join(OsStr::from_bytes(name)));
+                    Ok(k)
+                }
+                None => Err(timed_out()),
+            });
         }
+        self.ask(path.join(OsStr::from_bytes(name)))
     }
 
     /// Applies the source's answer `r` to [`Namespace::lookup_local`]'s
@@ -578,10 +594,17 @@ impl Namespace {
         if !self.stale(n.checked_ms) {
             return Step::Done(Ok(n.attr));
         }
-        match inner.path(ino) {
-            Some(p) => self.ask(p),
-            None => Step::Done(Err(enoent())),
+        let attr = n.attr;
+        let Some(path) = inner.path(ino) else {
+            return Step::Done(Err(enoent()));
+        };
+        drop(inner);
+        if self.source.stalled() {
+            // No point asking: the last known attributes now.
+            self.stale_answer("stat", &path);
+            return Step::Done(Ok(attr));
         }
+        self.ask(path)
     }
 
     /// Applies the source's answer `r` to [`Namespace::getattr_local`]'s
@@ -661,10 +684,20 @@ impl Namespace {
         if dir.listed_ms.is_some_and(|t| !self.stale(t)) {
             return Step::Done(Ok(()));
         }
-        match inner.path(ino) {
-            Some(p) => self.ask(p),
-            None => Step::Done(Err(enoent())),
+        let listed = dir.listed_ms.is_some();
+        let Some(path) = inner.path(ino) else {
+            return Step::Done(Err(enoent()));
+        };
+        drop(inner);
+        if self.source.stalled() {
+            // No point asking: the last listing now, if there is one.
+            if !listed {
+                return Step::Done(Err(timed_out()));
+            }
+            self.stale_answer("readdir", &path);
+            return Step::Done(Ok(()));
         }
+        self.ask(path)
     }
 
     /// Applies the source's listing `r` to [`Namespace::listing_local`]'s

@@ -70,7 +70,7 @@ impl GuardConfig {
 
 /// The error a caller sees when its deadline passed or the source is
 /// stalled.
-fn timed_out() -> io::Error {
+pub fn timed_out() -> io::Error {
     io::Error::from_raw_os_error(libc::ETIMEDOUT)
 }
 
