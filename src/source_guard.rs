@@ -98,6 +98,8 @@ struct PoolState {
     queue: VecDeque<Job>,
     threads: usize,
     idle: usize,
+    /// The guard is gone: idle workers end now, not a minute later.
+    closed: bool,
 }
 
 const IDLE_EXIT: Duration = Duration::from_secs(60);
@@ -145,6 +147,11 @@ impl Pool {
                 st = self.state.lock();
                 continue;
             }
+            if st.closed {
+                st.threads -= 1;
+                self.stats.source_threads.fetch_sub(1, Relaxed);
+                return;
+            }
             st.idle += 1;
             let timed_out = self.work.wait_for(&mut st, IDLE_EXIT).timed_out();
             st.idle -= 1;
@@ -154,6 +161,14 @@ impl Pool {
                 return;
             }
         }
+    }
+}
+
+impl Pool {
+    /// Ends the idle workers (busy ones end when their call returns).
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.work.notify_all();
     }
 }
 
@@ -453,6 +468,13 @@ impl SourceGuard {
     }
 }
 
+impl Drop for SourceGuard {
+    fn drop(&mut self) {
+        self.metadata.close();
+        self.data.close();
+    }
+}
+
 fn source_timeout(rel: &Path) -> SourceError {
     SourceError::Io {
         path: rel.to_owned(),
@@ -662,8 +684,14 @@ mod tests {
         let e = g.stat(Path::new("a")).unwrap_err();
         assert!(is_timeout(&e), "{e}");
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-        // It was the sign of a stall: declared, with a probe waiting.
-        assert!(g.is_stalled());
+        // It was the sign of a stall: declared (once the call itself, which
+        // started on its worker a little after the caller began to wait, has
+        // waited the threshold too), with a probe waiting.
+        let t = Instant::now();
+        while !g.is_stalled() {
+            assert!(t.elapsed() < Duration::from_secs(1), "no stall declared");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert_eq!(stats.source_stalls.load(Relaxed), 1);
         assert!(stats.source_stalled_since_ms.load(Relaxed) > 0);
         let reached = gate.calls.load(Relaxed);
