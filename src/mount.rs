@@ -315,18 +315,21 @@ impl Mount {
             Arc::clone(&ns),
             rt.handle().clone(),
         );
+        plug_views(&stats, &cache, &reader, &readahead);
         if let Some(addr) = cfg.metrics {
-            crate::metrics::start(
+            let (st, source, mountpoint) = (
+                Arc::clone(&stats),
+                cfg.source.display().to_string(),
+                cfg.mountpoint.display().to_string(),
+            );
+            crate::metrics::prometheus::start(
                 addr,
                 rt.handle(),
-                crate::metrics::MetricsSources {
-                    stats: Arc::clone(&stats),
-                    cache: Arc::clone(&cache),
-                    reader: Arc::clone(&reader),
-                    readahead: Arc::clone(&readahead),
-                    source_label: cfg.source.display().to_string(),
-                    mount_label: cfg.mountpoint.display().to_string(),
+                crate::metrics::prometheus::Labels {
+                    source: source.clone(),
+                    mountpoint: mountpoint.clone(),
                 },
+                Box::new(move || st.full_snapshot(&source, &mountpoint)),
             )
             .map_err(|e| (2, e))?;
         }
@@ -518,6 +521,28 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
     }
+}
+
+/// Plugs the parts of the stats snapshot that the cache, the reader and
+/// read-ahead own into `stats` (weakly: each of them holds the stats).
+fn plug_views(
+    stats: &Stats,
+    cache: &Arc<dyn BlockCache>,
+    reader: &Arc<Reader>,
+    readahead: &Arc<ReadAhead>,
+) {
+    let c = Arc::downgrade(cache);
+    stats.cache.set(Arc::new(move || {
+        c.upgrade().map(|c| c.usage()).unwrap_or_default()
+    }));
+    let r = Arc::downgrade(reader);
+    stats.memory_cache.set(Arc::new(move || {
+        r.upgrade().map(|r| r.memory_bytes()).unwrap_or_default()
+    }));
+    let ra = Arc::downgrade(readahead);
+    stats.read_ahead.set(Arc::new(move || {
+        ra.upgrade().map(|ra| ra.snapshot()).unwrap_or_default()
+    }));
 }
 
 /// How often the namespace manifest is saved while mounted (if it changed).
