@@ -16,8 +16,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::cache::disk::DiskCache;
 use crate::cache::BlockCache;
-use crate::config::{short_io, MountArgs, MountConfig};
+use crate::config::{MountConfig, MountRequest};
 use crate::fuse::{FuseOptions, LocaFs};
+use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
 use crate::reader::{Reader, ReaderConfig};
@@ -30,8 +31,9 @@ use crate::units::format_size;
 /// READY on stdout once mounted.
 const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 
-/// `locafs mount`.
-pub fn main(args: MountArgs) -> ExitCode {
+/// `locafs mount` (`daemon`: return once the mount is live, see
+/// [`daemonize`]).
+pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     clear_dead_mount(&args);
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
@@ -40,7 +42,7 @@ pub fn main(args: MountArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.daemon {
+    if daemon {
         return daemonize();
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
@@ -58,7 +60,7 @@ pub fn main(args: MountArgs) -> ExitCode {
 /// fails with "Transport endpoint is not connected"), detaches it so that a
 /// restart (systemd Restart=on-failure, a remount) can mount again over the
 /// same cache. Only mounts of type fuse.locafs are touched.
-fn clear_dead_mount(args: &MountArgs) {
+fn clear_dead_mount(args: &MountRequest) {
     let mp = match (&args.mountpoint, &args.config) {
         (Some(m), _) => m.clone(),
         (None, Some(c)) => match crate::config::read_config(c) {
