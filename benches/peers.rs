@@ -215,7 +215,7 @@ fn start(
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while locafs::cli_stats::fetch(&mnt).is_err() {
+    while locafs::cli::stats::fetch(&mnt).is_err() {
         assert!(Instant::now() < deadline, "node {i} did not mount");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -307,7 +307,7 @@ fn run(
     if secret.is_some() {
         let deadline = Instant::now() + Duration::from_secs(30);
         for n in &nodes {
-            while !locafs::cli_stats::fetch(&n.mnt)
+            while !locafs::cli::stats::fetch(&n.mnt)
                 .map(|s| s.peers.iter().all(|p| p.state != "down"))
                 .unwrap_or(false)
             {
@@ -322,21 +322,21 @@ fn run(
     for e in 0..3 {
         let before: Vec<u64> = nodes
             .iter()
-            .map(|n| locafs::cli_stats::fetch(&n.mnt).unwrap().peer_bytes)
+            .map(|n| locafs::cli::stats::fetch(&n.mnt).unwrap().peer_bytes)
             .collect();
         let (wall, cpu) = epoch(&nodes, files, e);
         times.push(wall);
         cpus.push(cpu);
         if e > 0 {
             for (n, b) in nodes.iter().zip(before) {
-                let now = locafs::cli_stats::fetch(&n.mnt).unwrap().peer_bytes;
+                let now = locafs::cli::stats::fetch(&n.mnt).unwrap().peer_bytes;
                 peer_max = peer_max.max(now - b);
             }
         }
     }
     let source_bytes = nodes
         .iter()
-        .map(|n| locafs::cli_stats::fetch(&n.mnt).unwrap().source_bytes)
+        .map(|n| locafs::cli::stats::fetch(&n.mnt).unwrap().source_bytes)
         .sum();
     (
         Run {
@@ -474,7 +474,7 @@ fn main() {
         "   per node after 3 epochs (peer requests, failures, mean latency of recent requests):"
     );
     for (i, n) in nodes.iter().enumerate() {
-        let Ok(st) = locafs::cli_stats::fetch(&n.mnt) else {
+        let Ok(st) = locafs::cli::stats::fetch(&n.mnt) else {
             continue;
         };
         let peers: Vec<String> = st

@@ -299,7 +299,7 @@ fn many_handles() {
         .spawn()
         .unwrap();
     let t = Instant::now();
-    while locafs::cli_stats::fetch(&d.mnt).is_err() {
+    while locafs::cli::stats::fetch(&d.mnt).is_err() {
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "mount did not come up"

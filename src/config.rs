@@ -1,63 +1,25 @@
-//! Command line, configuration file and fstab options, merged into one
-//! [`MountConfig`]: flags override `-o` options, which override the TOML file
-//! (`--config`), which overrides the defaults. Also the checks that run
-//! before anything is mounted, each failing with a one-line message and exit
-//! status 2.
+//! The options of a mount, merged into one [`MountConfig`]: flags override
+//! `-o` options, which override the TOML file (`--config`), which overrides
+//! the defaults. Also the checks that run before anything is mounted, each
+//! failing with a one-line message and exit status 2. Sizes and durations
+//! arrive parsed ([`Size`], [`Span`]); the command line itself is `cli`.
 //!
 //! Nothing here touches the cache contents or mounts anything.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::Args;
 use serde::Deserialize;
 
-use crate::units::{parse_duration, parse_size};
+use crate::logging::{short_io, LogFormat};
+use crate::units::{ParseError, Size, Span};
 
-/// locafs: a read-only caching FUSE mount for training data sets.
-///
-/// locafs presents a data set (a directory on NFS, Lustre, GPFS or a local
-/// disk) as ordinary read-only files, keeps what the training job reads in a
-/// persistent, checksummed cache on local disk, and serves fully cached files
-/// at local-disk speed.
-#[derive(Parser, Debug)]
-#[command(name = "locafs", version, about, long_about, propagate_version = true)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Mount SOURCE read-only on MOUNTPOINT with a local cache.
-    ///
-    /// Runs in the foreground until the mount is unmounted (umount MOUNTPOINT)
-    /// or the process gets SIGINT/SIGTERM, then unmounts and exits 0. With
-    /// --daemon, returns once the mount is live (exit 0) or has failed
-    /// (non-zero, with the reason on stderr).
-    ///
-    /// Every option can also be given in a TOML file (--config FILE, keys as
-    /// the long option names, e.g. cache-size = "500G") or as fstab-style
-    /// -o options (cache_size=500G,immutable); flags win over -o, and -o
-    /// wins over the file.
-    Mount(Box<MountArgs>),
-    /// Show what a mount has done: bytes from cache and source, cache use,
-    /// corruption found.
-    Stats(StatsArgs),
-    /// Fill the cache with files or directories of a mount (parallel,
-    /// resumable: cached blocks are skipped). Exit 0 only if everything fits.
-    Warm(crate::cli_control::WarmArgs),
-    /// Hand the loader's order for this epoch to a mount's read-ahead (one
-    /// path per line).
-    Plan(crate::cli_control::PlanArgs),
-    /// Print a new random cluster secret (256 bits, as
-    /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
-    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
-    Secret,
-}
-
-#[derive(Args, Debug, Default)]
-pub struct MountArgs {
+/// What the user asked to mount: SOURCE, MOUNTPOINT and the options from
+/// the three places, before [`resolve`] merges and checks them (the clap
+/// arguments of `locafs mount`, which adds `--daemon`: see `cli`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct MountRequest {
     /// The data set: a directory (read-only for locafs). May instead be
     /// given as `source = "..."` in the --config file.
     pub source: Option<PathBuf>,
@@ -65,7 +27,7 @@ pub struct MountArgs {
     /// `mountpoint = "..."` in the --config file.
     pub mountpoint: Option<PathBuf>,
     #[command(flatten)]
-    pub opts: MountFlags,
+    pub flags: MountFlags,
     /// Read options from this TOML file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -73,9 +35,6 @@ pub struct MountArgs {
     /// Standard mount options (ro, _netdev, nofail, x-systemd.*, ...) are accepted.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub o: Vec<String>,
-    /// Return once the mount is live and keep serving it in the background.
-    #[arg(long)]
-    pub daemon: bool,
 }
 
 /// The options of a mount that can come from flags, -o or the TOML file.
@@ -89,21 +48,21 @@ pub struct MountFlags {
     /// Most disk space the cache may use, counting everything it writes
     /// (e.g. 500G, 64MiB, 1.5T). [default: 80% of the free space of the cache disk]
     #[arg(long, value_name = "SIZE")]
-    pub cache_size: Option<String>,
+    pub cache_size: Option<Size>,
     /// Cache block size: the unit of caching, checksumming and fetching.
     /// [default: 1MiB]
     #[arg(long, value_name = "SIZE")]
-    pub block_size: Option<String>,
+    pub block_size: Option<Size>,
     /// Part of --prefetch-memory kept for recently read blocks (serves reads
     /// of parts of a block without re-reading it). [default: a quarter of
     /// --prefetch-memory]
     #[arg(long, value_name = "SIZE")]
-    pub memory_cache: Option<String>,
+    pub memory_cache: Option<Size>,
     /// How long metadata is trusted before it is checked against the source
     /// again: new, changed and deleted files show up within this time.
     /// [default: 60s]
     #[arg(long, value_name = "DURATION")]
-    pub revalidate: Option<String>,
+    pub revalidate: Option<Span>,
     /// Trust the source never to change (no revalidation, longest kernel caching).
     #[arg(long)]
     #[serde(default)]
@@ -127,7 +86,7 @@ pub struct MountFlags {
     /// Longest wait for the source on one read before it fails (ETIMEDOUT).
     /// [default: 120s]
     #[arg(long, value_name = "DURATION")]
-    pub source_timeout: Option<String>,
+    pub source_timeout: Option<Span>,
     /// Longest wait for the source on one metadata call (lookup, stat,
     /// listing, readlink, statfs). Past it, what the mount knows is answered
     /// (last known attributes and listings); the rest fails with ETIMEDOUT.
@@ -135,7 +94,7 @@ pub struct MountFlags {
     /// stalled: calls that need it fail at once until it answers again.
     /// [default: 5s]
     #[arg(long, value_name = "DURATION")]
-    pub metadata_timeout: Option<String>,
+    pub metadata_timeout: Option<Span>,
     /// Threads serving FUSE requests. [default: 8]
     #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
@@ -149,25 +108,25 @@ pub struct MountFlags {
     pub no_readahead: bool,
     /// Largest sequential read-ahead window per open file. [default: 64MiB]
     #[arg(long, value_name = "SIZE")]
-    pub readahead_window: Option<String>,
+    pub readahead_window: Option<Size>,
     /// The kernel's own read-ahead on the mount (the read_ahead_kb of its
     /// bdi in /sys/class/bdi), which sets how large the reads that reach the
     /// daemon are: the kernel's 128 KiB default caps sequential reads served
     /// by the daemon at about a fifth of the disk's speed. 0 leaves the
     /// kernel's default. Needs root. [default: 4MiB]
     #[arg(long, value_name = "SIZE")]
-    pub kernel_readahead: Option<String>,
+    pub kernel_readahead: Option<Size>,
     /// One memory budget for every block buffer of the daemon: loader reads
     /// and read-ahead in flight, recently read blocks (--memory-cache) and
     /// blocks waiting to be written to the cache. [default: 256MiB]
     #[arg(long, value_name = "SIZE")]
-    pub prefetch_memory: Option<String>,
+    pub prefetch_memory: Option<Size>,
     /// Concurrent background fetches of the epoch's unread files. [default: 8]
     #[arg(long, value_name = "N")]
     pub prefetch_jobs: Option<usize>,
     /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
     #[arg(long, value_name = "SIZE")]
-    pub prefetch_bandwidth: Option<String>,
+    pub prefetch_bandwidth: Option<Size>,
     /// Log format on stderr (or in --log-file).
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
@@ -211,7 +170,7 @@ pub struct MountFlags {
     /// Longest wait for one peer on one block before trying the next node or
     /// the source. [default: 2s]
     #[arg(long, value_name = "DURATION")]
-    pub peer_timeout: Option<String>,
+    pub peer_timeout: Option<Span>,
 }
 
 /// How opens of files are served (`--open-mode`).
@@ -238,28 +197,6 @@ impl std::str::FromStr for OpenMode {
             ))),
         }
     }
-}
-
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-#[derive(Args, Debug)]
-pub struct StatsArgs {
-    /// The mountpoint of a locafs mount.
-    pub mountpoint: PathBuf,
-    /// Print JSON (the schema is stable; for scripts).
-    #[arg(long)]
-    pub json: bool,
-    /// Refresh every second, with rates (bytes/s per tier); with --json, one
-    /// JSON object per line per second. Stops on Ctrl-C or when the mount
-    /// goes away.
-    #[arg(long)]
-    pub watch: bool,
 }
 
 /// A usage problem: exit status 2 and a one-line message.
@@ -405,8 +342,31 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
         last_key = k.clone();
         table.insert(k, v);
     }
-    MountFlags::deserialize(toml::Value::Table(table))
-        .map_err(|e| usage(format!("-o: {}", e.message())))
+    flags_from(table, |msg| usage(format!("-o: {msg}")))
+}
+
+/// The flags of a TOML table (the file or `-o`). A size or duration that
+/// does not parse is reported as `--KEY: why`, as on the command line; any
+/// other problem through `other`.
+fn flags_from(
+    table: toml::Table,
+    other: impl Fn(&str) -> UsageError,
+) -> Result<MountFlags, UsageError> {
+    let e = match MountFlags::deserialize(toml::Value::Table(table.clone())) {
+        Ok(f) => return Ok(f),
+        Err(e) => e,
+    };
+    let msg = e.message();
+    if ParseError::is_message(msg) {
+        // serde keeps only the message: find the key that gives it.
+        for (k, v) in table {
+            let one = toml::Table::from_iter([(k.clone(), v)]);
+            if MountFlags::deserialize(toml::Value::Table(one)).is_err_and(|e| e.message() == msg) {
+                return Err(usage(format!("--{k}: {msg}")));
+            }
+        }
+    }
+    Err(other(msg))
 }
 
 /// A TOML configuration file: the mount options, and optionally what to
@@ -445,7 +405,7 @@ pub fn read_config(path: &Path) -> Result<ConfigFile, UsageError> {
     };
     let source = path_key("source")?;
     let mountpoint = path_key("mountpoint")?;
-    let flags = MountFlags::deserialize(toml::Value::Table(table)).map_err(|e| bad(e.message()))?;
+    let flags = flags_from(table, bad)?;
     Ok(ConfigFile {
         source,
         mountpoint,
@@ -519,12 +479,12 @@ pub fn dataset_id(source: &Path) -> String {
 }
 
 /// Merges and checks everything; fails before anything is mounted.
-pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
+pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let file = match &args.config {
         Some(p) => read_config(p)?,
         None => ConfigFile::default(),
     };
-    let f = args.opts.clone().or(parse_o(&args.o)?).or(file.flags);
+    let f = args.flags.clone().or(parse_o(&args.o)?).or(file.flags);
     let source_arg = args.source.clone().or(file.source).ok_or_else(|| {
         usage("missing SOURCE (give it on the command line or as source = \"...\" in --config)")
     })?;
@@ -575,47 +535,37 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         )));
     }
 
-    let size = |name: &str, v: &Option<String>| -> Result<Option<u64>, UsageError> {
-        v.as_deref()
-            .map(|s| parse_size(s).map_err(|e| usage(format!("--{name}: {e}"))))
-            .transpose()
-    };
-    let dur = |name: &str, v: &Option<String>| -> Result<Option<Duration>, UsageError> {
-        v.as_deref()
-            .map(|s| parse_duration(s).map_err(|e| usage(format!("--{name}: {e}"))))
-            .transpose()
-    };
-    let cache_size = size("cache-size", &f.cache_size)?;
-    let block_size = size("block-size", &f.block_size)?.unwrap_or(1 << 20);
+    let cache_size = f.cache_size.map(|s| s.0);
+    let block_size = f.block_size.map_or(1 << 20, |s| s.0);
     if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
         return Err(usage(
             "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
         ));
     }
-    let budget = size("prefetch-memory", &f.prefetch_memory)?.unwrap_or(256 << 20);
+    let budget = f.prefetch_memory.map_or(256 << 20, |s| s.0);
     if budget < 8 * block_size {
         return Err(usage(format!(
             "--prefetch-memory: at least 8 blocks ({}) are needed",
             crate::units::format_size(8 * block_size)
         )));
     }
-    let memory_cache = size("memory-cache", &f.memory_cache)?.unwrap_or(budget / 4);
+    let memory_cache = f.memory_cache.map_or(budget / 4, |s| s.0);
     if memory_cache > budget / 2 {
         return Err(usage("--memory-cache: at most half of --prefetch-memory"));
     }
     let write_queue = budget / 4;
     let write_wait = budget / 8;
-    let revalidate = dur("revalidate", &f.revalidate)?.unwrap_or(Duration::from_secs(60));
+    let revalidate = f.revalidate.map_or(Duration::from_secs(60), |s| s.0);
     let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
-    let source_timeout =
-        dur("source-timeout", &f.source_timeout)?.unwrap_or(Duration::from_secs(120));
+    let source_timeout = f.source_timeout.map_or(Duration::from_secs(120), |s| s.0);
     if source_timeout.is_zero() {
         return Err(usage("--source-timeout: must be more than 0"));
     }
     // The default never exceeds --source-timeout: a short source timeout
     // shortens it.
-    let metadata_timeout = dur("metadata-timeout", &f.metadata_timeout)?
-        .unwrap_or(DEFAULT_METADATA_TIMEOUT.min(source_timeout));
+    let metadata_timeout = f
+        .metadata_timeout
+        .map_or(DEFAULT_METADATA_TIMEOUT.min(source_timeout), |s| s.0);
     if metadata_timeout.is_zero() || metadata_timeout > source_timeout {
         return Err(usage(format!(
             "--metadata-timeout: must be more than 0 and at most --source-timeout ({}s)",
@@ -649,9 +599,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
     let mut readahead = crate::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,
-        max_window: size("readahead-window", &f.readahead_window)?
-            .unwrap_or(64 << 20)
-            .max(block_size),
+        max_window: f.readahead_window.map_or(64 << 20, |s| s.0).max(block_size),
         // Loader reads in flight hold a block each (at most the kernel's 32
         // background requests plus one per FUSE thread): kept out of the
         // read-ahead share so that the whole stays within the budget.
@@ -659,7 +607,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
             .saturating_sub((32 + fuse_threads as u64) * block_size)
             .max(2 * block_size),
         jobs: prefetch_jobs,
-        bandwidth: size("prefetch-bandwidth", &f.prefetch_bandwidth)?.filter(|b| *b > 0),
+        bandwidth: f.prefetch_bandwidth.map(|s| s.0).filter(|b| *b > 0),
         small_file: 4 * block_size,
         plan_ahead: 256,
     };
@@ -735,7 +683,7 @@ pub fn resolve(args: &MountArgs) -> Result<MountConfig, UsageError> {
         revalidate: (!f.immutable).then_some(revalidate),
         passthrough: !f.no_passthrough,
         open_mode,
-        kernel_readahead: size("kernel-readahead", &f.kernel_readahead)?.unwrap_or(4 << 20),
+        kernel_readahead: f.kernel_readahead.map_or(4 << 20, |s| s.0),
         source_timeout,
         metadata_timeout,
         fuse_threads,
@@ -845,10 +793,7 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
             ))
         }
     };
-    let timeout = match &f.peer_timeout {
-        Some(s) => parse_duration(s).map_err(|e| usage(format!("--peer-timeout: {e}")))?,
-        None => Duration::from_secs(2),
-    };
+    let timeout = f.peer_timeout.map_or(Duration::from_secs(2), |s| s.0);
     if timeout.is_zero() || timeout > Duration::from_secs(600) {
         return Err(usage("--peer-timeout: must be between 1ms and 10min"));
     }
@@ -917,24 +862,23 @@ fn peer_identity_from_pem(
     })
 }
 
-/// An io::Error without the "(os error N)" suffix.
-pub fn short_io(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_lowercase(),
-        None => s,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn size(s: &str) -> Option<Size> {
+        Some(s.parse().unwrap())
+    }
+
+    fn span(s: &str) -> Option<Span> {
+        Some(s.parse().unwrap())
+    }
 
     #[test]
     fn o_options_map_to_flags() {
         let f = parse_o(&["ro,_netdev,nofail,x-systemd.automount,cache_dir=/x,cache_size=5G,immutable,fuse_threads=4".into()]).unwrap();
         assert_eq!(f.cache_dir.as_deref(), Some(Path::new("/x")));
-        assert_eq!(f.cache_size.as_deref(), Some("5G"));
+        assert_eq!(f.cache_size, size("5G"));
         assert!(f.immutable);
         assert_eq!(f.fuse_threads, Some(4));
         assert!(parse_o(&["bogus=1".into()]).is_err());
@@ -975,7 +919,7 @@ mod tests {
             .unwrap();
         assert_eq!(f.peers.as_deref(), Some("a:7070,10.0.0.2:7070"));
         assert_eq!(f.listen.as_deref(), Some("0.0.0.0:7070"));
-        assert_eq!(f.cache_size.as_deref(), Some("1G"));
+        assert_eq!(f.cache_size, size("1G"));
         assert_eq!(
             parse_peer_list("a:1, [::1]:7070 ,svc.ns.svc:7070").unwrap(),
             ["a:1", "[::1]:7070", "svc.ns.svc:7070"]
@@ -1013,13 +957,13 @@ mod tests {
         for p in [&src, &mnt] {
             std::fs::create_dir(p).unwrap();
         }
-        let args = |meta: Option<&str>, source: Option<&str>| MountArgs {
+        let args = |meta: Option<&str>, source: Option<&str>| MountRequest {
             source: Some(src.clone()),
             mountpoint: Some(mnt.clone()),
-            opts: MountFlags {
+            flags: MountFlags {
                 cache_dir: Some(cache.clone()),
-                metadata_timeout: meta.map(Into::into),
-                source_timeout: source.map(Into::into),
+                metadata_timeout: meta.and_then(span),
+                source_timeout: source.and_then(span),
                 ..Default::default()
             },
             ..Default::default()
@@ -1046,9 +990,9 @@ mod tests {
         let args = |peer_timeout: Option<&str>, source_timeout: Option<&str>, peers: bool| {
             let mut opts = MountFlags {
                 cache_dir: Some(cache.clone()),
-                peer_timeout: peer_timeout.map(Into::into),
-                source_timeout: source_timeout.map(Into::into),
-                prefetch_memory: Some("256M".into()),
+                peer_timeout: peer_timeout.and_then(span),
+                source_timeout: source_timeout.and_then(span),
+                prefetch_memory: size("256M"),
                 ..Default::default()
             };
             if peers {
@@ -1056,10 +1000,10 @@ mod tests {
                 opts.peers = Some("127.0.0.1:7070".into());
                 opts.cluster_secret_file = Some(secret.clone());
             }
-            MountArgs {
+            MountRequest {
                 source: Some(src.clone()),
                 mountpoint: Some(mnt.clone()),
-                opts,
+                flags: opts,
                 ..Default::default()
             }
         };
@@ -1202,12 +1146,53 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_size_or_duration_names_its_option_from_o_and_the_file() {
+        let e = parse_o(&["ro,cache_size=lots".into()]).unwrap_err().0;
+        assert_eq!(
+            e,
+            format!(
+                "--cache-size: {}",
+                crate::units::parse_size("lots").unwrap_err()
+            )
+        );
+        let e = parse_o(&["immutable,revalidate=xx,cache_size=1G".into()])
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("--revalidate: bad duration \"xx\""), "{e}");
+        // Other problems are the -o's.
+        let e = parse_o(&["cache_size".into()]).unwrap_err().0;
+        assert_eq!(e, "-o: invalid type: boolean `true`, expected a string");
+        let e = parse_o(&["bogus_opt=1G".into()]).unwrap_err().0;
+        assert!(e.starts_with("-o: unknown field `bogus-opt`"), "{e}");
+        let e = parse_o(&["log_format=xml".into()]).unwrap_err().0;
+        assert!(e.starts_with("-o: unknown variant `xml`"), "{e}");
+
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        std::fs::write(&p, "immutable = true\nmetadata-timeout = \"5y\"\n").unwrap();
+        let e = read_config(&p).unwrap_err().0;
+        assert_eq!(
+            e,
+            "--metadata-timeout: bad duration \"5y\": unknown unit \"y\""
+        );
+        std::fs::write(&p, "revalidate = 5\n").unwrap();
+        let e = read_config(&p).unwrap_err().0;
+        assert_eq!(
+            e,
+            format!(
+                "config file {}: invalid type: integer `5`, expected a string",
+                p.display()
+            )
+        );
+    }
+
+    #[test]
     fn config_file_rejects_unknown_keys() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.toml");
         std::fs::write(&p, "cache-size = \"1G\"\nimmutable = true\n").unwrap();
         let f = read_config_file(&p).unwrap();
-        assert_eq!(f.cache_size.as_deref(), Some("1G"));
+        assert_eq!(f.cache_size, size("1G"));
         std::fs::write(&p, "cache-sise = \"1G\"\n").unwrap();
         let e = read_config_file(&p).unwrap_err().0;
         assert!(e.contains("unknown field"), "{e}");
@@ -1252,16 +1237,16 @@ mod tests {
     #[test]
     fn flags_override_file() {
         let a = MountFlags {
-            cache_size: Some("1G".into()),
+            cache_size: size("1G"),
             ..Default::default()
         };
         let b = MountFlags {
-            cache_size: Some("2G".into()),
-            revalidate: Some("5s".into()),
+            cache_size: size("2G"),
+            revalidate: span("5s"),
             ..Default::default()
         };
         let m = a.or(b);
-        assert_eq!(m.cache_size.as_deref(), Some("1G"));
-        assert_eq!(m.revalidate.as_deref(), Some("5s"));
+        assert_eq!(m.cache_size, size("1G"));
+        assert_eq!(m.revalidate, span("5s"));
     }
 }

@@ -182,7 +182,7 @@ impl Client {
 /// Finds the locafs mount root containing `path` (walking up).
 pub fn mount_root_of(path: &Path) -> Result<(PathBuf, PathBuf), String> {
     let abs = std::fs::canonicalize(path)
-        .map_err(|e| format!("{}: {}", path.display(), crate::config::short_io(&e)))?;
+        .map_err(|e| format!("{}: {}", path.display(), crate::logging::short_io(&e)))?;
     let mut cur = abs.as_path();
     loop {
         if crate::sys::getxattr(cur, CONTROL_XATTR).is_ok() {

@@ -201,12 +201,9 @@ impl Core {
     }
 
     fn stats_json(&self) -> Vec<u8> {
-        let mut snap = self.stats.snapshot(
-            &self.opts.source_label,
-            &self.opts.mount_label,
-            self.reader.cache().usage(),
-        );
-        snap.read_ahead = self.readahead.snapshot();
+        let snap = self
+            .stats
+            .full_snapshot(&self.opts.source_label, &self.opts.mount_label);
         serde_json::to_vec(&snap).unwrap_or_default()
     }
 

@@ -2,8 +2,7 @@
 //! data. See docs/architecture.md for the modules and the path of a read.
 
 pub mod cache;
-pub mod cli_control;
-pub mod cli_stats;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod epoch;

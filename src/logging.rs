@@ -1,14 +1,33 @@
 //! Logging through `tracing`: RUST_LOG-style filters (default `info`), text
 //! or JSON lines, to stderr or a file. One line per notable event (mount,
 //! unmount, recovery, corruption, disk trouble); nothing per read at the
-//! default level.
+//! default level. Also how an I/O error reads in a one-line message
+//! ([`short_io`]). A leaf: imports nothing from the crate.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use clap::ValueEnum;
+use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// The format of log lines (`--log-format`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// An io::Error without the "(os error N)" suffix.
+pub fn short_io(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_lowercase(),
+        None => s,
+    }
+}
 
 static TO_FILE: AtomicBool = AtomicBool::new(false);
 

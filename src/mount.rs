@@ -16,8 +16,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::cache::disk::DiskCache;
 use crate::cache::BlockCache;
-use crate::config::{short_io, MountArgs, MountConfig};
+use crate::config::{MountConfig, MountRequest};
 use crate::fuse::{FuseOptions, LocaFs};
+use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
 use crate::reader::{Reader, ReaderConfig};
@@ -30,8 +31,9 @@ use crate::units::format_size;
 /// READY on stdout once mounted.
 const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 
-/// `locafs mount`.
-pub fn main(args: MountArgs) -> ExitCode {
+/// `locafs mount` (`daemon`: return once the mount is live, see
+/// [`daemonize`]).
+pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     clear_dead_mount(&args);
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
@@ -40,7 +42,7 @@ pub fn main(args: MountArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.daemon {
+    if daemon {
         return daemonize();
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
@@ -58,7 +60,7 @@ pub fn main(args: MountArgs) -> ExitCode {
 /// fails with "Transport endpoint is not connected"), detaches it so that a
 /// restart (systemd Restart=on-failure, a remount) can mount again over the
 /// same cache. Only mounts of type fuse.locafs are touched.
-fn clear_dead_mount(args: &MountArgs) {
+fn clear_dead_mount(args: &MountRequest) {
     let mp = match (&args.mountpoint, &args.config) {
         (Some(m), _) => m.clone(),
         (None, Some(c)) => match crate::config::read_config(c) {
@@ -315,18 +317,21 @@ impl Mount {
             Arc::clone(&ns),
             rt.handle().clone(),
         );
+        plug_views(&stats, &cache, &reader, &readahead);
         if let Some(addr) = cfg.metrics {
-            crate::metrics::start(
+            let (st, source, mountpoint) = (
+                Arc::clone(&stats),
+                cfg.source.display().to_string(),
+                cfg.mountpoint.display().to_string(),
+            );
+            crate::metrics::prometheus::start(
                 addr,
                 rt.handle(),
-                crate::metrics::MetricsSources {
-                    stats: Arc::clone(&stats),
-                    cache: Arc::clone(&cache),
-                    reader: Arc::clone(&reader),
-                    readahead: Arc::clone(&readahead),
-                    source_label: cfg.source.display().to_string(),
-                    mount_label: cfg.mountpoint.display().to_string(),
+                crate::metrics::prometheus::Labels {
+                    source: source.clone(),
+                    mountpoint: mountpoint.clone(),
                 },
+                Box::new(move || st.full_snapshot(&source, &mountpoint)),
             )
             .map_err(|e| (2, e))?;
         }
@@ -518,6 +523,28 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
     }
+}
+
+/// Plugs the parts of the stats snapshot that the cache, the reader and
+/// read-ahead own into `stats` (weakly: each of them holds the stats).
+fn plug_views(
+    stats: &Stats,
+    cache: &Arc<dyn BlockCache>,
+    reader: &Arc<Reader>,
+    readahead: &Arc<ReadAhead>,
+) {
+    let c = Arc::downgrade(cache);
+    stats.cache.set(Arc::new(move || {
+        c.upgrade().map(|c| c.usage()).unwrap_or_default()
+    }));
+    let r = Arc::downgrade(reader);
+    stats.memory_cache.set(Arc::new(move || {
+        r.upgrade().map(|r| r.memory_bytes()).unwrap_or_default()
+    }));
+    let ra = Arc::downgrade(readahead);
+    stats.read_ahead.set(Arc::new(move || {
+        ra.upgrade().map(|ra| ra.snapshot()).unwrap_or_default()
+    }));
 }
 
 /// How often the namespace manifest is saved while mounted (if it changed).

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
@@ -34,6 +33,7 @@ use crate::epoch::EpochTracker;
 use crate::namespace::Namespace;
 use crate::reader::Reader;
 use crate::source::EntryKind;
+use crate::stats::ReadAheadSnapshot;
 
 /// Settings of the read-ahead engine.
 #[derive(Clone, Debug)]
@@ -148,22 +148,6 @@ pub struct ReadAheadStats {
     pub background_bytes: AtomicU64,
     pub plan_files: AtomicU64,
     pub budget_waits: AtomicU64,
-}
-
-/// What `stats` shows of the engine.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-pub struct ReadAheadSnapshot {
-    pub epoch: u64,
-    pub epoch_files_read: u64,
-    pub epoch_files_total: u64,
-    pub plan_active: bool,
-    pub plan_position: u64,
-    pub plan_length: u64,
-    pub prefetch_sequential_blocks: u64,
-    pub prefetch_background_files: u64,
-    pub prefetch_background_bytes: u64,
-    pub prefetch_memory_used: u64,
-    pub prefetch_memory_limit: u64,
 }
 
 struct EngineState {

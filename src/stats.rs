@@ -1,6 +1,12 @@
 //! Counters of what the mount did (bytes by tier, corruption, errors) and the
-//! snapshot that `locafs stats` prints. Counting is a relaxed atomic add on
+//! snapshot that `locafs stats`, the stats xattr and the Prometheus exporter
+//! all show ([`Stats::full_snapshot`]). Counting is a relaxed atomic add on
 //! the read path; nothing here allocates or locks per read.
+//!
+//! A leaf of the crate: the parts of the snapshot that other modules own
+//! (peers, read-ahead, cache usage, the memory tier) are types of this
+//! module that those modules fill, through views the mount plugs in
+//! ([`ViewSlot`]); nothing here imports the engine.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -8,7 +14,6 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::CacheUsage;
 use crate::units::format_size;
 
 /// The live counters of one mount.
@@ -59,31 +64,79 @@ pub struct Stats {
     pub source_threads: AtomicU64,
     pub source_threads_peak: AtomicU64,
     /// The peer module's view of each member, when peers are configured.
-    pub peers: PeerViewSlot,
+    pub peers: ViewSlot<Vec<PeerSnapshot>>,
+    /// The read-ahead engine's state and counters.
+    pub read_ahead: ViewSlot<ReadAheadSnapshot>,
+    /// What the local cache holds.
+    pub cache: ViewSlot<CacheUsage>,
+    /// Bytes of blocks in the reader's memory tier.
+    pub memory_cache: ViewSlot<u64>,
 }
 
-/// Where the peer module plugs its view in (set once at mount).
-#[derive(Default)]
-pub struct PeerViewSlot(OnceLock<PeerView>);
+/// Produces one part of a snapshot.
+pub type View<T> = Arc<dyn Fn() -> T + Send + Sync>;
 
-impl PeerViewSlot {
-    pub fn set(&self, view: PeerView) {
+/// Produces the per-peer part of a snapshot.
+pub type PeerView = View<Vec<PeerSnapshot>>;
+
+/// Where another module plugs in the part of the snapshot it owns (set once
+/// at mount; the default value until then, and in tests that set nothing).
+/// A view should hold its module weakly: the module usually holds the
+/// [`Stats`].
+pub struct ViewSlot<T>(OnceLock<View<T>>);
+
+impl<T: Default> ViewSlot<T> {
+    pub fn set(&self, view: View<T>) {
         let _ = self.0.set(view);
     }
 
-    fn get(&self) -> Vec<PeerSnapshot> {
+    fn get(&self) -> T {
         self.0.get().map(|f| f()).unwrap_or_default()
     }
 }
 
-impl std::fmt::Debug for PeerViewSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PeerViewSlot")
+impl<T> Default for ViewSlot<T> {
+    fn default() -> Self {
+        ViewSlot(OnceLock::new())
     }
 }
 
-/// Produces the per-peer part of a snapshot.
-pub type PeerView = Arc<dyn Fn() -> Vec<PeerSnapshot> + Send + Sync>;
+impl<T> std::fmt::Debug for ViewSlot<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "ViewSlot(set)"
+        } else {
+            "ViewSlot(unset)"
+        })
+    }
+}
+
+/// What the cache holds, for `stats` (filled by `BlockCache::usage`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheUsage {
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+    pub files_cached: u64,
+    pub evictions: u64,
+    pub writable: bool,
+}
+
+/// What `stats` shows of the read-ahead engine (filled by
+/// `ReadAhead::snapshot`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ReadAheadSnapshot {
+    pub epoch: u64,
+    pub epoch_files_read: u64,
+    pub epoch_files_total: u64,
+    pub plan_active: bool,
+    pub plan_position: u64,
+    pub plan_length: u64,
+    pub prefetch_sequential_blocks: u64,
+    pub prefetch_background_files: u64,
+    pub prefetch_background_bytes: u64,
+    pub prefetch_memory_used: u64,
+    pub prefetch_memory_limit: u64,
+}
 
 /// One member of the peer list as `locafs stats` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -135,7 +188,10 @@ impl Default for Stats {
             stale_answers: AtomicU64::new(0),
             source_threads: AtomicU64::new(0),
             source_threads_peak: AtomicU64::new(0),
-            peers: PeerViewSlot::default(),
+            peers: ViewSlot::default(),
+            read_ahead: ViewSlot::default(),
+            cache: ViewSlot::default(),
+            memory_cache: ViewSlot::default(),
         }
     }
 }
@@ -207,13 +263,21 @@ pub struct StatsSnapshot {
     /// Empty without --peers.
     #[serde(default)]
     pub peers: Vec<PeerSnapshot>,
-    /// Read-ahead and epoch state (filled in by the mount).
+    /// Read-ahead and epoch state.
     #[serde(flatten, default)]
-    pub read_ahead: crate::prefetch::ReadAheadSnapshot,
+    pub read_ahead: ReadAheadSnapshot,
+    /// Bytes of blocks in the memory tier: for the exporter, not part of
+    /// the JSON schema (always 0 in a snapshot read from a mount).
+    #[serde(skip)]
+    pub memory_cache_bytes: u64,
 }
 
 impl Stats {
-    pub fn snapshot(&self, source: &str, mountpoint: &str, cache: CacheUsage) -> StatsSnapshot {
+    /// Everything the mount knows: the counters and every part the mount
+    /// plugged in. The one snapshot behind `locafs stats`, the stats xattr
+    /// and the Prometheus exporter.
+    pub fn full_snapshot(&self, source: &str, mountpoint: &str) -> StatsSnapshot {
+        let cache = self.cache.get();
         StatsSnapshot {
             source: source.to_owned(),
             mountpoint: mountpoint.to_owned(),
@@ -253,7 +317,8 @@ impl Stats {
             source_threads: self.source_threads.load(Relaxed),
             source_threads_peak: self.source_threads_peak.load(Relaxed),
             peers: self.peers.get(),
-            read_ahead: Default::default(),
+            read_ahead: self.read_ahead.get(),
+            memory_cache_bytes: self.memory_cache.get(),
         }
     }
 }
@@ -438,5 +503,60 @@ impl StatsSnapshot {
         rows.iter()
             .map(|(k, v)| format!("{k:<w$}  {v}\n"))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_snapshot_takes_every_plugged_part_and_defaults_the_rest() {
+        let s = Stats::default();
+        s.source_bytes.fetch_add(7, Relaxed);
+        let bare = s.full_snapshot("src", "mnt");
+        assert_eq!(
+            (bare.source.as_str(), bare.mountpoint.as_str()),
+            ("src", "mnt")
+        );
+        assert_eq!(bare.source_bytes, 7);
+        assert_eq!(bare.read_ahead, ReadAheadSnapshot::default());
+        assert_eq!(bare.cache_capacity_bytes, 0);
+        assert!(bare.peers.is_empty());
+
+        s.cache.set(Arc::new(|| CacheUsage {
+            used_bytes: 1,
+            capacity_bytes: 2,
+            files_cached: 3,
+            evictions: 4,
+            writable: true,
+        }));
+        s.read_ahead.set(Arc::new(|| ReadAheadSnapshot {
+            epoch: 5,
+            plan_active: true,
+            ..Default::default()
+        }));
+        s.memory_cache.set(Arc::new(|| 6));
+        let full = s.full_snapshot("src", "mnt");
+        assert_eq!(
+            (
+                full.cache_used_bytes,
+                full.cache_capacity_bytes,
+                full.files_cached,
+                full.cache_evictions,
+                full.cache_writable
+            ),
+            (1, 2, 3, 4, true)
+        );
+        assert_eq!(full.read_ahead.epoch, 5);
+        assert!(full.read_ahead.plan_active);
+        assert_eq!(full.memory_cache_bytes, 6);
+        // The JSON schema is unchanged: read-ahead flattened, no memory tier.
+        let v = serde_json::to_value(&full).unwrap();
+        assert_eq!(v["epoch"], 5);
+        assert!(v.get("memory_cache_bytes").is_none() && v.get("read_ahead").is_none());
+        let back: StatsSnapshot = serde_json::from_value(v).unwrap();
+        assert_eq!(back.read_ahead, full.read_ahead);
+        assert_eq!(back.memory_cache_bytes, 0);
     }
 }

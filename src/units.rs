@@ -1,8 +1,78 @@
 //! Parsing and printing of sizes ("500G", "64MiB", "1.5T", "4096") and
 //! durations ("60s", "5m", "1h", "0") as users write them on the command
 //! line, in TOML files and in fstab options. Pure functions, no I/O.
+//!
+//! [`Size`] and [`Span`] parse where a value enters (clap through
+//! `FromStr`, TOML and `-o` through `Deserialize`, from a string only), so
+//! that what is past the edge is a number, never a string to parse.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// A size or duration that does not parse: what was written and why (one
+/// line, without the option's name: the caller knows it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(String);
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+impl ParseError {
+    /// Whether a message (from serde, which keeps only the text) is one of
+    /// ours: every message of [`parse_size`] and [`parse_duration`] starts
+    /// so.
+    pub fn is_message(msg: &str) -> bool {
+        msg.starts_with("bad size ") || msg.starts_with("bad duration ")
+    }
+}
+
+/// A number of bytes, written as [`parse_size`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Size(pub u64);
+
+impl FromStr for Size {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        parse_size(s).map(Size).map_err(ParseError)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A length of time, written as [`parse_duration`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Span(pub Duration);
+
+impl FromStr for Span {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        parse_duration(s).map(Span).map_err(ParseError)
+    }
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
 
 /// Parses a size. K, M, G, T, P and their KiB/MiB/... forms are powers of
 /// 1024 (as in rclone, docker and mountpoint-s3); KB, MB, GB, TB, PB are
@@ -116,6 +186,47 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("5y").is_err());
+    }
+
+    #[test]
+    fn newtypes_parse_from_strings_only_and_say_why_not() {
+        assert_eq!("64MiB".parse::<Size>(), Ok(Size(64 << 20)));
+        assert_eq!(
+            "250ms".parse::<Span>(),
+            Ok(Span(Duration::from_millis(250)))
+        );
+        let e = "12X".parse::<Size>().unwrap_err().to_string();
+        assert_eq!(e, parse_size("12X").unwrap_err());
+        assert!(ParseError::is_message(&e), "{e}");
+        let e = "5y".parse::<Span>().unwrap_err().to_string();
+        assert_eq!(e, parse_duration("5y").unwrap_err());
+        assert!(ParseError::is_message(&e), "{e}");
+        // Every message of both parsers is recognised.
+        for bad in ["", "G", "12X", "1.2.3G", "99999999999P", "x1"] {
+            assert!(
+                ParseError::is_message(&parse_size(bad).unwrap_err()),
+                "{bad}"
+            );
+        }
+        for bad in ["", "abc", "5y", "1e400", "-1"] {
+            assert!(
+                ParseError::is_message(&parse_duration(bad).unwrap_err()),
+                "{bad}"
+            );
+        }
+        // From TOML: strings parse, anything else is the same type error as
+        // for a string option.
+        #[derive(Deserialize, Debug)]
+        struct T {
+            s: Size,
+            d: Span,
+        }
+        let t: T = toml::from_str("s = \"1G\"\nd = \"5m\"\n").unwrap();
+        assert_eq!((t.s, t.d), (Size(1 << 30), Span(Duration::from_secs(300))));
+        let e = toml::from_str::<T>("s = \"lots\"\nd = \"5m\"\n").unwrap_err();
+        assert_eq!(e.message(), parse_size("lots").unwrap_err());
+        let e = toml::from_str::<T>("s = 5\nd = \"5m\"\n").unwrap_err();
+        assert_eq!(e.message(), "invalid type: integer `5`, expected a string");
     }
 
     #[test]

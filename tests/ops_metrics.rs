@@ -68,7 +68,9 @@ fn metrics_endpoint_after_a_workload() {
     let _ = std::fs::read_dir(&sc.mnt).unwrap().count();
 
     // The updater copies counters twice a second: wait until every byte
-    // the daemon served is counted as a hit or a miss.
+    // the daemon served is counted as a hit or a miss, and the copy is one
+    // made after the warm pass (its opens counted; the cold pass's misses
+    // alone cover `total`, so a copy made between the passes would do).
     let mut samples = Vec::new();
     let mut types = Default::default();
     let mut body = String::new();
@@ -78,6 +80,7 @@ fn metrics_endpoint_after_a_workload() {
         let miss = value(&samples, "locafs_cache_miss_bytes_total", &[]);
         hit.unwrap_or(0.0) + miss.unwrap_or(0.0) >= total as f64
             && value(&samples, "locafs_open_handles", &[]) == Some(0.0)
+            && value(&samples, "locafs_opens_total", &[]) == Some(2.0 * sc.files.len() as f64)
     });
     assert!(settled, "metrics never showed the workload:\n{body}");
 

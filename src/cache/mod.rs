@@ -141,15 +141,9 @@ impl ChecksummedBytes {
     }
 }
 
-/// What the cache holds, for `stats`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CacheUsage {
-    pub used_bytes: u64,
-    pub capacity_bytes: u64,
-    pub files_cached: u64,
-    pub evictions: u64,
-    pub writable: bool,
-}
+/// What the cache holds, for `stats` (a part of the stats snapshot, so it
+/// is defined with the others in stats.rs).
+pub use crate::stats::CacheUsage;
 
 /// Called with a version's key when its cached file stops being complete.
 pub type DroppedHook = Box<dyn Fn(&VersionKey) + Send + Sync>;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use locafs::config::{MountArgs, MountConfig};
+use locafs::config::MountConfig;
 use locafs::mount::Mount;
 use locafs::source::Source;
 
@@ -54,12 +54,11 @@ pub fn config(d: &Dirs, extra: &[&str]) -> MountConfig {
     argv.push("--cache-dir".into());
     argv.push(d.cache.display().to_string());
     argv.extend(extra.iter().map(|s| s.to_string()));
-    let cli = locafs::config::Cli::try_parse_from(argv).unwrap();
-    let locafs::config::Command::Mount(args) = cli.command else {
+    let cli = locafs::cli::Cli::try_parse_from(argv).unwrap();
+    let locafs::cli::Command::Mount(args) = cli.command else {
         unreachable!()
     };
-    let args: MountArgs = *args;
-    locafs::config::resolve(&args).unwrap()
+    locafs::config::resolve(&args.request).unwrap()
 }
 
 pub fn mount(cfg: &MountConfig, source: Arc<dyn Source>) -> Mount {
@@ -67,7 +66,7 @@ pub fn mount(cfg: &MountConfig, source: Arc<dyn Source>) -> Mount {
 }
 
 pub fn stats(mnt: &Path) -> locafs::stats::StatsSnapshot {
-    locafs::cli_stats::fetch(mnt).unwrap()
+    locafs::cli::stats::fetch(mnt).unwrap()
 }
 
 /// Drops the kernel's page cache (so reads reach the daemon again).

@@ -325,7 +325,7 @@ impl Node {
         };
         let start = Instant::now();
         loop {
-            if locafs::cli_stats::fetch(&node.mountpoint).is_ok() {
+            if locafs::cli::stats::fetch(&node.mountpoint).is_ok() {
                 break;
             }
             if let Some(Ok(Some(st))) = node.child.as_mut().map(|c| c.try_wait()) {
@@ -345,7 +345,7 @@ impl Node {
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        locafs::cli_stats::fetch(&self.mountpoint)
+        locafs::cli::stats::fetch(&self.mountpoint)
             .unwrap_or_else(|e| panic!("stats of {}: {e}", self.name))
     }
 

@@ -5,13 +5,28 @@
 //! Read-only: it never changes the mount or its cache.
 
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::config::StatsArgs;
 use crate::fuse::STATS_XATTR;
 use crate::stats::StatsSnapshot;
 use crate::units::format_size;
+
+/// Arguments of `locafs stats`.
+#[derive(clap::Args, Debug)]
+pub struct StatsArgs {
+    /// The mountpoint of a locafs mount.
+    pub mountpoint: PathBuf,
+    /// Print JSON (the schema is stable; for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every second, with rates (bytes/s per tier); with --json, one
+    /// JSON object per line per second. Stops on Ctrl-C or when the mount
+    /// goes away.
+    #[arg(long)]
+    pub watch: bool,
+}
 
 /// Fetches the stats of the mount at `mountpoint`.
 pub fn fetch(mountpoint: &std::path::Path) -> Result<StatsSnapshot, String> {
@@ -19,7 +34,7 @@ pub fn fetch(mountpoint: &std::path::Path) -> Result<StatsSnapshot, String> {
         if e.raw_os_error() == Some(libc::ENODATA) || e.raw_os_error() == Some(libc::ENOTSUP) {
             format!("{}: not a locafs mount", mountpoint.display())
         } else {
-            format!("{}: {}", mountpoint.display(), crate::config::short_io(&e))
+            format!("{}: {}", mountpoint.display(), crate::logging::short_io(&e))
         }
     })?;
     serde_json::from_slice(&raw)

@@ -62,7 +62,7 @@ pub fn warm(args: WarmArgs) -> ExitCode {
         };
         let mut files = Vec::new();
         if let Err(e) = collect(&root, &rel, &mut files) {
-            eprintln!("locafs: {}: {}", p.display(), crate::config::short_io(&e));
+            eprintln!("locafs: {}: {}", p.display(), crate::logging::short_io(&e));
             return ExitCode::from(2);
         }
         work.extend(files.into_iter().map(|(r, s)| (root.clone(), r, s)));
@@ -203,7 +203,7 @@ pub fn plan(args: PlanArgs) -> ExitCode {
                 eprintln!(
                     "locafs: {}: {}",
                     args.file.display(),
-                    crate::config::short_io(&e)
+                    crate::logging::short_io(&e)
                 );
                 return ExitCode::from(2);
             }
@@ -215,7 +215,7 @@ pub fn plan(args: PlanArgs) -> ExitCode {
             eprintln!(
                 "locafs: {}: {}",
                 args.mountpoint.display(),
-                crate::config::short_io(&e)
+                crate::logging::short_io(&e)
             );
             return ExitCode::from(2);
         }

@@ -1,0 +1,171 @@
+//! The command line: clap's types for every subcommand and the front ends of
+//! `locafs stats` ([`stats`]), `warm` and `plan` ([`control`]); `mount` hands
+//! over to `mount::main`. The library below does not import this module:
+//! the command line depends on the library, never the other way round.
+//!
+//! Usage errors exit 2 with one line on stderr, sizes and durations
+//! included (they parse here, at the edge: `units::Size`, `units::Span`).
+
+pub mod control;
+pub mod stats;
+
+use std::process::ExitCode;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::MountRequest;
+use crate::units::ParseError;
+use control::{PlanArgs, WarmArgs};
+use stats::StatsArgs;
+
+/// locafs: a read-only caching FUSE mount for training data sets.
+///
+/// locafs presents a data set (a directory on NFS, Lustre, GPFS or a local
+/// disk) as ordinary read-only files, keeps what the training job reads in a
+/// persistent, checksummed cache on local disk, and serves fully cached files
+/// at local-disk speed.
+#[derive(Parser, Debug)]
+#[command(name = "locafs", version, about, long_about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Mount SOURCE read-only on MOUNTPOINT with a local cache.
+    ///
+    /// Runs in the foreground until the mount is unmounted (umount MOUNTPOINT)
+    /// or the process gets SIGINT/SIGTERM, then unmounts and exits 0. With
+    /// --daemon, returns once the mount is live (exit 0) or has failed
+    /// (non-zero, with the reason on stderr).
+    ///
+    /// Every option can also be given in a TOML file (--config FILE, keys as
+    /// the long option names, e.g. cache-size = "500G") or as fstab-style
+    /// -o options (cache_size=500G,immutable); flags win over -o, and -o
+    /// wins over the file.
+    Mount(Box<MountArgs>),
+    /// Show what a mount has done: bytes from cache and source, cache use,
+    /// corruption found.
+    Stats(StatsArgs),
+    /// Fill the cache with files or directories of a mount (parallel,
+    /// resumable: cached blocks are skipped). Exit 0 only if everything fits.
+    Warm(WarmArgs),
+    /// Hand the loader's order for this epoch to a mount's read-ahead (one
+    /// path per line).
+    Plan(PlanArgs),
+    /// Print a new random cluster secret (256 bits, as
+    /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
+    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
+    Secret,
+}
+
+/// Arguments of `locafs mount`: what to mount (resolved by
+/// `config::resolve`) and how to run.
+#[derive(Args, Debug, Default)]
+pub struct MountArgs {
+    #[command(flatten)]
+    pub request: MountRequest,
+    /// Return once the mount is live and keep serving it in the background.
+    #[arg(long)]
+    pub daemon: bool,
+}
+
+/// Parses the command line and runs the subcommand.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => return parse_error(e),
+    };
+    match cli.command {
+        Command::Mount(args) => crate::mount::main(args.request, args.daemon),
+        Command::Stats(args) => stats::main(args),
+        Command::Warm(args) => control::warm(args),
+        Command::Plan(args) => control::plan(args),
+        Command::Secret => match crate::peer::tls::generate_secret() {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("locafs: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}
+
+/// A size or duration that does not parse is a usage error like any other
+/// (`locafs: --cache-size: bad size "12X": ...`, exit 2); everything else
+/// (help, version, unknown flags) is clap's own answer.
+fn parse_error(e: clap::Error) -> ExitCode {
+    match unit_error(&e) {
+        Some(msg) => {
+            eprintln!("locafs: {msg}");
+            ExitCode::from(2)
+        }
+        None => e.exit(),
+    }
+}
+
+/// `--OPTION: why` for a size or duration clap refused.
+fn unit_error(e: &clap::Error) -> Option<String> {
+    if e.kind() != ErrorKind::ValueValidation {
+        return None;
+    }
+    let why = std::error::Error::source(e)?.downcast_ref::<ParseError>()?;
+    let ContextValue::String(arg) = e.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    // "--cache-size <SIZE>"
+    let name = arg.split_whitespace().next().unwrap_or(arg);
+    Some(format!("{name}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(args: &[&str]) -> Result<MountArgs, clap::Error> {
+        let argv = ["locafs", "mount", "/src", "/mnt"].iter().chain(args);
+        Cli::try_parse_from(argv).map(|c| match c.command {
+            Command::Mount(a) => *a,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn sizes_and_durations_parse_at_the_edge_and_fail_in_one_line() {
+        use crate::units::{Size, Span};
+        let a = mount(&["--cache-size", "5G", "--revalidate", "5m", "--daemon"]).unwrap();
+        assert_eq!(a.request.flags.cache_size, Some(Size(5 << 30)));
+        assert_eq!(
+            a.request.flags.revalidate,
+            Some(Span(std::time::Duration::from_secs(300)))
+        );
+        assert!(a.daemon);
+        let e = mount(&["--cache-size", "12X"]).unwrap_err();
+        assert_eq!(
+            unit_error(&e).unwrap(),
+            format!(
+                "--cache-size: {}",
+                crate::units::parse_size("12X").unwrap_err()
+            )
+        );
+        let e = mount(&["--peer-timeout", "5y"]).unwrap_err();
+        assert_eq!(
+            unit_error(&e).unwrap(),
+            "--peer-timeout: bad duration \"5y\": unknown unit \"y\""
+        );
+        // Other refusals stay clap's.
+        for bad in [
+            &["--fuse-threads", "x"][..],
+            &["--bogus"],
+            &["--log-format", "xml"],
+        ] {
+            let e = mount(bad).unwrap_err();
+            assert!(unit_error(&e).is_none(), "{bad:?}: {e}");
+        }
+    }
+}
