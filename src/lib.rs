@@ -23,3 +23,4 @@ pub mod source_guard;
 pub mod stats;
 pub mod sys;
 pub mod units;
+pub mod writeback;
