@@ -7,6 +7,7 @@ pub mod cli_stats;
 pub mod config;
 pub mod control;
 pub mod epoch;
+pub mod fs;
 pub mod fuse;
 pub mod handles;
 pub mod lock;
