@@ -1,17 +1,19 @@
-//! The FUSE adapter: translates kernel requests into calls on the namespace,
-//! the open-file table and the reader, and their answers into replies. It
-//! holds no logic of its own beyond that translation (and the choice of
-//! kernel features at init).
+//! The FUSE adapter: translates kernel requests (fuser types) into calls on
+//! the file system core (fs.rs) and the core's answers into replies. It
+//! holds no logic of its own beyond that translation, the choice of kernel
+//! features at init, and counting requests for metrics. The kernel's
+//! passthrough backing ids live here: the core asks the reply to an OPEN to
+//! register a cached file ([`OpenReply`] for `ReplyOpen`).
 //!
-//! It must never block a FUSE thread on the source or a peer: anything that
-//! is not already local is answered from a task on the runtime. It never
-//! panics; every error becomes an errno for that one request. Every write
-//! path answers EROFS.
+//! It must never block a FUSE thread on the source or a peer: the core
+//! answers on the calling thread only what is local and the rest from a
+//! task. It never panics; every error becomes an errno for that one
+//! request. Every write path answers EROFS.
 
 use std::ffi::OsStr;
+use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -20,27 +22,18 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
-use crate::cache::{BlockCache, FileVersion};
-use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode, Prepared};
+use crate::fs::{DirPlusReply, DirReply, FsCore, FsOptions, OpenReply, Opened};
+use crate::handles::OpenMode;
 use crate::metrics::{self, FuseOp};
-use crate::namespace::{Namespace, Step, ROOT};
+use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
 use crate::source::{EntryKind, SourceAttr};
 use crate::stats::Stats;
 
-/// At most one "read failed" line a second: a source that goes down must not
-/// flood the log (failed reads are counted in stats).
-static READ_FAILURES: crate::logging::RateLimit = crate::logging::RateLimit::new(1000);
-
-/// Inodes per generation of the table of reads without a handle (kernel
-/// open mode): at most twice this many are kept.
-const INODE_HANDLES: usize = 4096;
-
-/// The extended attribute of the mount root that returns `stats` as JSON.
-pub const STATS_XATTR: &str = "user.locafs.stats";
+pub use crate::fs::STATS_XATTR;
 
 /// Settings of the adapter that come from the command line.
 #[derive(Clone, Debug)]
@@ -58,59 +51,10 @@ pub struct FuseOptions {
     pub control_socket: String,
 }
 
-/// The mounted file system: the adapter's state, shared with the tasks that
-/// finish requests off the FUSE threads.
-pub struct LocaFs(Arc<Core>);
-
-impl std::ops::Deref for LocaFs {
-    type Target = Core;
-    fn deref(&self) -> &Core {
-        &self.0
-    }
-}
-
-/// What the adapter holds.
-pub struct Core {
-    ns: Arc<Namespace>,
-    reader: Arc<Reader>,
-    files: Arc<OpenFiles<BackingId, CachePin>>,
-    /// Handles of reads without one (the kernel open mode).
-    inode_handles: InodeHandles,
-    stats: Arc<Stats>,
-    rt: tokio::runtime::Handle,
+/// The mounted file system: the core, and the adapter's settings.
+pub struct LocaFs {
+    fs: Arc<FsCore<BackingId>>,
     opts: FuseOptions,
-    passthrough: AtomicBool,
-    /// The kernel open mode is on (and the kernel can open without us).
-    kernel_open: AtomicBool,
-    readahead: Arc<ReadAhead>,
-}
-
-/// One pin of a complete cached file, taken by [`BlockCache::open_complete`]
-/// or [`BlockCache::pin_complete`]: given back when dropped, so that every
-/// path that does not hand it over (to the open table, with the backing it
-/// keeps readable) unpins exactly once. (Weak: the cache's dropped-file hook
-/// holds the open table, which holds pins.)
-struct CachePin {
-    cache: Weak<dyn BlockCache>,
-    file: Arc<FileVersion>,
-}
-
-impl CachePin {
-    /// Owns the pin the caller just took on `file`.
-    fn taken(cache: &Arc<dyn BlockCache>, file: &Arc<FileVersion>) -> Self {
-        CachePin {
-            cache: Arc::downgrade(cache),
-            file: Arc::clone(file),
-        }
-    }
-}
-
-impl Drop for CachePin {
-    fn drop(&mut self) {
-        if let Some(cache) = self.cache.upgrade() {
-            cache.unpin(&self.file);
-        }
-    }
 }
 
 fn errno(e: &std::io::Error) -> Errno {
@@ -168,258 +112,80 @@ impl LocaFs {
         opts: FuseOptions,
         readahead: Arc<ReadAhead>,
     ) -> Self {
-        let files: Arc<OpenFiles<BackingId, CachePin>> = Arc::default();
-        // Backings kept after their inode's last close name the cached file:
-        // dropped as soon as it goes (or the kernel would keep its space and
-        // read holes where blocks were dropped).
-        let (kept, gauge) = (Arc::clone(&files), Arc::clone(&stats));
-        reader.cache().on_file_dropped(Box::new(move |key| {
-            kept.forget_idle(key);
-            publish_kept(&kept, &gauge);
-        }));
-        LocaFs(Arc::new(Core {
-            ns,
-            reader,
-            files,
-            inode_handles: InodeHandles::new(INODE_HANDLES),
-            stats,
-            rt,
+        let core = FsOptions {
+            source_label: opts.source_label.clone(),
+            mount_label: opts.mount_label.clone(),
+            control_socket: opts.control_socket.clone(),
+        };
+        LocaFs {
+            fs: FsCore::new(ns, reader, stats, rt, core, readahead),
             opts,
-            passthrough: AtomicBool::new(false),
-            kernel_open: AtomicBool::new(false),
-            readahead,
-        }))
+        }
     }
 }
 
-impl Core {
-    /// Answers a request that needs the source on the runtime's blocking
-    /// pool, so that a FUSE thread never waits on the source (the wait there
-    /// is bounded by the source guard's deadline).
-    fn off_thread(&self, f: impl FnOnce() + Send + 'static) {
-        self.rt.spawn_blocking(f);
+impl OpenReply<BackingId> for ReplyOpen {
+    fn register_backing(&self, file: &File) -> std::io::Result<BackingId> {
+        self.open_backing(file)
     }
 
-    fn stats_json(&self) -> Vec<u8> {
-        let snap = self
-            .stats
-            .full_snapshot(&self.opts.source_label, &self.opts.mount_label);
-        serde_json::to_vec(&snap).unwrap_or_default()
-    }
-
-    /// The handle of a read that came without one (handle 0: the kernel open
-    /// mode): the inode's current version and sequential-read state.
-    fn inode_handle(&self, ino: u64, a: SourceAttr, offset: u64) -> std::io::Result<Arc<Handle>> {
-        let r = match self.inode_handles.get(ino, &a.version(), offset) {
-            Some(r) => r,
-            None => {
-                let (rel, a) = self.ns.file_with(ino, a)?;
-                let file = Arc::new(FileVersion::new(rel, a.version()));
-                self.inode_handles.install(ino, file, offset)
-            }
-        };
-        if r.new_version {
-            // Older versions of this path are stale from now on.
-            self.reader.cache().note_current(&r.handle.file);
-        }
-        if r.starts_access {
-            self.stats.opens.fetch_add(1, Ordering::Relaxed);
-            self.readahead.on_open(ino, &r.handle.file, false);
-        }
-        Ok(r.handle)
-    }
-
-    /// The rest of an OPEN once the file's attributes are known: its mode
-    /// (passthrough for a fully cached file, else cached), its handle.
-    fn open_file(
-        &self,
-        ino: u64,
-        file: std::io::Result<(Arc<Path>, SourceAttr)>,
-        reply: ReplyOpen,
-    ) {
-        let (rel, a) = match file {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        if self.kernel_open.load(Ordering::Relaxed) {
-            // The kernel sets no_open for the connection: no OPEN or
-            // RELEASE for files from now on, reads come with handle 0.
-            return reply.error(Errno::ENOSYS);
-        }
-        let file = Arc::new(FileVersion::new(rel, a.version()));
-        let cache = self.reader.cache();
-        self.stats.opens.fetch_add(1, Ordering::Relaxed);
-        // Two opens may both find the inode idle and both prepare a backing:
-        // the table keeps one, and drops the other with its pin.
-        let prepared =
-            if self.passthrough.load(Ordering::Relaxed) && a.size > 0 && self.files.is_idle(ino) {
-                self.prepare_backing(&reply, ino, &file)
-            } else {
-                None
-            };
-        let opened = self.files.open(ino, Arc::clone(&file), prepared);
-        if let Ok((_, _, true)) = &opened {
-            // Older versions of this path are stale from now on.
-            cache.note_current(&file);
-        }
-        match opened {
-            Ok((fh, OpenMode::Passthrough(id), _)) => {
-                self.readahead.on_open(ino, &file, true);
-                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
-                self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-            }
-            Ok((fh, OpenMode::Cached { keep_cache }, _)) => {
-                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
-                self.readahead.on_open(ino, &file, false);
+    fn done(self, r: std::io::Result<Opened<BackingId>>) {
+        match r {
+            Ok(Opened {
+                fh,
+                mode: OpenMode::Passthrough(id),
+            }) => self.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            Ok(Opened {
+                fh,
+                mode: OpenMode::Cached { keep_cache },
+            }) => {
                 let flags = if keep_cache {
                     FopenFlags::FOPEN_KEEP_CACHE
                 } else {
                     FopenFlags::empty()
                 };
-                reply.opened(FileHandle(fh), flags);
+                self.opened(FileHandle(fh), flags)
             }
-            Err(_) => {
-                warn!(file = %file.rel.display(), "file changed at the source while open in passthrough mode; retry once it is closed");
-                reply.error(Errno::from_i32(libc::EBUSY));
-            }
-        }
-    }
-
-    /// A verified backing file for passthrough, if the file is fully cached:
-    /// the one kept from the inode's previous open of this version if the
-    /// cache still holds the file whole, else a new one; with the pin that
-    /// keeps the file in the cache (given back when dropped).
-    fn prepare_backing(
-        &self,
-        reply: &ReplyOpen,
-        ino: u64,
-        file: &Arc<FileVersion>,
-    ) -> Option<Prepared<BackingId, CachePin>> {
-        let cache = self.reader.cache();
-        if let Some(backing) = self.files.take_idle(ino, &file.key) {
-            publish_kept(&self.files, &self.stats);
-            if cache.pin_complete(file) {
-                let pin = CachePin::taken(cache, file);
-                return Some(Prepared { backing, pin });
-            }
-            // No longer whole: the kept backing goes.
-        }
-        let f = cache.open_complete(file)?;
-        let pin = CachePin::taken(cache, file);
-        match reply.open_backing(&f) {
-            Ok(id) => Some(Prepared {
-                backing: Arc::new(id),
-                pin,
-            }),
-            Err(e) => {
-                drop(pin);
-                if self.passthrough.swap(false, Ordering::Relaxed) {
-                    warn!("passthrough refused by the kernel ({e}); serving all reads through the daemon");
-                }
-                None
-            }
+            Err(e) => self.error(errno(&e)),
         }
     }
 }
 
-/// Answers a READDIR from what the namespace holds (refreshed first by the
-/// caller when the listing starts).
-fn fill_dir(ns: &Namespace, ino: INodeNo, offset: u64, mut reply: ReplyDirectory) {
-    if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
-        return reply.ok();
+impl DirReply for ReplyDirectory {
+    fn add(&mut self, ino: u64, next: u64, name: &OsStr, a: Option<&SourceAttr>) -> bool {
+        let k = a.map_or(FileType::Directory, kind);
+        ReplyDirectory::add(self, INodeNo(ino), next, k, name)
     }
-    if offset <= 1 && reply.add(INodeNo(ns.parent(ino.0)), 2, FileType::Directory, "..") {
-        return reply.ok();
-    }
-    let r = ns.read_dir(ino.0, offset.saturating_sub(2), |e, next| {
-        reply.add(INodeNo(e.ino), next + 2, kind(e.attr), e.name)
-    });
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
+
+    fn done(self, r: std::io::Result<()>) {
+        match r {
+            Ok(()) => self.ok(),
+            Err(e) => self.error(errno(&e)),
+        }
     }
 }
 
-/// Answers a READDIRPLUS from what the namespace holds, with the attributes
-/// of "." (`me`, at offset 0) and ".." (`up`, at offsets 0 and 1) already
-/// looked up by the caller.
-fn fill_dir_plus(
-    ns: &Namespace,
-    ttl: Duration,
-    ino: INodeNo,
-    offset: u64,
-    me: Option<std::io::Result<SourceAttr>>,
-    up: Option<std::io::Result<SourceAttr>>,
-    mut reply: ReplyDirectoryPlus,
-) {
-    if offset == 0 {
-        match me {
-            Some(Ok(a)) if reply.add(ino, 1, ".", &ttl, &attr(ino.0, &a), Generation(0)) => {
-                return reply.ok()
-            }
-            Some(Err(e)) => return reply.error(errno(&e)),
-            _ => {}
-        }
-    }
-    if offset <= 1 {
-        let parent = ns.parent(ino.0);
-        if let Some(Ok(a)) = up {
-            if reply.add(
-                INodeNo(parent),
-                2,
-                "..",
-                &ttl,
-                &attr(parent, &a),
-                Generation(0),
-            ) {
-                return reply.ok();
-            }
-        }
-    }
-    let r = ns.read_dir(ino.0, offset.saturating_sub(2), |e, next| {
-        reply.add(
-            INodeNo(e.ino),
-            next + 2,
-            e.name,
-            &ttl,
-            &attr(e.ino, e.attr),
+/// A READDIRPLUS reply and the attributes' time to live.
+struct PlusReply(ReplyDirectoryPlus, Duration);
+
+impl DirPlusReply for PlusReply {
+    fn add(&mut self, ino: u64, next: u64, name: &OsStr, a: &SourceAttr) -> bool {
+        self.0.add(
+            INodeNo(ino),
+            next,
+            name,
+            &self.1,
+            &attr(ino, a),
             Generation(0),
         )
-    });
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
     }
-}
 
-/// Answers a READ from the read path (memory, disk cache, peers, source).
-async fn read_reply(
-    reader: &Arc<Reader>,
-    file: &Arc<FileVersion>,
-    offset: u64,
-    size: u32,
-    reply: ReplyData,
-) {
-    match Arc::clone(reader)
-        .read(Arc::clone(file), offset, size)
-        .await
-    {
-        Ok(bytes) => reply.data(&bytes),
-        Err(e) => {
-            if let Some(more) = READ_FAILURES.allow() {
-                warn!(file = %file.rel.display(), offset, "read failed: {e} ({more} more failed reads not logged)");
-            }
-            reply.error(Errno::from_i32(e.errno()));
+    fn done(self, r: std::io::Result<()>) {
+        match r {
+            Ok(()) => self.0.ok(),
+            Err(e) => self.0.error(errno(&e)),
         }
     }
-}
-
-/// Publishes the number of passthrough backings kept for closed files.
-fn publish_kept(files: &OpenFiles<BackingId, CachePin>, stats: &Stats) {
-    stats
-        .passthrough_kept
-        .store(files.idle_count() as u64, Ordering::Relaxed);
 }
 
 impl Filesystem for LocaFs {
@@ -444,7 +210,7 @@ impl Filesystem for LocaFs {
                 // file's pages when a refreshed attribute shows a new mtime
                 // or size (how a changed source file becomes visible).
                 let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
-                self.kernel_open.store(true, Ordering::Relaxed);
+                self.fs.enable_kernel_open();
                 info!("open mode kernel: files are opened by the kernel without a request to the daemon and keep their page cache across opens; no passthrough (reads that miss the page cache go through the daemon)");
             } else {
                 info!("open mode kernel unavailable: this kernel cannot open files without the daemon; opens are served as in passthrough mode, without passthrough");
@@ -455,7 +221,7 @@ impl Filesystem for LocaFs {
             } else if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok()
             {
-                self.passthrough.store(true, Ordering::Relaxed);
+                self.fs.enable_passthrough();
                 debug!("passthrough on for fully cached files");
             } else {
                 info!("passthrough off: this kernel does not offer it");
@@ -467,48 +233,26 @@ impl Filesystem for LocaFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         metrics::fuse_op(FuseOp::Lookup);
         let ttl = self.opts.ttl;
-        let answer = move |r: std::io::Result<(u64, SourceAttr)>, reply: ReplyEntry| match r {
+        self.fs.lookup(parent.0, name, move |r| match r {
             Ok((ino, a)) => reply.entry(&ttl, &attr(ino, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
-        };
-        match self.ns.lookup_local(parent.0, name) {
-            Step::Done(r) => answer(r, reply),
-            Step::Ask(ask) => {
-                let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
-                self.rt.spawn(async move {
-                    let r = ns.stat_for(&ask).await;
-                    answer(ns.lookup_answer(parent.0, &name, ask, r), reply)
-                });
-            }
-        }
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         metrics::fuse_op(FuseOp::Getattr);
         let ttl = self.opts.ttl;
-        let answer = move |r: std::io::Result<SourceAttr>, reply: ReplyAttr| match r {
+        self.fs.getattr(ino.0, move |r| match r {
             Ok(a) => reply.attr(&ttl, &attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
-        };
-        match self.ns.getattr_local(ino.0) {
-            Step::Done(r) => answer(r, reply),
-            Step::Ask(ask) => {
-                let ns = Arc::clone(&self.ns);
-                self.rt.spawn(async move {
-                    let r = ns.stat_for(&ask).await;
-                    answer(ns.getattr_answer(ino.0, ask, r), reply)
-                });
-            }
-        }
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         metrics::fuse_op(FuseOp::Readlink);
-        // Asks the source every time (the kernel caches the answer).
-        let ns = Arc::clone(&self.ns);
-        self.off_thread(move || {
+        self.fs.readlink(ino.0, move |r| {
             use std::os::unix::ffi::OsStrExt;
-            match ns.read_link(ino.0) {
+            match r {
                 Ok(t) => reply.data(t.as_os_str().as_bytes()),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -517,26 +261,8 @@ impl Filesystem for LocaFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         metrics::fuse_op(FuseOp::Open);
-        if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            return reply.error(Errno::EROFS);
-        }
-        match self.ns.getattr_local(ino.0) {
-            Step::Done(a) => {
-                let file = a.and_then(|a| self.ns.file_with(ino.0, a));
-                self.open_file(ino.0, file, reply)
-            }
-            Step::Ask(_) => {
-                // Revalidation first, without holding a thread; the rest
-                // (which may verify a cached file) on the blocking pool.
-                let core = Arc::clone(&self.0);
-                self.rt.spawn(async move {
-                    let file = core.ns.open_file_async(ino.0).await;
-                    let c = Arc::clone(&core);
-                    core.rt
-                        .spawn_blocking(move || c.open_file(ino.0, file, reply));
-                });
-            }
-        }
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        self.fs.open(ino.0, write, reply);
     }
 
     fn read(
@@ -551,49 +277,10 @@ impl Filesystem for LocaFs {
         reply: ReplyData,
     ) {
         metrics::fuse_op(FuseOp::Read);
-        let h = if fh.0 == 0 {
-            // No handle (handles start at 1): the kernel opened the file
-            // without us (kernel open mode).
-            let a = match self.ns.getattr_local(ino.0) {
-                Step::Done(Ok(a)) => a,
-                Step::Done(Err(e)) => return reply.error(errno(&e)),
-                Step::Ask(_) => {
-                    // Attributes to revalidate first: without a thread.
-                    let core = Arc::clone(&self.0);
-                    self.rt.spawn(async move {
-                        let h = match core.ns.getattr_async(ino.0).await {
-                            Ok(a) => core.inode_handle(ino.0, a, offset),
-                            Err(e) => Err(e),
-                        };
-                        match h {
-                            Ok(h) => {
-                                core.readahead.on_read(&h.seq, &h.file, offset, size as u64);
-                                read_reply(&core.reader, &h.file, offset, size, reply).await
-                            }
-                            Err(e) => reply.error(errno(&e)),
-                        }
-                    });
-                    return;
-                }
-            };
-            match self.inode_handle(ino.0, a, offset) {
-                Ok(h) => h,
-                Err(e) => return reply.error(errno(&e)),
-            }
-        } else {
-            match self.files.get(fh.0) {
-                Some(h) => h,
-                None => return reply.error(Errno::EBADF),
-            }
-        };
-        self.readahead.on_read(&h.seq, &h.file, offset, size as u64);
-        if let Some(bytes) = self.reader.read_local(&h.file, offset, size) {
-            return reply.data(&bytes);
-        }
-        let reader = Arc::clone(&self.reader);
-        let file = Arc::clone(&h.file);
-        self.rt
-            .spawn(async move { read_reply(&reader, &file, offset, size, reply).await });
+        self.fs.read(ino.0, fh.0, offset, size, move |r| match r {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn release(
@@ -607,14 +294,7 @@ impl Filesystem for LocaFs {
         reply: ReplyEmpty,
     ) {
         metrics::fuse_op(FuseOp::Release);
-        let released = self.files.release(fh.0);
-        if released.is_some() {
-            self.stats.open_handles.fetch_sub(1, Ordering::Relaxed);
-        }
-        // The last passthrough close gave its pin back (in the table).
-        if let Some((_, true)) = released {
-            publish_kept(&self.files, &self.stats);
-        }
+        self.fs.release(fh.0);
         reply.ok();
     }
 
@@ -647,23 +327,7 @@ impl Filesystem for LocaFs {
         reply: ReplyDirectory,
     ) {
         metrics::fuse_op(FuseOp::Readdir);
-        // A listing is refreshed when it starts (offset 0), at most.
-        if offset > 0 {
-            return fill_dir(&self.ns, ino, offset, reply);
-        }
-        match self.ns.listing_local(ino.0) {
-            Step::Done(Ok(())) => fill_dir(&self.ns, ino, offset, reply),
-            Step::Done(Err(e)) => reply.error(errno(&e)),
-            Step::Ask(_) => {
-                let ns = Arc::clone(&self.ns);
-                self.rt.spawn(async move {
-                    match ns.refresh_dir_async(ino.0).await {
-                        Ok(()) => fill_dir(&ns, ino, offset, reply),
-                        Err(e) => reply.error(errno(&e)),
-                    }
-                });
-            }
-        }
+        self.fs.readdir(ino.0, offset, reply);
     }
 
     fn readdirplus(
@@ -675,41 +339,13 @@ impl Filesystem for LocaFs {
         reply: ReplyDirectoryPlus,
     ) {
         metrics::fuse_op(FuseOp::Readdirplus);
-        let ttl = self.opts.ttl;
-        if offset > 1 {
-            return fill_dir_plus(&self.ns, ttl, ino, offset, None, None, reply);
-        }
-        let ns = &self.ns;
-        let parent = ns.parent(ino.0);
-        let listing = if offset == 0 {
-            ns.listing_local(ino.0)
-        } else {
-            Step::Done(Ok(()))
-        };
-        let (me, up) = (ns.getattr_local(ino.0), ns.getattr_local(parent));
-        if let (Step::Done(listed), Step::Done(me), Step::Done(up)) = (listing, me, up) {
-            return match listed {
-                Ok(()) => fill_dir_plus(ns, ttl, ino, offset, Some(me), Some(up), reply),
-                Err(e) => reply.error(errno(&e)),
-            };
-        }
-        let ns = Arc::clone(&self.ns);
-        self.rt.spawn(async move {
-            if offset == 0 {
-                if let Err(e) = ns.refresh_dir_async(ino.0).await {
-                    return reply.error(errno(&e));
-                }
-            }
-            let me = ns.getattr_async(ino.0).await;
-            let up = ns.getattr_async(parent).await;
-            fill_dir_plus(&ns, ttl, ino, offset, Some(me), Some(up), reply)
-        });
+        self.fs
+            .readdirplus(ino.0, offset, PlusReply(reply, self.opts.ttl));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         metrics::fuse_op(FuseOp::Statfs);
-        let ns = Arc::clone(&self.ns);
-        self.off_thread(move || match ns.statfs() {
+        self.fs.statfs(move |r| match r {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -726,31 +362,16 @@ impl Filesystem for LocaFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         metrics::fuse_op(FuseOp::Getxattr);
-        let value = match name.to_str() {
-            Some(STATS_XATTR) if ino.0 == ROOT => self.stats_json(),
-            Some(crate::control::CONTROL_XATTR) if ino.0 == ROOT => {
-                self.opts.control_socket.clone().into_bytes()
-            }
-            _ => return reply.error(Errno::from_i32(libc::ENODATA)),
+        let value = match self.fs.getxattr(ino.0, name) {
+            Ok(v) => v,
+            Err(e) => return reply.error(errno(&e)),
         };
-        if size == 0 {
-            reply.size(value.len() as u32);
-        } else if (size as usize) < value.len() {
-            reply.error(Errno::from_i32(libc::ERANGE));
-        } else {
-            reply.data(&value);
-        }
+        xattr_reply(&value, size, reply);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         metrics::fuse_op(FuseOp::Listxattr);
-        // The control attribute is not listed, so copies (cp -a, rsync -X)
-        // do not pick it up.
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+        xattr_reply(&self.fs.listxattr(ino.0), size, reply);
     }
 
     // Every way of changing the tree: read-only.
@@ -774,7 +395,7 @@ impl Filesystem for LocaFs {
         reply: ReplyAttr,
     ) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn mknod(
@@ -788,27 +409,27 @@ impl Filesystem for LocaFs {
         reply: ReplyEntry,
     ) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn rename(
@@ -822,12 +443,12 @@ impl Filesystem for LocaFs {
         reply: ReplyEmpty,
     ) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn write(
@@ -843,7 +464,7 @@ impl Filesystem for LocaFs {
         reply: ReplyWrite,
     ) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn create(
@@ -857,7 +478,7 @@ impl Filesystem for LocaFs {
         reply: ReplyCreate,
     ) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn setxattr(
@@ -871,11 +492,23 @@ impl Filesystem for LocaFs {
         reply: ReplyEmpty,
     ) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
     }
 
     fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
         metrics::fuse_op(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        reply.error(errno(&self.fs.modify()));
+    }
+}
+
+/// Answers an xattr request of `size` bytes with `value`: its size when
+/// asked for 0, ERANGE when it does not fit.
+fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(value);
     }
 }

@@ -15,7 +15,8 @@
 //! never fetched twice at once) and holds a share of one global memory
 //! budget until it is done; when the budget is used up, read-ahead waits or
 //! skips, it never grows. Read-ahead starts no fetch while a block the loader
-//! read waits for room in the write-back queue (`Reader::prefetch`).
+//! read waits for room in the write-back queue (`WriteBack::room_ahead`),
+//! and writes first the blocks the queue skipped (`WriteBack::take_unwritten`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -34,6 +35,7 @@ use crate::namespace::Namespace;
 use crate::reader::Reader;
 use crate::source::EntryKind;
 use crate::stats::ReadAheadSnapshot;
+use crate::writeback::WriteBack;
 
 /// Settings of the read-ahead engine.
 #[derive(Clone, Debug)]
@@ -164,6 +166,8 @@ struct EngineState {
 pub struct ReadAhead {
     cfg: ReadAheadConfig,
     reader: Arc<Reader>,
+    /// The reader's write-back queue: its backlog of skipped blocks.
+    writeback: Arc<WriteBack>,
     ns: Arc<Namespace>,
     /// Permits are KiB of prefetch buffers.
     budget: Arc<Semaphore>,
@@ -188,6 +192,7 @@ impl ReadAhead {
         let ra = Arc::new(ReadAhead {
             budget: Arc::new(Semaphore::new(permits)),
             cfg,
+            writeback: Arc::clone(reader.writeback()),
             reader,
             ns,
             state: Mutex::new(EngineState {
@@ -507,7 +512,7 @@ impl ReadAhead {
             // cache (its write queue was full), so that their files are
             // complete (passthrough) before the next epoch; then the epoch's
             // unread files.
-            if let Some((file, i)) = self.reader.take_unwritten() {
+            if let Some((file, i)) = self.writeback.take_unwritten() {
                 if !self.fetch_block(file, i, &jobs, &mut bucket).await {
                     return;
                 }

@@ -5,12 +5,13 @@
 //! (single flight), and every wait on the source has a deadline.
 //!
 //! Blocks fetched from the source are handed to the reader first and written
-//! to the disk cache afterwards, off the reply path. Nothing here may panic
+//! to the disk cache afterwards, off the reply path: a fetch is submitted to
+//! the write-back queue (writeback.rs), which decides whether it is written. Nothing here may panic
 //! or serve a byte that did not pass its checksum or come straight from the
 //! source version that was opened; a cache fault is a miss, and only a source
 //! failure fails a read, and then only that read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +22,11 @@ use parking_lot::Mutex;
 use thiserror::Error;
 use tokio::runtime::Handle;
 
-use crate::cache::{BlockCache, BlockId, ChecksummedBytes, FileVersion, VersionKey};
+use crate::cache::{BlockCache, BlockId, ChecksummedBytes, FileVersion};
 use crate::metrics::{self, Tier};
 use crate::source::{Source, SourceError};
 use crate::stats::Stats;
+use crate::writeback::{AheadRoom, Write, WriteBack};
 
 /// Why a read failed; carries the errno the FUSE reply gets.
 #[derive(Debug, Error, Clone)]
@@ -94,42 +96,9 @@ pub struct Reader {
     peers: Option<Arc<dyn PeerTier>>,
     rt: Handle,
     stats: Arc<Stats>,
-    /// Bounds the blocks waiting to be written to the disk cache (KiB).
-    write_queue: Arc<tokio::sync::Semaphore>,
-    /// Bounds the loader's blocks held while they wait for the write queue
-    /// (KiB); while any wait, read-ahead fetches nothing new.
-    write_wait: Arc<tokio::sync::Semaphore>,
-    write_wait_kib: u32,
-    /// Blocks the loader read that were not written to the disk cache (the
-    /// write queue was full), for background prefetch to write
-    /// ([`Reader::take_unwritten`]); at most `UNWRITTEN_MAX`.
-    unwritten: Mutex<Unwritten>,
+    /// Where fetched blocks go on their way to the disk cache.
+    writeback: Arc<WriteBack>,
 }
-
-/// Room in the write-back queue for one block's write: taken, or to wait
-/// for while the block is held in memory (the hold on `write_wait`).
-enum Room {
-    Now(tokio::sync::OwnedSemaphorePermit),
-    Wait(tokio::sync::OwnedSemaphorePermit),
-}
-
-/// A fetched block on its way to the disk cache.
-struct Write {
-    file: Arc<FileVersion>,
-    index: u64,
-    block: ChecksummedBytes,
-    /// Fetched from a peer (stored as a guest).
-    guest: bool,
-    /// Fetched by read-ahead (the loader has not read it yet).
-    ahead: bool,
-}
-
-/// Blocks in the order they were turned away, and the same as a set.
-type Unwritten = (Vec<(Arc<FileVersion>, u64)>, HashSet<(VersionKey, u64)>);
-
-/// Unwritten blocks remembered, at most (a block beyond that is cached by
-/// the next epoch's read of it instead).
-const UNWRITTEN_MAX: usize = 4096;
 
 impl Reader {
     pub fn new(
@@ -151,8 +120,14 @@ impl Reader {
                 v.data().len().try_into().unwrap_or(u32::MAX)
             })
             .build();
-        let write_queue_kib = (cfg.write_queue_bytes.max(cfg.block_size) / 1024) as usize;
-        let write_wait_kib = (cfg.write_wait_bytes.max(cfg.block_size) / 1024) as usize;
+        let writeback = WriteBack::new(
+            cfg.write_queue_bytes,
+            cfg.write_wait_bytes,
+            cfg.block_size,
+            Arc::clone(&cache),
+            rt.clone(),
+            Arc::clone(&stats),
+        );
         Arc::new(Reader {
             cfg,
             cache,
@@ -162,29 +137,14 @@ impl Reader {
             peers,
             rt,
             stats,
-            write_queue: Arc::new(tokio::sync::Semaphore::new(write_queue_kib)),
-            write_wait: Arc::new(tokio::sync::Semaphore::new(write_wait_kib)),
-            write_wait_kib: write_wait_kib as u32,
-            unwritten: Mutex::new((Vec::new(), HashSet::new())),
+            writeback,
         })
     }
 
-    /// A block that the loader read but that was not written to the disk
-    /// cache, if any: background prefetch writes it (from memory if it is
-    /// still there, else from the source again), so that its file reaches
-    /// passthrough without waiting for the next epoch.
-    pub fn take_unwritten(&self) -> Option<(Arc<FileVersion>, u64)> {
-        let mut u = self.unwritten.lock();
-        let (f, i) = u.0.pop()?;
-        u.1.remove(&(f.key, i));
-        Some((f, i))
-    }
-
-    fn note_unwritten(&self, file: &Arc<FileVersion>, index: u64) {
-        let mut u = self.unwritten.lock();
-        if u.0.len() < UNWRITTEN_MAX && u.1.insert((file.key, index)) {
-            u.0.push((Arc::clone(file), index));
-        }
+    /// The write-back queue the reader's fetches go to (read-ahead asks it
+    /// about the backlog).
+    pub fn writeback(&self) -> &Arc<WriteBack> {
+        &self.writeback
     }
 
     pub fn cache(&self) -> &Arc<dyn BlockCache> {
@@ -399,12 +359,6 @@ impl Reader {
         self.peers.as_ref().is_none_or(|p| p.owns(file, index))
     }
 
-    /// Whether blocks the loader read are waiting for room in the write
-    /// queue.
-    fn loader_writes_waiting(&self) -> bool {
-        self.write_wait.available_permits() < self.write_wait_kib as usize
-    }
-
     /// Makes sure a block is in the disk cache, waiting for the write; for
     /// `locafs warm`. Ok(false) if the cache would not take it (full of data
     /// still in use, or the cache disk failing).
@@ -428,11 +382,10 @@ impl Reader {
     }
 
     /// Makes sure a block is in the disk cache (or on its way there) without
-    /// returning it: what read-ahead asks for. It first waits until no block
-    /// the loader read is waiting to be written (the loader's blocks go
-    /// first), then for room in the write-back queue, so read-ahead runs at
-    /// the pace the cache disk takes and nothing it fetched is dropped for
-    /// want of room.
+    /// returning it: what read-ahead asks for. It first takes room in the
+    /// write-back queue ([`WriteBack::room_ahead`]: after the loader's
+    /// blocks), so read-ahead runs at the pace the cache disk takes and
+    /// nothing it fetched is dropped for want of room.
     pub async fn prefetch(
         self: Arc<Self>,
         file: Arc<FileVersion>,
@@ -447,14 +400,12 @@ impl Reader {
             key: file.key,
             index,
         };
-        let kib = (file.block_len(index, self.cfg.block_size) as u64).div_ceil(1024) as u32;
-        while self.loader_writes_waiting() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        let permit = Arc::clone(&self.write_queue)
-            .acquire_many_owned(kib)
+        let kib = crate::writeback::kib(file.block_len(index, self.cfg.block_size));
+        let room = self
+            .writeback
+            .room_ahead(kib)
             .await
-            .map_err(|_| ReadError::Internal("write queue closed".into()))?;
+            .ok_or_else(|| ReadError::Internal("write queue closed".into()))?;
         if self.cache.is_block_cached(&file, index) {
             return Ok(());
         }
@@ -464,54 +415,23 @@ impl Reader {
         if let Some(block) = self.memory.get(&id) {
             if !self.inflight.lock().contains_key(&id) {
                 let guest = !self.owns(&file, index);
-                let me = Arc::clone(&self);
-                tokio::task::spawn_blocking(move || {
-                    me.cache.put_ahead(&file, index, &block, guest);
-                    drop(permit);
-                });
+                let write = Write {
+                    file,
+                    index,
+                    block,
+                    guest,
+                };
+                self.writeback.submit(write, Some(room), || {});
             }
             return Ok(());
         }
         tokio::time::timeout(
             self.cfg.source_timeout,
-            self.single_flight(&file, index, true, Some(permit)),
+            self.single_flight(&file, index, true, Some(room)),
         )
         .await
         .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
         .map(|_| ())
-    }
-
-    /// Writes a block to the disk cache on a blocking thread, then releases
-    /// `room` (its place in the write-back queue) and its single flight.
-    fn write_later(self: &Arc<Self>, w: Write, room: impl Send + 'static) {
-        let me = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            me.write_block(&w.file, w.index, &w.block, w.guest, w.ahead);
-            drop(room);
-            me.inflight.lock().remove(&BlockId {
-                key: w.file.key,
-                index: w.index,
-            });
-        });
-    }
-
-    /// Writes a fetched block to the disk cache; `ahead` if read-ahead
-    /// fetched it (the loader has not read it yet).
-    fn write_block(
-        &self,
-        file: &FileVersion,
-        index: u64,
-        block: &ChecksummedBytes,
-        guest: bool,
-        ahead: bool,
-    ) {
-        if ahead {
-            self.cache.put_ahead(file, index, block, guest);
-        } else if guest {
-            self.cache.put_guest(file, index, block);
-        } else {
-            self.cache.put(file, index, block);
-        }
     }
 
     /// The single-flight fetch of one block: from the owner peer when another
@@ -538,16 +458,16 @@ impl Reader {
         .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
     }
 
-    /// The fetch of one block shared by every request for it. `permit`, if
-    /// given, is room already taken in the write-back queue for its cache
-    /// write; without it the write takes room if there is some, else the
-    /// block lives in memory only.
+    /// The fetch of one block shared by every request for it, then its
+    /// submission to the write-back queue. `ahead`, if given, is room
+    /// read-ahead already took in the queue for its cache write; without
+    /// it the queue decides ([`crate::writeback::admit`]).
     fn single_flight(
         self: &Arc<Self>,
         file: &Arc<FileVersion>,
         index: u64,
         ask_peers: bool,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        ahead: Option<AheadRoom>,
     ) -> Fetch {
         let id = BlockId {
             key: file.key,
@@ -567,55 +487,25 @@ impl Reader {
             // block from it at once) until the block is in the disk cache, so
             // that no request can fall between the memory tier evicting the
             // block and the cache write landing, and read the source again.
-            let mut writing = false;
-            if let Ok((block, from_peer)) = &res {
-                me.remember(id, block.clone());
-                // Written after the waiters got their bytes. Only read-ahead
-                // brings its own room in the queue; a loader's block takes
-                // room if there is some, else waits for it in memory (up to
-                // `write_wait_bytes`), else is not written now.
-                let kib = (block.data().len() as u64).div_ceil(1024) as u32;
-                let ahead = permit.is_some();
-                let room = match permit {
-                    Some(p) => Some(Room::Now(p)),
-                    None => match Arc::clone(&me.write_queue).try_acquire_many_owned(kib) {
-                        Ok(p) => Some(Room::Now(p)),
-                        Err(_) => Arc::clone(&me.write_wait)
-                            .try_acquire_many_owned(kib)
-                            .ok()
-                            .map(Room::Wait),
-                    },
-                };
-                if let Some(room) = room {
-                    writing = true;
+            match &res {
+                Ok((block, from_peer)) => {
+                    me.remember(id, block.clone());
+                    // Written after the waiters got their bytes, without
+                    // making them wait; the single flight closes once the
+                    // block is written (or at once if the queue skips it).
                     let write = Write {
                         file: Arc::clone(&file),
                         index,
                         block: block.clone(),
                         guest: *from_peer,
-                        ahead,
                     };
-                    match room {
-                        Room::Now(p) => me.write_later(write, p),
-                        Room::Wait(hold) => {
-                            let me3 = Arc::clone(&me);
-                            me.rt.spawn(async move {
-                                match Arc::clone(&me3.write_queue).acquire_many_owned(kib).await {
-                                    Ok(p) => me3.write_later(write, (p, hold)),
-                                    Err(_) => {
-                                        me3.inflight.lock().remove(&id);
-                                    }
-                                }
-                            });
-                        }
-                    }
+                    let me2 = Arc::clone(&me);
+                    me.writeback.submit(write, ahead, move || {
+                        me2.inflight.lock().remove(&id);
+                    });
                 }
-            }
-            if !writing {
-                me.inflight.lock().remove(&id);
-                if res.is_ok() {
-                    me.stats.cache_writes_skipped.fetch_add(1, Relaxed);
-                    me.note_unwritten(&file, index);
+                Err(_) => {
+                    me.inflight.lock().remove(&id);
                 }
             }
             res.map(|(b, _)| b)
@@ -696,7 +586,7 @@ impl Reader {
 
 #[cfg(test)]
 mod tests {
-    //! The write-back queue with a cache whose writes block until the test
+    //! The write-back queue as the reader uses it, with a cache whose writes block until the test
     //! opens a gate: a loader's read never waits for a write, a loader's
     //! block that finds the queue full waits for room in memory (up to
     //! `write_wait_bytes`), and only past that is it left for background
@@ -860,7 +750,7 @@ mod tests {
         assert_eq!(cache.stored(), vec![0, 1, 2, 3]);
         // The turned-away blocks are there for background prefetch, the
         // latest first.
-        let left: Vec<u64> = std::iter::from_fn(|| reader.take_unwritten())
+        let left: Vec<u64> = std::iter::from_fn(|| reader.writeback().take_unwritten())
             .map(|(_, i)| i)
             .collect();
         assert_eq!(left, vec![7, 6, 5, 4]);

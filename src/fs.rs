@@ -1,0 +1,603 @@
+//! The file system's semantics, without FUSE: what every request means and
+//! in what order it touches the namespace, the cache, the open-file table,
+//! read-ahead and stats. The open protocol lives here: revalidation, the
+//! choice of mode (passthrough for a fully cached, verified file, else
+//! cached), the backing prepared with its cache pin, backings kept after
+//! the last close, handles of reads without one (the kernel open mode),
+//! EROFS, and the stats of opens. The FUSE adapter (fuse.rs) translates the
+//! kernel's requests into calls on [`FsCore`] and the answers into replies;
+//! a kernel backing is a type `B` the core never looks into, made by the
+//! adapter's [`OpenReply::register_backing`] (tests use a fake one).
+//!
+//! Answers go to a reply given with each request (a closure, or one of the
+//! small reply traits here). A request the core can answer from what is
+//! local is answered before the call returns; one that needs the source is
+//! answered from a task on the runtime (the blocking pool where it may
+//! verify a cached file), so the caller's thread (a FUSE thread) never
+//! waits on the source. It never panics; every error is an `io::Error`
+//! with the errno of that one request. Every request that would change the
+//! tree gets EROFS.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use tracing::warn;
+
+use crate::cache::{BlockCache, FileVersion};
+use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode, Prepared};
+use crate::namespace::{Namespace, Step, ROOT};
+use crate::prefetch::ReadAhead;
+use crate::reader::Reader;
+use crate::source::SourceAttr;
+use crate::stats::Stats;
+
+/// At most one "read failed" line a second: a source that goes down must not
+/// flood the log (failed reads are counted in stats).
+static READ_FAILURES: crate::logging::RateLimit = crate::logging::RateLimit::new(1000);
+
+/// Inodes per generation of the table of reads without a handle (kernel
+/// open mode): at most twice this many are kept.
+const INODE_HANDLES: usize = 4096;
+
+/// The extended attribute of the mount root that returns `stats` as JSON.
+pub const STATS_XATTR: &str = "user.locafs.stats";
+
+/// Settings of the core that come from the command line.
+#[derive(Clone, Debug, Default)]
+pub struct FsOptions {
+    pub source_label: String,
+    pub mount_label: String,
+    /// Path of the control socket (the `user.locafs.control` attribute).
+    pub control_socket: String,
+}
+
+/// An open's answer: the handle number and its mode.
+#[derive(Debug)]
+pub struct Opened<B> {
+    pub fh: u64,
+    pub mode: OpenMode<B>,
+}
+
+/// The reply to an OPEN. Only it can register a cached file with the kernel
+/// as a passthrough backing (`B`: the adapter's backing id; dropping it
+/// unregisters it).
+pub trait OpenReply<B>: Send + 'static {
+    /// Registers `file` as a backing for passthrough.
+    fn register_backing(&self, file: &File) -> io::Result<B>;
+    fn done(self, r: io::Result<Opened<B>>);
+}
+
+/// The reply to a READDIR.
+pub trait DirReply: Send + 'static {
+    /// Adds an entry (`next`: the offset of the one after it); true when
+    /// the reply is full. `attr` is None for "." and "..": directories
+    /// whose attributes a plain listing does not look up.
+    fn add(&mut self, ino: u64, next: u64, name: &OsStr, attr: Option<&SourceAttr>) -> bool;
+    fn done(self, r: io::Result<()>);
+}
+
+/// The reply to a READDIRPLUS.
+pub trait DirPlusReply: Send + 'static {
+    /// Adds an entry with its attributes (`next`: the offset of the one
+    /// after it); true when the reply is full.
+    fn add(&mut self, ino: u64, next: u64, name: &OsStr, attr: &SourceAttr) -> bool;
+    fn done(self, r: io::Result<()>);
+}
+
+/// One pin of a complete cached file, taken by [`BlockCache::open_complete`]
+/// or [`BlockCache::pin_complete`]: given back when dropped, so that every
+/// path that does not hand it over (to the open table, with the backing it
+/// keeps readable) unpins exactly once. (Weak: the cache's dropped-file hook
+/// holds the open table, which holds pins.)
+pub struct CachePin {
+    cache: Weak<dyn BlockCache>,
+    file: Arc<FileVersion>,
+}
+
+impl CachePin {
+    /// Owns the pin the caller just took on `file`.
+    fn taken(cache: &Arc<dyn BlockCache>, file: &Arc<FileVersion>) -> Self {
+        CachePin {
+            cache: Arc::downgrade(cache),
+            file: Arc::clone(file),
+        }
+    }
+}
+
+impl Drop for CachePin {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache.upgrade() {
+            cache.unpin(&self.file);
+        }
+    }
+}
+
+fn err(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+/// The file system of one mount, over kernel backings of type `B`.
+pub struct FsCore<B> {
+    ns: Arc<Namespace>,
+    reader: Arc<Reader>,
+    files: Arc<OpenFiles<B, CachePin>>,
+    /// Handles of reads without one (the kernel open mode).
+    inode_handles: InodeHandles,
+    stats: Arc<Stats>,
+    rt: tokio::runtime::Handle,
+    opts: FsOptions,
+    passthrough: AtomicBool,
+    /// The kernel open mode is on (and the kernel can open without us).
+    kernel_open: AtomicBool,
+    readahead: Arc<ReadAhead>,
+}
+
+impl<B: Send + Sync + 'static> FsCore<B> {
+    /// The core of a mount, with passthrough and the kernel open mode off
+    /// until the adapter learns that the kernel offers them.
+    pub fn new(
+        ns: Arc<Namespace>,
+        reader: Arc<Reader>,
+        stats: Arc<Stats>,
+        rt: tokio::runtime::Handle,
+        opts: FsOptions,
+        readahead: Arc<ReadAhead>,
+    ) -> Arc<Self> {
+        let files: Arc<OpenFiles<B, CachePin>> = Arc::default();
+        // Backings kept after their inode's last close name the cached file:
+        // dropped as soon as it goes (or the kernel would keep its space and
+        // read holes where blocks were dropped).
+        let (kept, gauge) = (Arc::clone(&files), Arc::clone(&stats));
+        reader.cache().on_file_dropped(Box::new(move |key| {
+            kept.forget_idle(key);
+            publish_kept(&kept, &gauge);
+        }));
+        Arc::new(FsCore {
+            ns,
+            reader,
+            files,
+            inode_handles: InodeHandles::new(INODE_HANDLES),
+            stats,
+            rt,
+            opts,
+            passthrough: AtomicBool::new(false),
+            kernel_open: AtomicBool::new(false),
+            readahead,
+        })
+    }
+
+    /// The kernel takes passthrough backings: fully cached files open in
+    /// passthrough from now on.
+    pub fn enable_passthrough(&self) {
+        self.passthrough.store(true, Ordering::Relaxed);
+    }
+
+    /// The kernel opens files without asking: OPEN gets ENOSYS (the kernel's
+    /// signal to stop sending it) and reads come without a handle.
+    pub fn enable_kernel_open(&self) {
+        self.kernel_open.store(true, Ordering::Relaxed);
+    }
+
+    /// Runs work that may wait on the source on the runtime's blocking
+    /// pool, so that the caller's thread never waits on the source (the
+    /// wait there is bounded by the source guard's deadline).
+    fn off_thread(&self, f: impl FnOnce() + Send + 'static) {
+        self.rt.spawn_blocking(f);
+    }
+
+    /// `name` in directory `parent`: its inode and attributes.
+    pub fn lookup(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        reply: impl FnOnce(io::Result<(u64, SourceAttr)>) + Send + 'static,
+    ) {
+        match self.ns.lookup_local(parent, name) {
+            Step::Done(r) => reply(r),
+            Step::Ask(ask) => {
+                let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
+                self.rt.spawn(async move {
+                    let r = ns.stat_for(&ask).await;
+                    reply(ns.lookup_answer(parent, &name, ask, r))
+                });
+            }
+        }
+    }
+
+    /// An inode's attributes, revalidated when stale.
+    pub fn getattr(&self, ino: u64, reply: impl FnOnce(io::Result<SourceAttr>) + Send + 'static) {
+        match self.ns.getattr_local(ino) {
+            Step::Done(r) => reply(r),
+            Step::Ask(ask) => {
+                let ns = Arc::clone(&self.ns);
+                self.rt.spawn(async move {
+                    let r = ns.stat_for(&ask).await;
+                    reply(ns.getattr_answer(ino, ask, r))
+                });
+            }
+        }
+    }
+
+    /// A symlink's target: asked of the source every time (the kernel
+    /// caches the answer).
+    pub fn readlink(&self, ino: u64, reply: impl FnOnce(io::Result<PathBuf>) + Send + 'static) {
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || reply(ns.read_link(ino)));
+    }
+
+    /// `statvfs` of the source.
+    pub fn statfs(&self, reply: impl FnOnce(io::Result<libc::statvfs>) + Send + 'static) {
+        let ns = Arc::clone(&self.ns);
+        self.off_thread(move || reply(ns.statfs()));
+    }
+
+    /// Opens a file: EROFS for write access; its attributes revalidated
+    /// first if stale (without holding the caller's thread), then its mode
+    /// and handle.
+    pub fn open(self: &Arc<Self>, ino: u64, write: bool, reply: impl OpenReply<B>) {
+        if write {
+            return reply.done(Err(err(libc::EROFS)));
+        }
+        match self.ns.getattr_local(ino) {
+            Step::Done(a) => {
+                let file = a.and_then(|a| self.ns.file_with(ino, a));
+                self.open_file(ino, file, reply)
+            }
+            Step::Ask(_) => {
+                // Revalidation first, without holding a thread; the rest
+                // (which may verify a cached file) on the blocking pool.
+                let core = Arc::clone(self);
+                self.rt.spawn(async move {
+                    let file = core.ns.open_file_async(ino).await;
+                    let c = Arc::clone(&core);
+                    core.rt
+                        .spawn_blocking(move || c.open_file(ino, file, reply));
+                });
+            }
+        }
+    }
+
+    /// The rest of an OPEN once the file's attributes are known: its mode
+    /// (passthrough for a fully cached file, else cached), its handle.
+    fn open_file(
+        &self,
+        ino: u64,
+        file: io::Result<(Arc<Path>, SourceAttr)>,
+        reply: impl OpenReply<B>,
+    ) {
+        let (rel, a) = match file {
+            Ok(x) => x,
+            Err(e) => return reply.done(Err(e)),
+        };
+        if self.kernel_open.load(Ordering::Relaxed) {
+            // The kernel sets no_open for the connection: no OPEN or
+            // RELEASE for files from now on, reads come with handle 0.
+            return reply.done(Err(err(libc::ENOSYS)));
+        }
+        let file = Arc::new(FileVersion::new(rel, a.version()));
+        let cache = self.reader.cache();
+        self.stats.opens.fetch_add(1, Ordering::Relaxed);
+        // Two opens may both find the inode idle and both prepare a backing:
+        // the table keeps one, and drops the other with its pin.
+        let prepared =
+            if self.passthrough.load(Ordering::Relaxed) && a.size > 0 && self.files.is_idle(ino) {
+                self.prepare_backing(&reply, ino, &file)
+            } else {
+                None
+            };
+        let opened = self.files.open(ino, Arc::clone(&file), prepared);
+        if let Ok((_, _, true)) = &opened {
+            // Older versions of this path are stale from now on.
+            cache.note_current(&file);
+        }
+        match opened {
+            Ok((fh, mode, _)) => {
+                let passthrough = matches!(mode, OpenMode::Passthrough(_));
+                self.readahead.on_open(ino, &file, passthrough);
+                self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
+                if passthrough {
+                    self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                }
+                reply.done(Ok(Opened { fh, mode }));
+            }
+            Err(_) => {
+                warn!(file = %file.rel.display(), "file changed at the source while open in passthrough mode; retry once it is closed");
+                reply.done(Err(err(libc::EBUSY)));
+            }
+        }
+    }
+
+    /// A verified backing file for passthrough, if the file is fully cached:
+    /// the one kept from the inode's previous open of this version if the
+    /// cache still holds the file whole, else a new one; with the pin that
+    /// keeps the file in the cache (given back when dropped).
+    fn prepare_backing(
+        &self,
+        reply: &impl OpenReply<B>,
+        ino: u64,
+        file: &Arc<FileVersion>,
+    ) -> Option<Prepared<B, CachePin>> {
+        let cache = self.reader.cache();
+        if let Some(backing) = self.files.take_idle(ino, &file.key) {
+            publish_kept(&self.files, &self.stats);
+            if cache.pin_complete(file) {
+                let pin = CachePin::taken(cache, file);
+                return Some(Prepared { backing, pin });
+            }
+            // No longer whole: the kept backing goes.
+        }
+        let f = cache.open_complete(file)?;
+        let pin = CachePin::taken(cache, file);
+        match reply.register_backing(&f) {
+            Ok(id) => Some(Prepared {
+                backing: Arc::new(id),
+                pin,
+            }),
+            Err(e) => {
+                drop(pin);
+                if self.passthrough.swap(false, Ordering::Relaxed) {
+                    warn!("passthrough refused by the kernel ({e}); serving all reads through the daemon");
+                }
+                None
+            }
+        }
+    }
+
+    /// Reads `size` bytes at `offset` through handle `fh`; handle 0 is a
+    /// read without one (the kernel open mode). Answered on the caller's
+    /// thread when every block is in memory or the disk cache, else from a
+    /// task.
+    pub fn read(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        reply: impl FnOnce(io::Result<Bytes>) + Send + 'static,
+    ) {
+        let h = if fh == 0 {
+            // No handle (handles start at 1): the kernel opened the file
+            // without us (kernel open mode).
+            let a = match self.ns.getattr_local(ino) {
+                Step::Done(Ok(a)) => a,
+                Step::Done(Err(e)) => return reply(Err(e)),
+                Step::Ask(_) => {
+                    // Attributes to revalidate first: without a thread.
+                    let core = Arc::clone(self);
+                    self.rt.spawn(async move {
+                        let h = match core.ns.getattr_async(ino).await {
+                            Ok(a) => core.inode_handle(ino, a, offset),
+                            Err(e) => Err(e),
+                        };
+                        match h {
+                            Ok(h) => {
+                                core.readahead.on_read(&h.seq, &h.file, offset, size as u64);
+                                reply(read_path(&core.reader, &h.file, offset, size).await)
+                            }
+                            Err(e) => reply(Err(e)),
+                        }
+                    });
+                    return;
+                }
+            };
+            match self.inode_handle(ino, a, offset) {
+                Ok(h) => h,
+                Err(e) => return reply(Err(e)),
+            }
+        } else {
+            match self.files.get(fh) {
+                Some(h) => h,
+                None => return reply(Err(err(libc::EBADF))),
+            }
+        };
+        self.readahead.on_read(&h.seq, &h.file, offset, size as u64);
+        if let Some(bytes) = self.reader.read_local(&h.file, offset, size) {
+            return reply(Ok(bytes));
+        }
+        let reader = Arc::clone(&self.reader);
+        let file = Arc::clone(&h.file);
+        self.rt
+            .spawn(async move { reply(read_path(&reader, &file, offset, size).await) });
+    }
+
+    /// The handle of a read that came without one (handle 0: the kernel open
+    /// mode): the inode's current version and sequential-read state.
+    fn inode_handle(&self, ino: u64, a: SourceAttr, offset: u64) -> io::Result<Arc<Handle>> {
+        let r = match self.inode_handles.get(ino, &a.version(), offset) {
+            Some(r) => r,
+            None => {
+                let (rel, a) = self.ns.file_with(ino, a)?;
+                let file = Arc::new(FileVersion::new(rel, a.version()));
+                self.inode_handles.install(ino, file, offset)
+            }
+        };
+        if r.new_version {
+            // Older versions of this path are stale from now on.
+            self.reader.cache().note_current(&r.handle.file);
+        }
+        if r.starts_access {
+            self.stats.opens.fetch_add(1, Ordering::Relaxed);
+            self.readahead.on_open(ino, &r.handle.file, false);
+        }
+        Ok(r.handle)
+    }
+
+    /// Closes handle `fh`. The last passthrough close of an inode keeps its
+    /// backing for the next open and gives its pin back (in the table).
+    pub fn release(&self, fh: u64) {
+        let released = self.files.release(fh);
+        if released.is_some() {
+            self.stats.open_handles.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some((_, true)) = released {
+            publish_kept(&self.files, &self.stats);
+        }
+    }
+
+    /// Lists directory `ino` from position `offset` ("." is 1, ".." 2, the
+    /// entries after), refreshed from the source when the listing starts
+    /// (offset 0) and is stale.
+    pub fn readdir(&self, ino: u64, offset: u64, reply: impl DirReply) {
+        if offset > 0 {
+            return fill_dir(&self.ns, ino, offset, reply);
+        }
+        match self.ns.listing_local(ino) {
+            Step::Done(Ok(())) => fill_dir(&self.ns, ino, offset, reply),
+            Step::Done(Err(e)) => reply.done(Err(e)),
+            Step::Ask(_) => {
+                let ns = Arc::clone(&self.ns);
+                self.rt.spawn(async move {
+                    match ns.refresh_dir_async(ino).await {
+                        Ok(()) => fill_dir(&ns, ino, offset, reply),
+                        Err(e) => reply.done(Err(e)),
+                    }
+                });
+            }
+        }
+    }
+
+    /// [`FsCore::readdir`] with every entry's attributes ("." and ".."
+    /// revalidated like any getattr).
+    pub fn readdirplus(&self, ino: u64, offset: u64, reply: impl DirPlusReply) {
+        if offset > 1 {
+            return fill_dir_plus(&self.ns, ino, offset, None, None, reply);
+        }
+        let ns = &self.ns;
+        let parent = ns.parent(ino);
+        let listing = if offset == 0 {
+            ns.listing_local(ino)
+        } else {
+            Step::Done(Ok(()))
+        };
+        let (me, up) = (ns.getattr_local(ino), ns.getattr_local(parent));
+        if let (Step::Done(listed), Step::Done(me), Step::Done(up)) = (listing, me, up) {
+            return match listed {
+                Ok(()) => fill_dir_plus(ns, ino, offset, Some(me), Some(up), reply),
+                Err(e) => reply.done(Err(e)),
+            };
+        }
+        let ns = Arc::clone(&self.ns);
+        self.rt.spawn(async move {
+            if offset == 0 {
+                if let Err(e) = ns.refresh_dir_async(ino).await {
+                    return reply.done(Err(e));
+                }
+            }
+            let me = ns.getattr_async(ino).await;
+            let up = ns.getattr_async(parent).await;
+            fill_dir_plus(&ns, ino, offset, Some(me), Some(up), reply)
+        });
+    }
+
+    /// The value of extended attribute `name` of `ino`: only the root has
+    /// any (`stats` as JSON, the control socket's path); ENODATA otherwise.
+    pub fn getxattr(&self, ino: u64, name: &OsStr) -> io::Result<Vec<u8>> {
+        match name.to_str() {
+            Some(STATS_XATTR) if ino == ROOT => Ok(self.stats_json()),
+            Some(crate::control::CONTROL_XATTR) if ino == ROOT => {
+                Ok(self.opts.control_socket.clone().into_bytes())
+            }
+            _ => Err(err(libc::ENODATA)),
+        }
+    }
+
+    /// The names of `ino`'s extended attributes, NUL-separated: none. The
+    /// root's attributes are not listed, so copies (cp -a, rsync -X) do not
+    /// pick them up.
+    pub fn listxattr(&self, _ino: u64) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// The answer to every request that would change the tree: the file
+    /// system is read-only.
+    pub fn modify(&self) -> io::Error {
+        err(libc::EROFS)
+    }
+
+    fn stats_json(&self) -> Vec<u8> {
+        let snap = self
+            .stats
+            .full_snapshot(&self.opts.source_label, &self.opts.mount_label);
+        serde_json::to_vec(&snap).unwrap_or_default()
+    }
+}
+
+/// Answers a READDIR from what the namespace holds (refreshed first by the
+/// caller when the listing starts).
+fn fill_dir(ns: &Namespace, ino: u64, offset: u64, mut reply: impl DirReply) {
+    if offset == 0 && reply.add(ino, 1, OsStr::new("."), None) {
+        return reply.done(Ok(()));
+    }
+    if offset <= 1 && reply.add(ns.parent(ino), 2, OsStr::new(".."), None) {
+        return reply.done(Ok(()));
+    }
+    let r = ns.read_dir(ino, offset.saturating_sub(2), |e, next| {
+        reply.add(e.ino, next + 2, e.name, Some(e.attr))
+    });
+    reply.done(r)
+}
+
+/// Answers a READDIRPLUS from what the namespace holds, with the attributes
+/// of "." (`me`, at offset 0) and ".." (`up`, at offsets 0 and 1) already
+/// looked up by the caller.
+fn fill_dir_plus(
+    ns: &Namespace,
+    ino: u64,
+    offset: u64,
+    me: Option<io::Result<SourceAttr>>,
+    up: Option<io::Result<SourceAttr>>,
+    mut reply: impl DirPlusReply,
+) {
+    if offset == 0 {
+        match me {
+            Some(Ok(a)) if reply.add(ino, 1, OsStr::new("."), &a) => return reply.done(Ok(())),
+            Some(Err(e)) => return reply.done(Err(e)),
+            _ => {}
+        }
+    }
+    if offset <= 1 {
+        if let Some(Ok(a)) = up {
+            if reply.add(ns.parent(ino), 2, OsStr::new(".."), &a) {
+                return reply.done(Ok(()));
+            }
+        }
+    }
+    let r = ns.read_dir(ino, offset.saturating_sub(2), |e, next| {
+        reply.add(e.ino, next + 2, e.name, e.attr)
+    });
+    reply.done(r)
+}
+
+/// A read through the read path (memory, disk cache, peers, source); a
+/// failure is logged (rate-limited) and becomes its errno.
+async fn read_path(
+    reader: &Arc<Reader>,
+    file: &Arc<FileVersion>,
+    offset: u64,
+    size: u32,
+) -> io::Result<Bytes> {
+    match Arc::clone(reader)
+        .read(Arc::clone(file), offset, size)
+        .await
+    {
+        Ok(bytes) => Ok(bytes),
+        Err(e) => {
+            if let Some(more) = READ_FAILURES.allow() {
+                warn!(file = %file.rel.display(), offset, "read failed: {e} ({more} more failed reads not logged)");
+            }
+            Err(err(e.errno()))
+        }
+    }
+}
+
+/// Publishes the number of passthrough backings kept for closed files.
+fn publish_kept<B>(files: &OpenFiles<B, CachePin>, stats: &Stats) {
+    stats
+        .passthrough_kept
+        .store(files.idle_count() as u64, Ordering::Relaxed);
+}
