@@ -218,6 +218,69 @@ mod tests {
         assert!(decode(&bad).is_none());
     }
 
+    /// `hex` with spaces and newlines for reading, as bytes.
+    fn unhex(hex: &str) -> Vec<u8> {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// Today's manifest bytes, pinned: a manifest saved by this version must
+    /// load in the next one (or the format gets a new magic).
+    #[test]
+    fn the_format_is_pinned_byte_for_byte() {
+        let mut e = Encoder::new(b"/s", 0x0102_0304_0506_0708);
+        e.push(1, b"", &attr(EntryKind::Dir, 0), true);
+        e.push(1, b"f", &attr(EntryKind::File, 0x1122), false);
+        let bytes = e.finish(2);
+        // Every integer little-endian: magic, saved time, source length and
+        // source, record count; per record parent, name length and name,
+        // kind, listed, size, blocks, ino, mode, nlink, uid, gid, rdev,
+        // atime, mtime, ctime (ns); then blake3 of all that.
+        let record = |parent: &str, name: &str, kind_listed: &str, size: &str| {
+            format!(
+                "{parent} {name} {kind_listed} {size} 0800000000000000 4d00000000000000
+                 a4810000 01000000 05000000 06000000 00000000
+                 fbffffffffffffff 15cd853dfe9c9717 0300000000000000"
+            )
+        };
+        let body = unhex(&format!(
+            "4c4f434146534e32 0807060504030201 02000000 2f73 0200000000000000 {} {}",
+            record("0100000000000000", "00000000", "00 01", "0000000000000000"),
+            record(
+                "0100000000000000",
+                "01000000 66",
+                "01 00",
+                "2211000000000000"
+            ),
+        ));
+        let mut want = body.clone();
+        want.extend_from_slice(blake3::hash(&body).as_bytes());
+        assert_eq!(bytes, want);
+        let m = decode(&want).expect("the pinned bytes decode");
+        assert_eq!(m.saved_unix_s, 0x0102_0304_0506_0708);
+        assert_eq!(m.source, b"/s");
+        assert_eq!(
+            m.records,
+            vec![
+                Record {
+                    parent: 1,
+                    name: Vec::new(),
+                    attr: attr(EntryKind::Dir, 0),
+                    listed: true,
+                },
+                Record {
+                    parent: 1,
+                    name: b"f".to_vec(),
+                    attr: attr(EntryKind::File, 0x1122),
+                    listed: false,
+                },
+            ]
+        );
+    }
+
     #[test]
     fn a_format_1_manifest_is_ignored() {
         // Format 1 saved deleted and replaced entries too: not to be trusted.

@@ -2218,4 +2218,107 @@ mod tests {
             std::panic::resume_unwind(e);
         }
     }
+
+    /// `hex` with spaces and newlines for reading, as bytes.
+    fn unhex(hex: &str) -> Vec<u8> {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// Today's bytes on disk, pinned: a `.meta` file (header and slots, own
+    /// and guest) and a one-block file's meta xattr, as written by `put` and
+    /// read back by recovery. A cache written by this version must load in
+    /// the next one (or the format gets a new number).
+    #[test]
+    fn the_meta_formats_are_pinned_byte_for_byte() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let data = |len: usize, seed: u8| {
+            ChecksummedBytes::from_source(Bytes::from(
+                (0..len)
+                    .map(|i| (i as u8).wrapping_mul(seed))
+                    .collect::<Vec<u8>>(),
+            ))
+        };
+        // Three blocks, the last of 100 bytes: block 0 own, block 2 a guest.
+        let f = FileVersion::new(
+            Arc::from(Path::new("d/x")),
+            SourceVersion {
+                size: 2 * BS + 100,
+                mtime_ns: -7,
+                ino: 0x0102_0304,
+            },
+        );
+        assert!(c.put(&f, 0, &data(BS as usize, 3)));
+        assert!(c.put_guest(&f, 2, &data(100, 5)));
+        let meta = fs::read(c.paths(&f.key).1).unwrap();
+        // Little-endian throughout: magic, format 2, block size, size,
+        // mtime (ns), inode, version key, path length, path, zeros up to the
+        // 64-byte aligned slot table; a slot is checksum (xxh3-128), length
+        // and presence marker ("SERP" own, "SEUG" guest), an empty one zeros.
+        let want = unhex(&format!(
+            "4c4f434146534d31 02000000 00100000 6420000000000000 f9ffffffffffffff 0403020100000000
+             {key} 03000000 642f78 00
+             {own} 00100000 53455250
+             {empty}
+             {guest} 64000000 53455547",
+            key = "d64dd6ed72fffe0d43fbbce98bfa26ea",
+            own = "284b5362b443f9038da94e46cab50e4d",
+            empty = "00".repeat(24),
+            guest = "7c2771745a6799c6a3bc6b37bf85b584",
+        ));
+        assert_eq!(
+            meta,
+            want,
+            "{}",
+            meta.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let (key, e) = c.parse_meta(&want).unwrap().expect("the pinned bytes load");
+        assert_eq!(key, f.key);
+        assert_eq!(e.size, f.version.size);
+        assert_eq!(e.present, 2);
+        assert_eq!(e.guest, vec![false, false, true]);
+        assert_eq!(e.slots[0], Slot::Present(*data(BS as usize, 3).checksum()));
+        assert_eq!(e.slots[1], Slot::Empty);
+        assert_eq!(e.slots[2], Slot::Present(*data(100, 5).checksum()));
+
+        // One block: the meta is an xattr of the data file (where the file
+        // system has user xattrs): magic, size, path hash, checksum, marker.
+        let g = FileVersion::new(
+            Arc::from(Path::new("y")),
+            SourceVersion {
+                size: 1000,
+                mtime_ns: 1,
+                ino: 2,
+            },
+        );
+        assert!(c.put(&g, 0, &data(1000, 7)));
+        let (gdata, gmeta) = c.paths(&g.key);
+        if gmeta.exists() {
+            eprintln!(
+                "SKIPPED: the inline meta: no user xattrs under {:?}",
+                d.path()
+            );
+            return;
+        }
+        let raw = crate::sys::getxattr(&gdata, META_XATTR).unwrap();
+        let want = unhex(
+            "4c434932 e803000000000000 08112a9e334ce730 30c826442630ad106dd7dada9c22eeab 53455250",
+        );
+        assert_eq!(
+            raw,
+            want,
+            "{}",
+            raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let (key, e) = c
+            .parse_inline(&gdata, &want)
+            .expect("the pinned bytes load");
+        assert_eq!(key, g.key);
+        assert_eq!((e.size, e.path_hash), (1000, path_hash(Path::new("y"))));
+        assert_eq!(e.slots, vec![Slot::Present(*data(1000, 7).checksum())]);
+    }
 }

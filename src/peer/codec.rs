@@ -966,6 +966,59 @@ mod tests {
         assert_eq!(decode(&mut wire), Err(CodecError::MessageNotUtf8));
     }
 
+    /// `hex` with spaces and newlines for reading, as bytes.
+    fn unhex(hex: &str) -> Vec<u8> {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// Today's wire bytes of every frame type, pinned: an encoding change
+    /// (byte order, field order, widths) must show here and come with a new
+    /// PROTOCOL_VERSION.
+    #[test]
+    fn the_wire_format_is_pinned_byte_for_byte() {
+        let golden = [
+            (
+                get_block(4096, b"a/b"),
+                "4c434653 0002 01 00 00000049
+                 01010101010101010101010101010101
+                 02020202020202020202020202020202
+                 0000000000000003 00001000
+                 000000000000000a fffffffffffffffb 0000000000000007
+                 0003 612f62",
+            ),
+            (
+                Frame::Block {
+                    checksum: [0x11; 16],
+                    data: Bytes::from_static(b"xyz"),
+                },
+                "4c434653 0002 02 00 00000013 11111111111111111111111111111111 78797a",
+            ),
+            (Frame::NotFound, "4c434653 0002 03 00 00000000"),
+            (Frame::Busy, "4c434653 0002 04 00 00000000"),
+            (
+                Frame::Error {
+                    code: 0x1234,
+                    message: "no".into(),
+                },
+                "4c434653 0002 05 00 00000004 1234 6e6f",
+            ),
+        ];
+        for (frame, hex) in golden {
+            let want = unhex(hex);
+            assert_eq!(&encoded(&frame)[..], &want[..], "{frame:?}");
+            let chunks: Vec<u8> = encode_chunks(&frame).unwrap().concat();
+            assert_eq!(chunks, want, "{frame:?} in chunks");
+            assert_eq!(frame_len(&want), Ok(Some(want.len())));
+            let mut buf = BytesMut::from(&want[..]);
+            assert_eq!(decode(&mut buf), Ok(Some(frame.clone())));
+            assert_eq!(decode_whole(Bytes::from(want), MAX_BLOCK_LEN), Ok(frame));
+        }
+    }
+
     #[test]
     fn block_helper_sets_the_cache_checksum() {
         let data = Bytes::from_static(b"abc");
