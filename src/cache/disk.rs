@@ -6,7 +6,8 @@
 //! file can be handed to the kernel for passthrough as it is), and
 //! `<version key>.meta` holds a header (magic, format, block size, the source
 //! version and path) and one fixed-size slot per block (xxh3-128 checksum,
-//! length, presence marker). A one-block file has no `.meta`: its meta (40
+//! length, presence marker); integers are little-endian, written with
+//! `bytes::BufMut` and read with `Buf`, as in the other binary formats. A one-block file has no `.meta`: its meta (40
 //! bytes, kept by ext4 in the inode) is the `user.locafs.meta` xattr of its
 //! `.data` file, so that caching a small file creates one file, not two. A
 //! block is written data first, slot second, so
@@ -37,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
@@ -82,8 +83,7 @@ fn round_alloc(n: u64) -> u64 {
 }
 
 fn path_hash(rel: &Path) -> u64 {
-    let h = blake3::hash(rel.as_os_str().as_bytes());
-    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]))
+    (&blake3::hash(rel.as_os_str().as_bytes()).as_bytes()[..8]).get_u64_le()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -663,22 +663,22 @@ impl Core {
         if raw.len() < HEADER_FIXED || &raw[..8] != MAGIC {
             return Ok(None);
         }
-        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap_or([0; 4]));
-        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap_or([0; 8]));
-        if u32_at(8) != FORMAT {
+        // The fixed header is all there (checked above): its gets cannot fail.
+        let mut h = &raw[8..HEADER_FIXED];
+        if h.get_u32_le() != FORMAT {
             return Ok(None);
         }
-        if u32_at(12) as u64 != self.block_size {
+        if h.get_u32_le() as u64 != self.block_size {
             return Err(io::Error::other(BLOCK_SIZE_CHANGED));
         }
         let version = SourceVersion {
-            size: u64_at(16),
-            mtime_ns: u64_at(24) as i64,
-            ino: u64_at(32),
+            size: h.get_u64_le(),
+            mtime_ns: h.get_i64_le(),
+            ino: h.get_u64_le(),
         };
         let mut key = [0u8; 16];
-        key.copy_from_slice(&raw[40..56]);
-        let plen = u32_at(56) as usize;
+        h.copy_to_slice(&mut key);
+        let plen = h.get_u32_le() as usize;
         if HEADER_FIXED + plen > raw.len() {
             return Ok(None);
         }
@@ -696,19 +696,19 @@ impl Core {
         let mut present = 0;
         for (i, slot) in slots.iter_mut().enumerate() {
             let o = (table + i as u64 * SLOT) as usize;
-            if o + SLOT as usize > raw.len() {
+            let Some(mut s) = raw.get(o..o + SLOT as usize) else {
                 break;
-            }
-            let len = u32_at(o + 16) as u64;
+            };
+            let mut sum = Checksum::default();
+            s.copy_to_slice(&mut sum);
+            let len = s.get_u32_le() as u64;
+            let marker = s.get_u32_le();
             let want = version
                 .size
                 .saturating_sub(i as u64 * self.block_size)
                 .min(self.block_size);
-            let marker = u32_at(o + 20);
             if (marker == PRESENT || marker == PRESENT_GUEST) && len == want {
                 guest[i] = marker == PRESENT_GUEST;
-                let mut sum = Checksum::default();
-                sum.copy_from_slice(&raw[o..o + 16]);
                 *slot = Slot::Present(sum);
                 present += 1;
             }
@@ -747,11 +747,13 @@ impl Core {
             return None;
         }
         let key = VersionKey::from_hex(data.file_stem()?.to_str()?)?;
-        let size = u64::from_le_bytes(raw[4..12].try_into().ok()?);
-        let path_hash = u64::from_le_bytes(raw[12..20].try_into().ok()?);
+        // Exactly INLINE_LEN bytes (checked above): the gets cannot fail.
+        let mut r = &raw[4..];
+        let size = r.get_u64_le();
+        let path_hash = r.get_u64_le();
         let mut sum = Checksum::default();
-        sum.copy_from_slice(&raw[20..36]);
-        let marker = u32::from_le_bytes(raw[36..40].try_into().ok()?);
+        r.copy_to_slice(&mut sum);
+        let marker = r.get_u32_le();
         if size == 0 || size > self.block_size || (marker != PRESENT && marker != PRESENT_GUEST) {
             return None;
         }
@@ -859,16 +861,16 @@ impl Core {
     fn new_meta(&self, file: &FileVersion, nblocks: u64) -> Vec<u8> {
         let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
         let mut header = Vec::with_capacity(table as usize);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&FORMAT.to_le_bytes());
-        header.extend_from_slice(&(self.block_size as u32).to_le_bytes());
-        header.extend_from_slice(&file.version.size.to_le_bytes());
-        header.extend_from_slice(&file.version.mtime_ns.to_le_bytes());
-        header.extend_from_slice(&file.version.ino.to_le_bytes());
-        header.extend_from_slice(&file.key.0);
+        header.put_slice(MAGIC);
+        header.put_u32_le(FORMAT);
+        header.put_u32_le(self.block_size as u32);
+        header.put_u64_le(file.version.size);
+        header.put_i64_le(file.version.mtime_ns);
+        header.put_u64_le(file.version.ino);
+        header.put_slice(&file.key.0);
         let p = file.rel.as_os_str().as_bytes();
-        header.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        header.extend_from_slice(p);
+        header.put_u32_le(p.len() as u32);
+        header.put_slice(p);
         header.resize(meta_len as usize, 0);
         header
     }
@@ -1037,19 +1039,20 @@ impl Core {
         };
         self.write_data(&d, index * self.block_size, block.data())?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
-        let mut slot = [0u8; SLOT as usize];
-        slot[..16].copy_from_slice(block.checksum());
-        slot[16..20].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
         let marker = if guest { PRESENT_GUEST } else { PRESENT };
-        slot[20..24].copy_from_slice(&marker.to_le_bytes());
+        let mut slot = [0u8; SLOT as usize];
+        let mut w = &mut slot[..];
+        w.put_slice(block.checksum());
+        w.put_u32_le(block.data().len() as u32);
+        w.put_u32_le(marker);
         if meta_in_xattr {
             // Data first, then the meta.
             let mut raw = Vec::with_capacity(INLINE_LEN);
-            raw.extend_from_slice(INLINE_MAGIC);
-            raw.extend_from_slice(&file.version.size.to_le_bytes());
-            raw.extend_from_slice(&path_hash(&file.rel).to_le_bytes());
-            raw.extend_from_slice(block.checksum());
-            raw.extend_from_slice(&marker.to_le_bytes());
+            raw.put_slice(INLINE_MAGIC);
+            raw.put_u64_le(file.version.size);
+            raw.put_u64_le(path_hash(&file.rel));
+            raw.put_slice(block.checksum());
+            raw.put_u32_le(marker);
             return self.set_inline_meta(file, &d.file, &meta, &raw, &slot);
         }
         let m = match m {

@@ -21,7 +21,8 @@
 //!     12    …  body
 //! ```
 //!
-//! Bodies (all integers big-endian):
+//! Bodies (all integers big-endian; written with `bytes::BufMut` and read
+//! with `Buf`, as the manifest and the cache meta are):
 //! `GetBlock` = dataset `[u8;16]`, version `[u8;16]`, block `u64`,
 //! block_size `u32`, then the file version the key was computed from: size
 //! `u64`, mtime_ns `i64`, inode `u64`, path length `u16` and the path relative
@@ -319,7 +320,7 @@ pub fn encode_chunks(frame: &Frame) -> Result<Vec<Bytes>, CodecError> {
             let mut head = BytesMut::with_capacity(HEADER_LEN + BLOCK_PREFIX_LEN);
             encode(&empty, &mut head)?;
             // body_len <= BLOCK_PREFIX_LEN + MAX_BLOCK_LEN, far below u32::MAX.
-            head[8..12].copy_from_slice(&(body_len as u32).to_be_bytes());
+            (&mut head[8..12]).put_u32(body_len as u32);
             Ok(vec![head.freeze(), data.clone()])
         }
         other => {
@@ -430,7 +431,7 @@ fn header(buf: &[u8], max_block_len: usize) -> Result<Option<(FrameKind, usize)>
         return Err(CodecError::BadMagic);
     }
     if buf.len() >= 6 {
-        let found = u16::from_be_bytes([buf[4], buf[5]]);
+        let found = (&buf[4..6]).get_u16();
         if found != PROTOCOL_VERSION {
             return Err(CodecError::UnsupportedVersion {
                 found,
@@ -448,7 +449,7 @@ fn header(buf: &[u8], max_block_len: usize) -> Result<Option<(FrameKind, usize)>
         return Ok(None);
     }
     let kind = FrameKind::from_wire(buf[6])?;
-    let len = u32::from_be_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    let len = (&buf[8..12]).get_u32();
     let (min, max) = kind.body_bounds(max_block_len.min(MAX_BLOCK_LEN));
     // Compare in u64 so no length field can wrap on any platform.
     if u64::from(len) < min as u64 || u64::from(len) > max as u64 {
@@ -800,7 +801,7 @@ mod tests {
         // Version 1 (blake3 checksums of 32 bytes) and a future version.
         for found in [1u16, 3] {
             let mut buf = buf.clone();
-            buf[4..6].copy_from_slice(&found.to_be_bytes());
+            (&mut buf[4..6]).put_u16(found);
             assert_eq!(
                 decode(&mut buf),
                 Err(CodecError::UnsupportedVersion {
@@ -809,7 +810,7 @@ mod tests {
                 })
             );
         }
-        buf[4..6].copy_from_slice(&3u16.to_be_bytes());
+        (&mut buf[4..6]).put_u16(3);
         // Reported before the rest of the header arrives.
         let mut partial = BytesMut::from(&buf[..6]);
         assert!(matches!(
