@@ -2034,12 +2034,14 @@ mod tests {
         let pt = c.open_complete(&f).expect("complete and verified");
         let seen = read_whole(&pt);
         let used = c.usage().used_bytes;
-        // SAFETY: getrlimit/setrlimit on a stack struct.
-        unsafe {
-            let mut r: libc::rlimit = std::mem::zeroed();
-            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
-            r.rlim_cur = 64;
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+        {
+            use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+            let r = getrlimit(Resource::Nofile);
+            let low = Rlimit {
+                current: Some(64),
+                maximum: r.maximum,
+            };
+            setrlimit(Resource::Nofile, low).unwrap();
         }
         let mut fill = Vec::new();
         let e = loop {
@@ -2191,22 +2193,9 @@ mod tests {
         // created with O_EXCL, and the buffered retry finds it in the way
         // (it is unlinked and created again).
         let d = tempfile::tempdir().unwrap();
-        let c = std::ffi::CString::new(d.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: mount(2) with NUL-terminated strings and no data.
-        let r = unsafe {
-            libc::mount(
-                c"ramfs".as_ptr(),
-                c.as_ptr(),
-                c"ramfs".as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        if r != 0 {
-            eprintln!(
-                "SKIPPED: cannot mount a ramfs ({})",
-                io::Error::last_os_error()
-            );
+        let flags = rustix::mount::MountFlags::empty();
+        if let Err(e) = rustix::mount::mount("ramfs", d.path(), "ramfs", flags, None) {
+            eprintln!("SKIPPED: cannot mount a ramfs ({e})");
             return;
         }
         let result = std::panic::catch_unwind(|| {
