@@ -30,6 +30,9 @@
 //!   locafs and rclone caches (and figure 4's copy floor) go; point it at
 //!   another device to measure a cache that does not share the source's disk.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -37,6 +40,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use common::{is_mounted, mountpoints, try_drop_page_cache, which, Rng};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -327,24 +332,12 @@ impl Tool {
         match self {
             Tool::Direct => None,
             Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel => {
-                Some(PathBuf::from(env!("CARGO_BIN_EXE_locafs")))
+                Some(PathBuf::from(common::bin()))
             }
             Tool::Bindfs => which("bindfs"),
             Tool::Rclone => which("rclone"),
         }
     }
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| {
-            fs::metadata(p)
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
 }
 
 /// A live FUSE mount served by a child process. Dropping it unmounts, waits
@@ -458,7 +451,7 @@ impl Drop for Mounted {
         if is_mounted(&self.mnt) {
             let mut done = false;
             for _ in 0..50 {
-                if unmount(&self.mnt, 0).is_ok() {
+                if locafs::sys::unmount(&self.mnt).is_ok() {
                     done = true;
                     break;
                 }
@@ -466,7 +459,7 @@ impl Drop for Mounted {
             }
             if !done {
                 eprintln!("  {} busy: detaching it", self.mnt.display());
-                let _ = unmount(&self.mnt, libc::MNT_DETACH);
+                let _ = locafs::sys::lazy_unmount(&self.mnt);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -491,92 +484,18 @@ impl Drop for Mounted {
     }
 }
 
-fn unmount(p: &Path, flags: libc::c_int) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: c is a valid NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Mountpoints of the current mount namespace (octal escapes decoded).
-fn mountpoints() -> Vec<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(unescape_mountinfo(m)))
-        .collect()
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn is_mounted(p: &Path) -> bool {
-    mountpoints().iter().any(|m| m == p)
-}
-
 /// Detaches mounts that an interrupted earlier run left under `root/mnt`.
 fn detach_leftovers(root: &Path) {
     let base = root.join("mnt");
     for m in mountpoints() {
         if m.starts_with(&base) {
             eprintln!("detaching {} left by an earlier run", m.display());
-            let _ = unmount(&m, libc::MNT_DETACH);
+            let _ = locafs::sys::lazy_unmount(&m);
         }
     }
 }
 
 // -------------------------------------------------------------- data sets
-
-/// A deterministic pseudo-random generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-    }
-}
 
 /// Files of a data set: path relative to the mount root, and size.
 type FileList = Vec<(PathBuf, u64)>;
@@ -705,12 +624,6 @@ fn ensure_empty_tree(root: &Path, dir: &Path, name: &str, files: u64, dirs: u64)
 }
 
 // --------------------------------------------------------------- workloads
-
-fn drop_caches() -> io::Result<()> {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
-    fs::write("/proc/sys/vm/drop_caches", "3")
-}
 
 /// Reads `rel` under `base` to its end with `buf`-sized reads; checks the size.
 fn read_whole(base: &Path, rel: &Path, size: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -886,17 +799,8 @@ fn walk_pass(dir: &Path, expect: u64) -> io::Result<f64> {
 }
 
 fn vm_hwm_mib(pid: u32) -> io::Result<f64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = s
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .ok_or_else(|| io::Error::other("no VmHWM"))?;
-    let kb: f64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("bad line {line:?}")))?;
-    Ok(kb / 1024.0)
+    let kb = common::proc_status(pid, "VmHWM").ok_or_else(|| io::Error::other("no VmHWM"))?;
+    Ok(kb as f64 / 1024.0)
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -984,12 +888,12 @@ impl Bench {
                 None
             } else {
                 if drop {
-                    drop_caches()?;
+                    try_drop_page_cache()?;
                 }
                 Some(f(&data, i)?)
             };
             if drop {
-                drop_caches()?;
+                try_drop_page_cache()?;
             }
             let v = f(base, i)?;
             vals.push(v);
@@ -1024,7 +928,7 @@ impl Bench {
                 fs::remove_dir_all(&dst)?;
             }
             fs::create_dir_all(&dst)?;
-            drop_caches()?;
+            try_drop_page_cache()?;
             let (secs, _) = copy_pass(&self.data, small, 1, &dst)?;
             Ok(secs)
         })();
@@ -1079,7 +983,7 @@ impl Bench {
                 let direct = if tool == Tool::Direct {
                     None
                 } else {
-                    match drop_caches().and_then(|_| random_pass(&data, &small, 1)) {
+                    match try_drop_page_cache().and_then(|_| random_pass(&data, &small, 1)) {
                         Ok((secs, _)) => Some(secs),
                         Err(e) => {
                             err = Some(e);
@@ -1090,7 +994,7 @@ impl Bench {
                 let Some((mount, base)) = self.mount_set(tool, &small_dir, &rows) else {
                     return;
                 };
-                match drop_caches().and_then(|_| random_pass(&base, &small, 1)) {
+                match try_drop_page_cache().and_then(|_| random_pass(&base, &small, 1)) {
                     Ok((secs, _)) => {
                         if let Some(d) = direct {
                             eprintln!(
@@ -1378,13 +1282,7 @@ impl Bench {
 
 /// `locafs stats --json` of a locafs mount.
 fn locafs_stats(m: &Mounted) -> Option<serde_json::Value> {
-    let o = Command::new(env!("CARGO_BIN_EXE_locafs"))
-        .arg("stats")
-        .arg(&m.mnt)
-        .arg("--json")
-        .output()
-        .ok()?;
-    serde_json::from_slice(&o.stdout).ok()
+    common::try_stats_of(&m.mnt)
 }
 
 /// Waits (at most 2 minutes) until a locafs mount holds all `files` whole
@@ -1478,17 +1376,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "SKIPPED: the core benchmark mounts FUSE file systems and drops caches: run it as root"
-        );
-        return;
-    }
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: /dev/fuse is missing");
-        return;
-    }
+    // It mounts FUSE file systems and drops caches.
+    require_fuse!();
     if let Err(e) = fs::create_dir_all(&s.root) {
         eprintln!("core: {}: {e}", s.root.display());
         std::process::exit(1);

@@ -21,8 +21,8 @@
 //!
 //! Needs root, /dev/fuse and the blkio cgroup; prints SKIPPED otherwise.
 
-#[path = "../tests/peer_harness/netns.rs"]
-mod netns;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::FileExt;
@@ -31,12 +31,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
+use common::cluster::{encoded, get_block, version_of};
+use common::netns;
 use locafs::cache::VersionKey;
-use locafs::peer::codec::{self, Frame, WireVersion};
+use locafs::peer::codec::{self, Frame};
 use locafs::peer::placement::{block_key, MemberId, Placement};
 use locafs::peer::tls::{ClusterIdentity, PEER_SERVER_NAME};
-use locafs::source::{SourceAttr, SourceVersion};
+use locafs::source::SourceVersion;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -122,13 +124,6 @@ impl Drop for Node {
     }
 }
 
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
 fn disk_of(p: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(p).ok()?.dev();
@@ -200,7 +195,7 @@ fn start(
         argv.push(format!("--net={}", lab.ns_path(i).display()));
         argv.push("--".into());
     }
-    argv.push(env!("CARGO_BIN_EXE_locafs").into());
+    argv.push(common::bin().into());
     argv.extend(args);
     // Into the capped cgroup, then become locafs.
     let child = Command::new("sh")
@@ -214,11 +209,11 @@ fn start(
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while locafs::cli::stats::fetch(&mnt).is_err() {
-        assert!(Instant::now() < deadline, "node {i} did not mount");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(
+        &format!("node {i} to mount"),
+        Duration::from_secs(30),
+        || common::answers_stats(&mnt),
+    );
     Node { child, mnt, cache }
 }
 
@@ -233,12 +228,6 @@ fn readahead() -> bool {
     std::env::var("LOCAFS_BENCH_READAHEAD").is_ok_and(|v| v == "1")
 }
 
-fn drop_caches() {
-    let _ = Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
-
-/// Runs one epoch on all nodes; returns its wall time.
 /// (busy, total) CPU ticks of the whole machine so far, from /proc/stat.
 fn cpu_ticks() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -261,7 +250,7 @@ fn epoch(nodes: &[Node], files: &[String], epoch: u64) -> (Duration, f64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + epoch);
     let mut order: Vec<usize> = (0..files.len()).collect();
     order.shuffle(&mut rng);
-    drop_caches();
+    let _ = common::try_drop_page_cache();
     let cpu = cpu_ticks();
     let t = Instant::now();
     std::thread::scope(|s| {
@@ -360,16 +349,11 @@ fn main() {
         eprintln!("peers: a benchmark; run it with `cargo bench --bench peers`");
         return;
     }
-    // SAFETY: geteuid has no preconditions.
-    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: peers bench needs root and /dev/fuse");
-        return;
-    }
+    require_fuse!();
     let work = tempfile::tempdir_in("/var/tmp").unwrap();
     let src = work.path().join("source");
     let Some(disk) = disk_of(work.path()) else {
-        eprintln!("SKIPPED: cannot find the source disk");
-        return;
+        skip!("cannot find the source disk");
     };
     if std::fs::create_dir_all(CGROUP).is_err()
         || std::fs::write(
@@ -378,8 +362,7 @@ fn main() {
         )
         .is_err()
     {
-        eprintln!("SKIPPED: no blkio cgroup (v1) to cap the source");
-        return;
+        skip!("no blkio cgroup (v1) to cap the source");
     }
     std::fs::create_dir_all(src.join("train")).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
@@ -418,7 +401,7 @@ fn main() {
         Ok(lab) => Net::Lab(lab),
         Err(e) => {
             eprintln!("network namespaces or tc unavailable ({e}): peers on loopback, NOT shaped");
-            Net::Loopback((0..NODES).map(|_| free_port()).collect())
+            Net::Loopback((0..NODES).map(|_| common::free_udp_port()).collect())
         }
     };
     println!(
@@ -514,7 +497,7 @@ fn latency(nodes: &[Node], net: &Net, src: &Path, files: &[String], secret: &Pat
     // Whole blocks that node 0 owns (and so holds in its cache).
     let mut blocks: Vec<(String, SourceVersion, u64)> = Vec::new();
     for rel in files {
-        let v = SourceAttr::from_metadata(&std::fs::metadata(src.join(rel)).unwrap()).version();
+        let v = version_of(&src.join(rel));
         let key = VersionKey::new(Path::new(rel), &v);
         for b in 0..v.size / BLOCK {
             if placement.owner(&block_key(&dataset, &key.0, b, BLOCK as u32)) == Some(&owner0) {
@@ -547,21 +530,7 @@ fn latency(nodes: &[Node], net: &Net, src: &Path, files: &[String], secret: &Pat
         let conn = ep.connect(addr, PEER_SERVER_NAME).unwrap().await.unwrap();
         let req = |i: usize| {
             let (rel, v, b) = &blocks[i % blocks.len()];
-            let f = Frame::GetBlock {
-                dataset,
-                version: VersionKey::new(Path::new(rel), v).0,
-                block: *b,
-                block_size: BLOCK as u32,
-                file: WireVersion {
-                    size: v.size,
-                    mtime_ns: v.mtime_ns,
-                    ino: v.ino,
-                },
-                path: Bytes::copy_from_slice(rel.as_bytes()),
-            };
-            let mut out = BytesMut::new();
-            codec::encode(&f, &mut out).unwrap();
-            out
+            encoded(&get_block(dataset, rel, *v, *b, BLOCK))
         };
         let one = |conn: quinn::Connection, raw: BytesMut| async move {
             let (mut s, mut r) = conn.open_bi().await.unwrap();

@@ -5,10 +5,8 @@
 //! LOCAFS_BENCH_SCALE (default 1.0) scales the data sizes;
 //! LOCAFS_BENCH_ONLY=1,3 picks figures.
 
-#[path = "../tests/common/inproc.rs"]
-mod inproc;
-#[path = "../tests/common/slow.rs"]
-mod slow;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::fs::File;
 use std::io::Read;
@@ -17,10 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inproc::*;
+use common::fakes::SlowSource;
+use common::inproc::{config, mount};
+use common::{answers_stats, drop_page_cache, peak_rss, snapshot, wait_until, Mount, Scratch};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use slow::SlowSource;
 
 const MIB: u64 = 1 << 20;
 const LATENCY: Duration = Duration::from_millis(2);
@@ -47,7 +46,7 @@ fn fill(path: &Path, len: u64, rng: &mut impl Rng) {
     std::fs::write(path, data).unwrap();
 }
 
-fn fresh(d: &Dirs) {
+fn fresh(d: &Scratch) {
     drop_page_cache();
     let _ = std::fs::remove_dir_all(&d.cache);
     std::fs::create_dir_all(&d.cache).unwrap();
@@ -59,7 +58,7 @@ fn row(name: &str, value: String, base: String, ratio: f64, goal: &str) {
 
 /// Figure 1: cold sequential read of 4 shards, one reader each.
 fn shards() {
-    let d = dirs();
+    let d = Scratch::new();
     let n = 4;
     let size = ((256.0 * scale()) as u64).max(8) * MIB;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -113,13 +112,13 @@ fn shards() {
 }
 
 struct SmallSet {
-    d: Dirs,
+    d: Scratch,
     names: Vec<String>,
     bytes: u64,
 }
 
 fn small_set() -> SmallSet {
-    let d = dirs();
+    let d = Scratch::new();
     let n = ((20_000.0 * scale()) as usize).max(500);
     let mut rng = rand::rngs::StdRng::seed_from_u64(2);
     let mut names = Vec::with_capacity(n);
@@ -162,7 +161,7 @@ fn first_epoch(set: &SmallSet) {
     let d = &set.d;
     let mut order = set.names.clone();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(3));
-    let plan_file = d.tmp.path().join("plan.txt");
+    let plan_file = d.path().join("plan.txt");
     std::fs::write(&plan_file, order.join("\n")).unwrap();
     let mut figures = Vec::new();
     for (label, args, plan) in [
@@ -185,7 +184,7 @@ fn first_epoch(set: &SmallSet) {
         let src = Arc::new(SlowSource::new(&d.src, LATENCY, BANDWIDTH));
         let m = mount(&cfg, src);
         if plan {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_locafs"))
+            let out = std::process::Command::new(common::bin())
                 .args(["plan", d.mnt.to_str().unwrap(), plan_file.to_str().unwrap()])
                 .output()
                 .unwrap();
@@ -238,7 +237,7 @@ fn later_epochs(set: &SmallSet) {
     order.shuffle(&mut rng);
     epoch(&d.mnt, &order);
     std::thread::sleep(Duration::from_secs(1));
-    let s = stats(&d.mnt);
+    let s = snapshot(&d.mnt);
     let fraction = s.files_cached as f64 / set.names.len() as f64;
     let mut hits = Vec::new();
     for _ in 0..2 {
@@ -263,19 +262,9 @@ fn later_epochs(set: &SmallSet) {
     }
 }
 
-fn vm_hwm(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
-}
-
 /// Figure 4: daemon peak RSS while 256 files are read sequentially at once.
 fn many_handles() {
-    let d = dirs();
+    let d = Scratch::new();
     let n = 256;
     let size = ((32.0 * scale()) as u64).max(4) * MIB;
     for i in 0..n {
@@ -286,27 +275,24 @@ fn many_handles() {
             .unwrap();
     }
     let budget = 256 * MIB;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_locafs"))
-        .args(["mount", d.src.to_str().unwrap(), d.mnt.to_str().unwrap()])
-        .args([
-            "--cache-dir",
-            d.cache.to_str().unwrap(),
+    let mut m = Mount::start(
+        &d.src,
+        &d.mnt,
+        &d.cache,
+        &[
             "--cache-size",
             "512M",
-        ])
-        .args(["--prefetch-memory", "256MiB", "--no-passthrough"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while locafs::cli::stats::fetch(&d.mnt).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "mount did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let idle = vm_hwm(child.id());
+            "--prefetch-memory",
+            "256MiB",
+            "--no-passthrough",
+        ],
+    );
+    wait_until("the mount to answer", Duration::from_secs(20), || {
+        answers_stats(&d.mnt)
+    });
+    let pid = m.pid().expect("the daemon runs");
+    let hwm = || peak_rss(pid).unwrap_or(0);
+    let idle = hwm();
     let files: Vec<PathBuf> = (0..n).map(|i| d.mnt.join(format!("f{i:03}"))).collect();
     std::thread::scope(|s| {
         for chunk in files.chunks(n / 32) {
@@ -328,9 +314,8 @@ fn many_handles() {
             });
         }
     });
-    let peak = vm_hwm(child.id());
-    let _ = std::process::Command::new("umount").arg(&d.mnt).status();
-    let _ = child.wait();
+    let peak = hwm();
+    m.unmount();
     println!(
         "\n4. daemon peak RSS, {n} files x {} MiB read sequentially at once (MiB)",
         size / MIB
@@ -357,9 +342,7 @@ fn main() {
         eprintln!("readahead: a benchmark; run it with `cargo bench --bench readahead`");
         return;
     }
-    if !fuse_available("readahead bench") {
-        return;
-    }
+    require_fuse!();
     println!("locafs read-ahead benchmark: source = 2 ms per request, 200 MB/s shared (emulated)");
     println!(
         "{:<58} {:>14} {:>14} {:>8}",

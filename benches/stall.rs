@@ -17,12 +17,16 @@
 //! (default /var/tmp/locafs-bench-stall), `LOCAFS_BENCH_LOCAFS_ARGS` (extra
 //! `locafs mount` options for the mount under test: a figure for a flag).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use common::{signal, threads, try_stats_of, Mount, ResumeOnDrop, Signal};
 
 const FILES: usize = 4000;
 const DIRS: usize = 40;
@@ -30,11 +34,7 @@ const FILE_SIZE: usize = 96 << 10;
 const WORKERS: usize = 16;
 
 fn main() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
-        println!("SKIPPED: the stall bench needs root and /dev/fuse");
-        return;
-    }
+    require_fuse!();
     if std::env::args().any(|a| a == "--list") {
         return;
     }
@@ -58,7 +58,7 @@ fn main() {
         root.join("cache"),
     );
     for m in [&mnt, &server_mnt] {
-        let _ = Command::new("umount").arg("-l").arg(m).status();
+        let _ = locafs::sys::lazy_unmount(m);
     }
     for d in [&server_cache, &cache] {
         let _ = fs::remove_dir_all(d);
@@ -68,14 +68,26 @@ fn main() {
     }
     let _ = fs::remove_file(src.join("late.bin"));
     let files = generate(&src);
-    let server = Daemon::start(
+    // Each daemon's stderr is kept beside its cache directory.
+    let server = Mount::start_logged(
         &src,
         &server_mnt,
         &server_cache,
         &["--no-readahead", "--no-passthrough", "--revalidate", "0s"],
+        &server_cache.with_extension("log"),
     );
+    let server_pid = server.pid().expect("the server runs");
+    // Declared after the server, so dropped before it: never leaves it
+    // stopped under its mount.
+    let _resume = ResumeOnDrop(server_pid);
     let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let under_test = Daemon::start(&server_mnt, &mnt, &cache, &extra_refs);
+    let under_test = Mount::start_logged(
+        &server_mnt,
+        &mnt,
+        &cache,
+        &extra_refs,
+        &cache.with_extension("log"),
+    );
     println!(
         "locafs mount {} {} {} (source: a locafs process serving {})",
         server_mnt.display(),
@@ -113,12 +125,12 @@ fn main() {
     println!("late.bin visible after {:.0} s", t.elapsed().as_secs_f64());
 
     let healthy = loader(&mnt, &files, Duration::from_secs(20), false);
-    let pid = under_test.pid();
-    let threads_before = threads(pid);
+    let pid = under_test.pid().expect("the daemon runs");
+    let threads_of = move || threads(pid).unwrap_or(0);
+    let threads_before = threads_of();
 
     // Stop the source.
-    // SAFETY: kill with a valid signal on a pid we started.
-    unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
+    signal(server_pid, Signal::STOP).unwrap();
     let stalled_at = Instant::now();
     let peak = Arc::new(AtomicU64::new(threads_before));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -126,7 +138,7 @@ fn main() {
         let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
         std::thread::spawn(move || {
             while sampling.load(Relaxed) {
-                peak.fetch_max(threads(pid), Relaxed);
+                peak.fetch_max(threads_of(), Relaxed);
                 std::thread::sleep(Duration::from_millis(100));
             }
         })
@@ -162,8 +174,7 @@ fn main() {
     sampling.store(false, Relaxed);
     sampler.join().unwrap();
 
-    // SAFETY: as above.
-    unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
+    signal(server_pid, Signal::CONT).unwrap();
     let t = Instant::now();
     while !stats(&mnt)["source_stalled_since"].is_null() && t.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(10));
@@ -336,91 +347,6 @@ fn walk(dir: &Path) -> usize {
     n
 }
 
-fn threads(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn stats(mnt: &Path) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_locafs"))
-        .arg("stats")
-        .arg(mnt)
-        .arg("--json")
-        .output();
-    out.ok()
-        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        .unwrap_or_default()
-}
-
-/// A `locafs mount` process; unmounted and reaped on drop.
-struct Daemon {
-    child: Child,
-    mnt: PathBuf,
-}
-
-impl Daemon {
-    fn start(src: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Daemon {
-        let log = fs::File::create(cache.with_extension("log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_locafs"))
-            .arg("mount")
-            .arg(src)
-            .arg(mnt)
-            .arg("--cache-dir")
-            .arg(cache)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start locafs");
-        let t = Instant::now();
-        while !mounted(mnt) {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "mount did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Daemon {
-            child,
-            mnt: mnt.to_owned(),
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-fn mounted(p: &Path) -> bool {
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(&*p.to_string_lossy()))
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: kill with a valid signal on a pid we started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        if mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    try_stats_of(mnt).unwrap_or_default()
 }

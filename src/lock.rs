@@ -5,7 +5,6 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// The held lock; released when dropped (or when the process dies).
@@ -22,8 +21,7 @@ impl DatasetLock {
         // Held through a read-only descriptor, so that the cache disk can
         // still be remounted read-only under a running mount.
         let mut f = File::open(&path).map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
-        // SAFETY: flock on an owned descriptor.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             let mut holder = String::new();
             let _ = f.read_to_string(&mut holder);
             return Err(format!(
@@ -35,5 +33,28 @@ impl DatasetLock {
         // Who holds it, for the message above (best effort).
         let _ = std::fs::write(&path, std::process::id().to_string());
         Ok(DatasetLock { _file: f })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_with_the_holder_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DatasetLock::acquire(dir.path()).unwrap();
+        let e = DatasetLock::acquire(dir.path()).err().expect("refused");
+        assert!(
+            e.contains("in use by another locafs mount")
+                && e.contains(&format!("(pid {})", std::process::id())),
+            "{e}"
+        );
+        drop(first);
+        DatasetLock::acquire(dir.path()).expect("free again");
+        let e = DatasetLock::acquire(&dir.path().join("missing"))
+            .err()
+            .expect("no such dir");
+        assert!(e.starts_with("cache dir "), "{e}");
     }
 }

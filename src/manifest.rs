@@ -6,9 +6,13 @@
 //! `--revalidate D` its entries count as checked when it was saved, so
 //! after D they are checked again, lazily, as they are used.
 //!
-//! Plain encoding and decoding with a trailing checksum: a manifest that is
-//! truncated, corrupt or of another format is ignored (the source is walked
-//! as if there were none); it never fails a mount.
+//! Plain encoding and decoding with a trailing checksum (little-endian,
+//! written with `bytes::BufMut` and read with `Buf`'s `try_get_*`, as the
+//! other binary formats are): a manifest that is truncated, corrupt or of
+//! another format is ignored (the source is walked as if there were none);
+//! it never fails a mount.
+
+use bytes::{Buf, BufMut};
 
 use crate::source::{EntryKind, SourceAttr};
 
@@ -39,67 +43,52 @@ pub struct Encoder {
 impl Encoder {
     pub fn new(source: &[u8], saved_unix_s: u64) -> Self {
         let mut buf = Vec::with_capacity(1 << 20);
-        buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&saved_unix_s.to_le_bytes());
-        buf.extend_from_slice(&(source.len() as u32).to_le_bytes());
-        buf.extend_from_slice(source);
-        buf.extend_from_slice(&0u64.to_le_bytes()); // count, patched in finish
+        buf.put_slice(MAGIC);
+        buf.put_u64_le(saved_unix_s);
+        buf.put_u32_le(source.len() as u32);
+        buf.put_slice(source);
+        buf.put_u64_le(0); // count, patched in finish
         Encoder { buf, count: 0 }
     }
 
     pub fn push(&mut self, parent: u64, name: &[u8], a: &SourceAttr, listed: bool) {
         let b = &mut self.buf;
-        b.extend_from_slice(&parent.to_le_bytes());
-        b.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        b.extend_from_slice(name);
-        b.push(match a.kind {
+        b.put_u64_le(parent);
+        b.put_u32_le(name.len() as u32);
+        b.put_slice(name);
+        b.put_u8(match a.kind {
             EntryKind::Dir => 0,
             EntryKind::File => 1,
             EntryKind::Symlink => 2,
             EntryKind::Other => 3,
         });
-        b.push(listed as u8);
+        b.put_u8(listed as u8);
         for v in [a.size, a.blocks, a.ino] {
-            b.extend_from_slice(&v.to_le_bytes());
+            b.put_u64_le(v);
         }
         for v in [a.mode, a.nlink, a.uid, a.gid, a.rdev] {
-            b.extend_from_slice(&v.to_le_bytes());
+            b.put_u32_le(v);
         }
         for v in [a.atime_ns, a.mtime_ns, a.ctime_ns] {
-            b.extend_from_slice(&v.to_le_bytes());
+            b.put_i64_le(v);
         }
         self.count += 1;
     }
 
     pub fn finish(mut self, source_len: usize) -> Vec<u8> {
         let at = 8 + 8 + 4 + source_len;
-        self.buf[at..at + 8].copy_from_slice(&self.count.to_le_bytes());
+        (&mut self.buf[at..at + 8]).put_u64_le(self.count);
         let sum = blake3::hash(&self.buf);
-        self.buf.extend_from_slice(sum.as_bytes());
+        self.buf.put_slice(sum.as_bytes());
         self.buf
     }
 }
 
-struct Cursor<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(s)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
+/// The next `n` bytes of `c`, or None (and `c` untouched) if it is shorter.
+fn take<'a>(c: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    let (head, rest) = c.split_at_checked(n)?;
+    *c = rest;
+    Some(head)
 }
 
 /// A decoded manifest.
@@ -119,30 +108,45 @@ pub fn decode(data: &[u8]) -> Option<Manifest> {
     if blake3::hash(body).as_bytes() != sum {
         return None;
     }
-    let mut c = Cursor { b: body, at: 0 };
-    if c.take(8)? != MAGIC {
+    // `try_get_*` fail (never panic) on a body cut short.
+    let mut c = body;
+    if take(&mut c, 8)? != MAGIC {
         return None;
     }
-    let saved_unix_s = c.u64()?;
-    let slen = c.u32()? as usize;
-    let source = c.take(slen)?.to_vec();
-    let count = c.u64()?;
+    let saved_unix_s = c.try_get_u64_le().ok()?;
+    let slen = c.try_get_u32_le().ok()? as usize;
+    let source = take(&mut c, slen)?.to_vec();
+    let count = c.try_get_u64_le().ok()?;
     let mut records = Vec::with_capacity(count.min(1 << 24) as usize);
     for i in 0..count {
-        let parent = c.u64()?;
-        let nlen = c.u32()? as usize;
-        let name = c.take(nlen)?.to_vec();
-        let kind = match c.u8()? {
+        let parent = c.try_get_u64_le().ok()?;
+        let nlen = c.try_get_u32_le().ok()? as usize;
+        let name = take(&mut c, nlen)?.to_vec();
+        let kind = match c.try_get_u8().ok()? {
             0 => EntryKind::Dir,
             1 => EntryKind::File,
             2 => EntryKind::Symlink,
             3 => EntryKind::Other,
             _ => return None,
         };
-        let listed = c.u8()? != 0;
-        let (size, blocks, ino) = (c.u64()?, c.u64()?, c.u64()?);
-        let (mode, nlink, uid, gid, rdev) = (c.u32()?, c.u32()?, c.u32()?, c.u32()?, c.u32()?);
-        let (atime_ns, mtime_ns, ctime_ns) = (c.u64()? as i64, c.u64()? as i64, c.u64()? as i64);
+        let listed = c.try_get_u8().ok()? != 0;
+        let (size, blocks, ino) = (
+            c.try_get_u64_le().ok()?,
+            c.try_get_u64_le().ok()?,
+            c.try_get_u64_le().ok()?,
+        );
+        let (mode, nlink, uid, gid, rdev) = (
+            c.try_get_u32_le().ok()?,
+            c.try_get_u32_le().ok()?,
+            c.try_get_u32_le().ok()?,
+            c.try_get_u32_le().ok()?,
+            c.try_get_u32_le().ok()?,
+        );
+        let (atime_ns, mtime_ns, ctime_ns) = (
+            c.try_get_i64_le().ok()?,
+            c.try_get_i64_le().ok()?,
+            c.try_get_i64_le().ok()?,
+        );
         // Parents come before children; the root is its own parent.
         if parent == 0 || parent > i + 1 || (i > 0 && parent == i + 1) {
             return None;
@@ -167,7 +171,7 @@ pub fn decode(data: &[u8]) -> Option<Manifest> {
             listed,
         });
     }
-    (c.at == body.len()).then_some(Manifest {
+    (!c.has_remaining()).then_some(Manifest {
         saved_unix_s,
         source,
         records,
@@ -216,6 +220,69 @@ mod tests {
         let mut bad = bytes.clone();
         bad[40] ^= 1;
         assert!(decode(&bad).is_none());
+    }
+
+    /// `hex` with spaces and newlines for reading, as bytes.
+    fn unhex(hex: &str) -> Vec<u8> {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// Today's manifest bytes, pinned: a manifest saved by this version must
+    /// load in the next one (or the format gets a new magic).
+    #[test]
+    fn the_format_is_pinned_byte_for_byte() {
+        let mut e = Encoder::new(b"/s", 0x0102_0304_0506_0708);
+        e.push(1, b"", &attr(EntryKind::Dir, 0), true);
+        e.push(1, b"f", &attr(EntryKind::File, 0x1122), false);
+        let bytes = e.finish(2);
+        // Every integer little-endian: magic, saved time, source length and
+        // source, record count; per record parent, name length and name,
+        // kind, listed, size, blocks, ino, mode, nlink, uid, gid, rdev,
+        // atime, mtime, ctime (ns); then blake3 of all that.
+        let record = |parent: &str, name: &str, kind_listed: &str, size: &str| {
+            format!(
+                "{parent} {name} {kind_listed} {size} 0800000000000000 4d00000000000000
+                 a4810000 01000000 05000000 06000000 00000000
+                 fbffffffffffffff 15cd853dfe9c9717 0300000000000000"
+            )
+        };
+        let body = unhex(&format!(
+            "4c4f434146534e32 0807060504030201 02000000 2f73 0200000000000000 {} {}",
+            record("0100000000000000", "00000000", "00 01", "0000000000000000"),
+            record(
+                "0100000000000000",
+                "01000000 66",
+                "01 00",
+                "2211000000000000"
+            ),
+        ));
+        let mut want = body.clone();
+        want.extend_from_slice(blake3::hash(&body).as_bytes());
+        assert_eq!(bytes, want);
+        let m = decode(&want).expect("the pinned bytes decode");
+        assert_eq!(m.saved_unix_s, 0x0102_0304_0506_0708);
+        assert_eq!(m.source, b"/s");
+        assert_eq!(
+            m.records,
+            vec![
+                Record {
+                    parent: 1,
+                    name: Vec::new(),
+                    attr: attr(EntryKind::Dir, 0),
+                    listed: true,
+                },
+                Record {
+                    parent: 1,
+                    name: b"f".to_vec(),
+                    attr: attr(EntryKind::File, 0x1122),
+                    listed: false,
+                },
+            ]
+        );
     }
 
     #[test]

@@ -1,31 +1,34 @@
-//! Thin safe wrappers over the few libc calls std does not offer (statvfs,
-//! xattrs, punching holes, unmounting). Each returns `io::Result`; none of
-//! them may panic.
+//! Thin safe wrappers over the few system calls std does not offer
+//! (statvfs, xattrs, punching holes, unmounting, direct reads, ...), made
+//! through `rustix`; `libc` only for what rustix lacks (`cachestat(2)`,
+//! glibc's `mallopt`). Each returns `io::Result`; none of them may panic.
+//! A path or name with a NUL byte is `InvalidInput` (rustix's EINVAL).
 
-use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
-}
+use rustix::io::Errno;
 
-fn cname(name: &str) -> io::Result<CString> {
-    CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
+/// `statvfs(3)`: rustix computes it from `statfs(2)` as glibc does.
 pub fn statvfs(p: &Path) -> io::Result<libc::statvfs> {
-    let c = cpath(p)?;
-    // SAFETY: `st` is a plain C struct that statvfs fills; `c` is NUL-terminated.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(st)
-    }
+    /// Set by the kernel in `f_flags` to say the other flags are valid;
+    /// glibc clears it, and so do we.
+    const ST_VALID: u64 = 0x0020;
+    let v = rustix::fs::statvfs(p)?;
+    let mut st = libc::statvfs::default();
+    st.f_bsize = v.f_bsize as libc::c_ulong;
+    st.f_frsize = v.f_frsize as libc::c_ulong;
+    st.f_blocks = v.f_blocks as libc::fsblkcnt_t;
+    st.f_bfree = v.f_bfree as libc::fsblkcnt_t;
+    st.f_bavail = v.f_bavail as libc::fsblkcnt_t;
+    st.f_files = v.f_files as libc::fsfilcnt_t;
+    st.f_ffree = v.f_ffree as libc::fsfilcnt_t;
+    st.f_favail = v.f_favail as libc::fsfilcnt_t;
+    st.f_fsid = v.f_fsid as libc::c_ulong;
+    st.f_flag = (v.f_flag.bits() & !ST_VALID) as libc::c_ulong;
+    st.f_namemax = v.f_namemax as libc::c_ulong;
+    Ok(st)
 }
 
 /// Bytes available to unprivileged users on the file system holding `p`.
@@ -36,73 +39,32 @@ pub fn available_bytes(p: &Path) -> io::Result<u64> {
 
 /// `getxattr(2)` into a growing buffer.
 pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
-    let c = cpath(p)?;
-    let n = cname(name)?;
     let mut buf = vec![0u8; 64 * 1024];
-    // SAFETY: buf is valid for buf.len() bytes; both strings are NUL-terminated.
-    let r = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(r as usize);
+    let n = rustix::fs::getxattr(p, name, &mut buf[..])?;
+    buf.truncate(n);
     Ok(buf)
 }
 
 /// `fsetxattr(2)`: sets (creates or replaces) one extended attribute.
 pub fn fsetxattr(f: &std::fs::File, name: &str, value: &[u8]) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let name = cname(name)?;
-    // SAFETY: value is valid for value.len() bytes; name is NUL-terminated.
-    let r = unsafe {
-        libc::fsetxattr(
-            f.as_raw_fd(),
-            name.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            0,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::fs::fsetxattr(
+        f,
+        name,
+        value,
+        rustix::fs::XattrFlags::empty(),
+    )?)
 }
 
 /// `fremovexattr(2)`.
 pub fn fremovexattr(f: &std::fs::File, name: &str) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let name = cname(name)?;
-    // SAFETY: plain syscall on an owned, open descriptor; name is NUL-terminated.
-    let r = unsafe { libc::fremovexattr(f.as_raw_fd(), name.as_ptr()) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::fs::fremovexattr(f, name)?)
 }
 
 /// Frees the disk blocks of a byte range of a file, keeping its size.
 pub fn punch_hole(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain syscall on an owned, open descriptor.
-    let r = unsafe {
-        libc::fallocate(
-            f.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    use rustix::fs::FallocateFlags;
+    let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    Ok(rustix::fs::fallocate(f, mode, offset, len)?)
 }
 
 /// Size, mtime (ns) and inode of an open file, as `statx(2)` with
@@ -110,41 +72,29 @@ pub fn punch_hole(f: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
 /// its server instead of answering from its attribute cache. Fails with
 /// ENOSYS where the kernel (or a seccomp filter) lacks statx.
 pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `st` is a plain C struct that statx fills; the path is an
-    // empty NUL-terminated string, used with AT_EMPTY_PATH on an open
-    // descriptor.
-    unsafe {
-        let mut st: libc::statx = std::mem::zeroed();
-        let r = libc::statx(
-            f.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_STATX_FORCE_SYNC,
-            libc::STATX_SIZE | libc::STATX_MTIME | libc::STATX_INO,
-            &mut st,
-        );
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // As `SourceAttr::from_metadata` computes it, without a panic on
-        // an absurd time.
-        let mtime_ns = st
-            .stx_mtime
-            .tv_sec
-            .wrapping_mul(1_000_000_000)
-            .wrapping_add(st.stx_mtime.tv_nsec as i64);
-        Ok((st.stx_size, mtime_ns, st.stx_ino))
-    }
+    use rustix::fs::{AtFlags, StatxFlags};
+    let st = rustix::fs::statx(
+        f,
+        c"",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC,
+        StatxFlags::SIZE | StatxFlags::MTIME | StatxFlags::INO,
+    )?;
+    // As `SourceAttr::from_metadata` computes it, without a panic on an
+    // absurd time.
+    let mtime_ns = st
+        .stx_mtime
+        .tv_sec
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(st.stx_mtime.tv_nsec as i64);
+    Ok((st.stx_size, mtime_ns, st.stx_ino))
 }
 
 /// Detaches a mount even if it is busy (`umount -l`).
 pub fn lazy_unmount(p: &Path) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: plain syscall with a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::mount::unmount(
+        p,
+        rustix::mount::UnmountFlags::DETACH,
+    )?)
 }
 
 /// True if `p` is the root of a mount (its device differs from its parent's,
@@ -222,12 +172,10 @@ pub fn has_cap_sys_admin() -> bool {
 
 /// Unmounts `p` (not lazily: fails with EBUSY while files are open).
 pub fn unmount(p: &Path) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: plain syscall with a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::mount::unmount(
+        p,
+        rustix::mount::UnmountFlags::empty(),
+    )?)
 }
 
 /// Tells systemd (Type=notify) something, if it is listening.
@@ -254,13 +202,17 @@ pub fn sd_notify(state: &str) {
 /// Raises the open-file limit to its hard maximum (the cache keeps a bounded
 /// number of files open, but a loader may hold many handles).
 pub fn raise_nofile_limit() {
-    // SAFETY: getrlimit/setrlimit on a stack struct.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    // None is RLIM_INFINITY.
+    if r.current.unwrap_or(u64::MAX) < r.maximum.unwrap_or(u64::MAX) {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: r.maximum,
+                maximum: r.maximum,
+            },
+        );
     }
 }
 
@@ -294,31 +246,28 @@ pub fn set_bdi_readahead(mountpoint: &Path, bytes: u64) -> io::Result<()> {
 /// zeroing it first (that would be one more pass over memory per byte
 /// read). An end of file before `len` bytes is `UnexpectedEof`.
 pub fn read_vec_at(f: &std::fs::File, len: usize, offset: u64) -> io::Result<Vec<u8>> {
-    use std::os::unix::io::AsRawFd;
+    // Reads into the spare capacity (rustix sets the length); capacity
+    // beyond `len`, if the allocator gave any, is read and cut off.
     let mut buf: Vec<u8> = Vec::with_capacity(len);
     while buf.len() < len {
-        let done = buf.len();
-        let off = libc::off_t::try_from(offset + done as u64)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        let spare = &mut buf.spare_capacity_mut()[..len - done];
-        // SAFETY: the kernel writes at most spare.len() bytes into spare, a
-        // valid writable region of the vector's capacity.
-        let n = unsafe { libc::pread(f.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), off) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        let off = file_offset(offset, buf.len())?;
+        match rustix::io::pread(f, rustix::buffer::spare_capacity(&mut buf), off) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => {}
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        // SAFETY: pread initialized the first n <= spare.len() bytes past
-        // the vector's length.
-        unsafe { buf.set_len(done + n as usize) };
     }
+    buf.truncate(len);
     Ok(buf)
+}
+
+/// `offset + done` as a file offset (at most `i64::MAX`); EINVAL past it.
+fn file_offset(offset: u64, done: usize) -> io::Result<u64> {
+    offset
+        .checked_add(done as u64)
+        .filter(|o| i64::try_from(*o).is_ok())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// cachestat(2) (Linux 6.5), the same number on every architecture; not in
@@ -368,24 +317,10 @@ pub fn is_cached(f: &std::fs::File, offset: u64, len: usize) -> bool {
 
 /// Turns O_DIRECT on or off for an open descriptor.
 pub fn set_direct(f: &std::fs::File, on: bool) -> io::Result<()> {
-    use std::os::unix::io::AsRawFd;
-    let fd = f.as_raw_fd();
-    // SAFETY: F_GETFL/F_SETFL on an open descriptor, changing only O_DIRECT.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let want = if on {
-            flags | libc::O_DIRECT
-        } else {
-            flags & !libc::O_DIRECT
-        };
-        if libc::fcntl(fd, libc::F_SETFL, want) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    use rustix::fs::OFlags;
+    let mut flags = rustix::fs::fcntl_getfl(f)?;
+    flags.set(OFlags::DIRECT, on);
+    Ok(rustix::fs::fcntl_setfl(f, flags)?)
 }
 
 /// Alignment of direct reads: offsets, lengths and buffer addresses.
@@ -403,7 +338,6 @@ pub fn read_direct_at(
     len: usize,
     offset: u64,
 ) -> io::Result<Option<bytes::Bytes>> {
-    use std::os::unix::io::AsRawFd;
     const A: usize = DIRECT_READ_ALIGN;
     if offset % A as u64 != 0 {
         return Ok(None);
@@ -411,12 +345,9 @@ pub fn read_direct_at(
     let padded = len.div_ceil(A) * A;
     let mut buf: Vec<u8> = Vec::with_capacity(padded + A);
     let start = buf.as_ptr().align_offset(A);
-    // SAFETY: start < A <= the capacity: the prefix is zeroed, so the bytes
-    // up to the aligned start are initialized.
-    unsafe {
-        std::ptr::write_bytes(buf.as_mut_ptr(), 0, start);
-        buf.set_len(start);
-    }
+    // Zeros up to the aligned start (start < A: within the capacity, so the
+    // vector does not move).
+    buf.resize(start, 0);
     let mut done = 0usize;
     while done < len {
         if done % A != 0 {
@@ -427,26 +358,25 @@ pub fn read_direct_at(
             }
             return Ok(None);
         }
-        let off = libc::off_t::try_from(offset + done as u64)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let off = file_offset(offset, done)?;
+        // Exactly the aligned rest of the read (not all the spare capacity,
+        // whose length is not a multiple of A): its start is aligned, since
+        // the vector's length is start + done.
         let spare = &mut buf.spare_capacity_mut()[..padded - done];
-        // SAFETY: the kernel writes at most spare.len() bytes into spare, a
-        // valid writable region of the vector's capacity, aligned to A (the
-        // vector's length is start + done, both multiples of A from the
-        // aligned start).
-        let n = unsafe { libc::pread(f.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), off) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = match rustix::io::pread(f, spare, off) {
+            Ok((read, _)) => read.len(),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        done += n as usize;
-        // SAFETY: pread initialized n bytes past the vector's length.
+        done += n;
+        // SAFETY: pread initialized these n bytes past the vector's length
+        // (rustix returned them as initialized). Safe Rust has no way to
+        // grow a vector over bytes a read filled in part of its spare
+        // capacity; the alternative, zeroing the buffer first, is one more
+        // pass over memory per byte read.
         unsafe { buf.set_len(start + done) };
     }
     Ok(Some(bytes::Bytes::from(buf).slice(start..start + len)))
@@ -530,7 +460,6 @@ mod tests {
     #[test]
     fn is_cached_tells_a_range_in_the_page_cache_from_one_that_is_not() {
         use std::io::Write;
-        use std::os::unix::io::AsRawFd;
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let p = dir.path().join("f");
         let mut f = std::fs::File::create(&p).unwrap();
@@ -543,13 +472,177 @@ mod tests {
             return;
         }
         // Dropped from the page cache (clean, so DONTNEED evicts it).
-        // SAFETY: posix_fadvise on an open descriptor.
-        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(r, 0);
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
         assert!(!is_cached(&f, 0, 64 << 10));
         // Read back: cached again.
         let _ = std::fs::read(&p).unwrap();
         assert!(is_cached(&f, 4096, 8192));
         assert!(!is_cached(&f, 0, 0));
+    }
+
+    #[test]
+    fn statvfs_describes_the_file_system_and_fails_cleanly() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let st = statvfs(dir.path()).unwrap();
+        assert!(st.f_bsize > 0 && st.f_frsize > 0 && st.f_namemax >= 255);
+        assert!(st.f_blocks > 0 && st.f_bfree <= st.f_blocks && st.f_bavail <= st.f_bfree);
+        assert!(st.f_files > 0 && st.f_ffree <= st.f_files);
+        assert_eq!(
+            available_bytes(dir.path()).unwrap(),
+            st.f_bavail as u64 * st.f_frsize as u64
+        );
+        let e = statvfs(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        let nul = Path::new(std::ffi::OsStr::from_bytes(b"a\0b"));
+        assert_eq!(
+            statvfs(nul).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+    }
+
+    #[test]
+    fn xattrs_are_set_read_and_removed() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"x").unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        match fsetxattr(&f, "user.locafs.test", b"value \xff") {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => {
+                eprintln!("SKIPPED: no user xattrs in /var/tmp");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        assert_eq!(getxattr(&p, "user.locafs.test").unwrap(), b"value \xff");
+        fsetxattr(&f, "user.locafs.test", b"").unwrap();
+        assert_eq!(getxattr(&p, "user.locafs.test").unwrap(), b"");
+        fremovexattr(&f, "user.locafs.test").unwrap();
+        let e = getxattr(&p, "user.locafs.test").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODATA));
+        let e = fremovexattr(&f, "user.locafs.test").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODATA));
+        let e = getxattr(&dir.path().join("missing"), "user.x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn a_punched_hole_reads_as_zeros_frees_its_blocks_and_keeps_the_size() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![9u8; 3 * 4096]).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.sync_all().unwrap();
+        let before = f.metadata().unwrap().blocks();
+        punch_hole(&f, 4096, 4096).unwrap();
+        let m = f.metadata().unwrap();
+        assert_eq!(m.len(), 3 * 4096);
+        assert_eq!(m.blocks(), before - 8, "one 4 KiB block freed");
+        let back = std::fs::read(&p).unwrap();
+        assert!(back[..4096].iter().all(|b| *b == 9));
+        assert!(back[4096..8192].iter().all(|b| *b == 0));
+        assert!(back[8192..].iter().all(|b| *b == 9));
+        let ro = std::fs::File::open(&p).unwrap();
+        assert_eq!(
+            punch_hole(&ro, 0, 4096).unwrap_err().raw_os_error(),
+            Some(libc::EBADF)
+        );
+    }
+
+    #[test]
+    fn fstat_fresh_agrees_with_fstat() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![1u8; 12345]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        let m = f.metadata().unwrap();
+        let want = (m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec(), m.ino());
+        match fstat_fresh(&f) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                eprintln!("SKIPPED: no statx(2) here");
+            }
+            r => assert_eq!(r.unwrap(), want),
+        }
+    }
+
+    /// The file status flags of `f`, as /proc/self/fdinfo shows them.
+    fn fd_flags(f: &std::fs::File) -> i32 {
+        use std::os::fd::AsRawFd;
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd())).unwrap();
+        let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap();
+        i32::from_str_radix(flags.trim(), 8).unwrap()
+    }
+
+    #[test]
+    fn set_direct_turns_o_direct_on_and_off_and_nothing_else() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"x").unwrap();
+        let f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        let flags = fd_flags(&f);
+        assert_eq!(flags & libc::O_DIRECT, 0);
+        if let Err(e) = set_direct(&f, true) {
+            eprintln!("SKIPPED: /var/tmp refuses O_DIRECT ({e})");
+            return;
+        }
+        assert_eq!(fd_flags(&f), flags | libc::O_DIRECT);
+        set_direct(&f, false).unwrap();
+        assert_eq!(fd_flags(&f), flags);
+    }
+
+    #[test]
+    fn unmount_refuses_what_is_not_a_mount_and_unmounts_what_is() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [unmount, lazy_unmount] {
+            let e = f(dir.path()).unwrap_err();
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)),
+                "{e}"
+            );
+            let e = f(&dir.path().join("missing")).unwrap_err();
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EPERM)),
+                "{e}"
+            );
+        }
+        for (name, f) in [
+            ("unmount", unmount as fn(&Path) -> io::Result<()>),
+            ("lazy", lazy_unmount),
+        ] {
+            let mnt = dir.path().join(name);
+            std::fs::create_dir(&mnt).unwrap();
+            let flags = rustix::mount::MountFlags::empty();
+            if let Err(e) = rustix::mount::mount("tmpfs", &mnt, "tmpfs", flags, c"size=1m") {
+                eprintln!("SKIPPED: cannot mount a tmpfs here ({e})");
+                return;
+            }
+            assert!(is_mountpoint(&mnt));
+            assert_eq!(mount_fstype(&mnt).as_deref(), Some("tmpfs"));
+            f(&mnt).unwrap();
+            assert!(!is_mountpoint(&mnt));
+        }
+    }
+
+    #[test]
+    fn raise_nofile_limit_raises_the_soft_limit_to_the_hard_one() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let r = getrlimit(Resource::Nofile);
+        if let Some(max) = r.maximum {
+            // One below the hard limit, so that there is something to raise.
+            let lower = Rlimit {
+                current: Some(max - 1),
+                maximum: Some(max),
+            };
+            setrlimit(Resource::Nofile, lower).unwrap();
+        }
+        raise_nofile_limit();
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[3], f[4], "{line}");
     }
 }

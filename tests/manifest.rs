@@ -2,17 +2,15 @@
 //! --immutable, or within the revalidation interval), sees the same tree,
 //! and a corrupt manifest is ignored.
 
-#[path = "common/inproc.rs"]
-mod inproc;
-#[path = "common/slow.rs"]
-mod slow;
+mod common;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inproc::*;
-use slow::SlowSource;
+use common::fakes::SlowSource;
+use common::inproc::{config, mount};
+use common::Scratch;
 
 fn walk(root: &std::path::Path) -> Vec<(String, u64)> {
     let mut out = Vec::new();
@@ -34,10 +32,8 @@ fn walk(root: &std::path::Path) -> Vec<(String, u64)> {
 
 #[test]
 fn remount_uses_the_manifest_instead_of_walking_the_source() {
-    if !fuse_available("remount_uses_the_manifest_instead_of_walking_the_source") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     for i in 0..50 {
         let dir = d.src.join(format!("d{}", i % 5));
         std::fs::create_dir_all(&dir).unwrap();
@@ -87,10 +83,8 @@ fn remount_uses_the_manifest_instead_of_walking_the_source() {
 
 #[test]
 fn a_manifest_older_than_the_revalidation_interval_is_not_trusted() {
-    if !fuse_available("a_manifest_older_than_the_revalidation_interval_is_not_trusted") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     std::fs::write(d.src.join("a"), b"1").unwrap();
     let cfg = config(&d, &["--revalidate", "1s", "--no-readahead"]);
     {

@@ -513,21 +513,7 @@ fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
     // file, the backing goes too (or the kernel would keep its disk space).
     // a. changes at the source, with the cache full: its old version is
     // the first to go when the new one needs room.
-    let data_file = |rel: &Path| {
-        use std::os::unix::fs::MetadataExt;
-        let meta = fs::metadata(s.src.join(rel)).unwrap();
-        let v = locafs::source::SourceVersion {
-            size: meta.len(),
-            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-            ino: meta.ino(),
-        };
-        let key = locafs::cache::VersionKey::new(rel, &v).hex();
-        s.dataset_dir()
-            .join("blocks")
-            .join(&key[..2])
-            .join(format!("{key}.data"))
-    };
-    let old = data_file(&a[0]);
+    let old = s.cached_data_file(&a[0]);
     assert!(old.exists(), "{} missing", old.display());
     // Background prefetch fills the cache with the other files (never
     // opened: no backings kept for them).
@@ -554,17 +540,10 @@ fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
     );
     assert_eq!(wait_stat(&m, "passthrough_kept", 0), 0, "{}", m.stats());
     // The new version: cached anew, then passthrough with the new bytes.
-    wait_until_complete(&data_file(&a[0]));
+    let new = s.cached_data_file(&a[0]);
+    wait_for(Duration::from_secs(20), || new.exists());
     for _ in 0..2 {
         read_all_equal(&s.src, &s.mnt, &a);
     }
     assert_eq!(wait_stat(&m, "passthrough_kept", 1), 1, "{}", m.stats());
-}
-
-/// Waits until a cached data file exists, at most 20 s.
-fn wait_until_complete(data: &Path) {
-    let t0 = Instant::now();
-    while !data.exists() && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

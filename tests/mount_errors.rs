@@ -407,9 +407,9 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
 
     // Peer authentication: a secret or the three PEM files, never both nor
     // a part, from flags, -o or the TOML file alike.
-    let pki = rcgen::generate_simple_self_signed(vec!["n1.example.com".to_owned()]).unwrap();
-    let cert = t.join("n1.pem");
-    fs::write(&cert, pki.cert.pem()).unwrap();
+    let cert = common::pki::TestCa::new("test CA")
+        .node_files(t, "n1", "n1.example.com")
+        .cert;
     let secret = t.join("secret");
     fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
     let peer = [
@@ -473,24 +473,15 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
 }
 
 /// The pid recorded in the data set's lock file (the daemon that holds it).
-fn lock_holder(cache: &Path) -> Option<i32> {
+fn lock_holder(cache: &Path) -> Option<u32> {
     let p = dataset_dir(cache).join("lock");
     fs::read_to_string(p).ok()?.trim().parse().ok()
-}
-
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid, 0) == 0 };
-    exists
-        && !fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
 }
 
 /// Unmounts a --daemon mount and makes sure its process is gone.
 struct DaemonGuard {
     mnt: PathBuf,
-    pid: Option<i32>,
+    pid: Option<u32>,
 }
 
 impl Drop for DaemonGuard {
@@ -503,8 +494,8 @@ impl Drop for DaemonGuard {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            // SAFETY: the daemon we started; it did not exit on its own.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The daemon we started; it did not exit on its own.
+            let _ = signal(pid, Signal::KILL);
         }
     }
 }
@@ -561,8 +552,7 @@ fn sigterm_unmounts_and_exits_0() {
     write_file(&s.src.join("a"), 1, 10);
     let mut m = s.mount(&[]);
     assert_same_content(&s.src.join("a"), &s.mnt.join("a"));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(m.pid().unwrap() as i32, libc::SIGTERM) };
+    signal(m.pid().unwrap(), Signal::TERM).unwrap();
     let st = m
         .wait_exit(Duration::from_secs(20))
         .expect("locafs did not exit on SIGTERM");

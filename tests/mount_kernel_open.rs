@@ -8,13 +8,13 @@
 //! opened before the change.
 
 mod common;
-mod ops_util;
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
+use common::prom::{self, Sample};
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -77,18 +77,16 @@ struct Requests {
 
 impl Requests {
     fn new() -> (Requests, String) {
-        let addr = format!("127.0.0.1:{}", ops_util::free_port());
+        let addr = format!("127.0.0.1:{}", free_tcp_port());
         (Requests { addr: addr.clone() }, addr)
     }
 
-    fn scrape(&self) -> Vec<ops_util::Sample> {
-        let (code, body) = ops_util::http_get(&self.addr, "/metrics").expect("metrics endpoint");
-        assert_eq!(code, 200, "{body}");
-        ops_util::parse_prometheus(&body).0
+    fn scrape(&self) -> Vec<Sample> {
+        prom::scrape(&self.addr).0
     }
 
-    fn op(samples: &[ops_util::Sample], op: &str) -> u64 {
-        ops_util::value(samples, "locafs_fuse_requests_total", &[("op", op)]).unwrap_or(0.0) as u64
+    fn op(samples: &[Sample], op: &str) -> u64 {
+        prom::value(samples, "locafs_fuse_requests_total", &[("op", op)]).unwrap_or(0.0) as u64
     }
 
     /// (OPEN, RELEASE) requests so far, as of after everything done before
@@ -98,7 +96,7 @@ impl Requests {
     fn settled(&self, m: &Mount) -> (u64, u64) {
         let before = Self::op(&self.scrape(), "getxattr");
         let _ = m.stats();
-        let seen = ops_util::wait_until(Duration::from_secs(10), || {
+        let seen = wait_for(Duration::from_secs(10), || {
             Self::op(&self.scrape(), "getxattr") > before
         });
         assert!(seen, "the metrics endpoint never counted the GETXATTR");

@@ -12,43 +12,15 @@ mod common;
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
 const MIB: usize = 1 << 20;
 const THREADS: usize = 16;
 const ROUNDS: usize = 30;
-
-/// The cached data file of the current version of `rel` at the source.
-fn data_file(s: &Scratch, rel: &Path) -> PathBuf {
-    let meta = fs::metadata(s.src.join(rel)).unwrap();
-    let v = locafs::source::SourceVersion {
-        size: meta.len(),
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-        ino: meta.ino(),
-    };
-    let key = locafs::cache::VersionKey::new(rel, &v).hex();
-    s.dataset_dir()
-        .join("blocks")
-        .join(&key[..2])
-        .join(format!("{key}.data"))
-}
-
-/// Waits (at most `limit`) until `f` holds; returns whether it did.
-fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while !f() {
-        if t0.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    true
-}
 
 #[test]
 fn racing_passthrough_opens_leave_no_pin_behind() {
@@ -66,7 +38,7 @@ fn racing_passthrough_opens_leave_no_pin_behind() {
     let m = s.mount(&["--cache-size", "24M", "--revalidate", "1s"]);
     let want = fs::read(s.src.join(&a)).unwrap();
     assert_eq!(fs::read(s.mnt.join(&a)).unwrap(), want);
-    let old = data_file(&s, &a);
+    let old = s.cached_data_file(&a);
     assert!(
         wait_for(Duration::from_secs(20), || old.exists()),
         "a.shard was not cached: {}",

@@ -8,19 +8,9 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-
-fn listing(d: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 /// Runs the user's sequence, then remounts with `remount` flags and checks
 /// that the mount shows exactly the source's tree.

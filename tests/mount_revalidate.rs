@@ -13,15 +13,6 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 
-fn listing(d: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 struct Setup {
     s: Scratch,
     old_a: Vec<u8>,

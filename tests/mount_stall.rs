@@ -10,21 +10,18 @@
 //! with SIGSTOP, whose callers sleep uninterruptibly in the kernel.
 
 mod common;
-#[path = "common/inproc.rs"]
-mod inproc;
-#[path = "common/stall.rs"]
-mod stall;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stall::StallSource;
+use common::fakes::StallSource;
+use common::inproc;
+use common::{listing, signal, snapshot, stats_of, threads, ResumeOnDrop, Signal};
 
 /// Every file's bytes, by path relative to the root.
 type Tree = BTreeMap<PathBuf, Vec<u8>>;
@@ -74,15 +71,6 @@ fn within<T: Send + 'static>(
     }
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 /// What the stalled mount must still do, and what it must refuse at once.
 /// Returns (time to read every cached file, time to list, time for the
 /// uncached read to fail).
@@ -112,8 +100,8 @@ fn check_stalled(
             }
             let read_all = t.elapsed();
             let t = Instant::now();
-            assert_eq!(names(&mnt), listing.0);
-            assert_eq!(names(&mnt.join("sub")), listing.1);
+            assert_eq!(common::listing(&mnt), listing.0);
+            assert_eq!(common::listing(&mnt.join("sub")), listing.1);
             let list = t.elapsed();
             assert_eq!(
                 fs::read_link(mnt.join("link")).unwrap(),
@@ -187,10 +175,8 @@ fn cache_everything(mnt: &Path, tree: &Tree, files_cached: impl Fn() -> u64) {
 
 #[test]
 fn a_stalled_source_does_not_freeze_the_mount_and_it_recovers_on_its_own() {
-    if !inproc::fuse_available("mount_stall::a_stalled_source_does_not_freeze_the_mount") {
-        return;
-    }
-    let d = inproc::dirs();
+    require_fuse!();
+    let d = common::Scratch::new();
     let tree = make_tree(&d.src);
     let source = Arc::new(StallSource::new(&d.src));
     let cfg = inproc::config(
@@ -206,9 +192,9 @@ fn a_stalled_source_does_not_freeze_the_mount_and_it_recovers_on_its_own() {
     );
     let m = inproc::mount(&cfg, Arc::clone(&source) as _);
     let mnt = d.mnt.clone();
-    cache_everything(&mnt, &tree, || inproc::stats(&mnt).files_cached);
+    cache_everything(&mnt, &tree, || snapshot(&mnt).files_cached);
     let attrs = known_attrs(&mnt, &tree);
-    let listing = (names(&mnt), names(&mnt.join("sub")));
+    let listing = (listing(&mnt), listing(&mnt.join("sub")));
     fs::read_link(mnt.join("link")).unwrap();
     locafs::sys::statvfs(&mnt).unwrap();
     // A file the mount knows by name but has not cached.
@@ -241,7 +227,7 @@ fn a_stalled_source_does_not_freeze_the_mount_and_it_recovers_on_its_own() {
          {read_all:?}, listing {list:?}, uncached read failed in {failed:?}",
         tree.len()
     );
-    let s = inproc::stats(&mnt);
+    let s = snapshot(&mnt);
     assert!(s.source_stalled_since.is_some(), "{s:?}");
     assert!(s.source_stalls >= 1);
     assert!(s.stale_answers > 0, "{s:?}");
@@ -253,7 +239,7 @@ fn a_stalled_source_does_not_freeze_the_mount_and_it_recovers_on_its_own() {
     // The source answers again: no remount needed.
     let t = Instant::now();
     source.resume();
-    while inproc::stats(&mnt).source_stalled_since.is_some() {
+    while snapshot(&mnt).source_stalled_since.is_some() {
         assert!(t.elapsed() < Duration::from_secs(20), "no recovery");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -273,26 +259,6 @@ fn a_stalled_source_does_not_freeze_the_mount_and_it_recovers_on_its_own() {
         }
     }
     drop(m);
-}
-
-/// Resumes a stopped process when dropped (a failing test must not leave
-/// the source's process stopped with mounts over it).
-struct Cont(u32);
-
-impl Drop for Cont {
-    fn drop(&mut self) {
-        // SAFETY: kill with a valid signal on a pid we started.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
-}
-
-fn threads(pid: u32) -> io::Result<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| io::Error::other("no Threads line"))
 }
 
 #[test]
@@ -328,7 +294,7 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
     );
     let mnt = s.mnt.clone();
     cache_everything(&mnt, &tree, || {
-        common::stats_of(&mnt)["files_cached"].as_u64().unwrap()
+        stats_of(&mnt)["files_cached"].as_u64().unwrap()
     });
     let attrs = known_attrs(&mnt, &tree);
     fs::read_link(mnt.join("link")).unwrap();
@@ -336,23 +302,21 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
     fs::write(s.src.join("late.bin"), vec![5u8; 100_000]).unwrap();
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(fs::metadata(mnt.join("late.bin")).unwrap().len(), 100_000);
-    let listing = (names(&mnt), names(&mnt.join("sub")));
+    let listing = (listing(&mnt), listing(&mnt.join("sub")));
     let pid = m.pid().unwrap();
-    let threads_before = threads(pid).unwrap();
+    let threads_before = threads(pid).expect("Threads of the daemon");
 
     let server_pid = server.pid().unwrap();
-    // SAFETY: kill with a valid signal on a pid we started.
-    unsafe { libc::kill(server_pid as i32, libc::SIGSTOP) };
-    let cont = Cont(server_pid);
+    signal(server_pid, Signal::STOP).unwrap();
+    let cont = ResumeOnDrop(server_pid);
     let resume = move || {
-        // SAFETY: as above.
-        unsafe { libc::kill(server_pid as i32, libc::SIGCONT) };
+        let _ = signal(server_pid, Signal::CONT);
     };
     let first = uncached_read_fails(&mnt, Duration::from_secs(1), resume);
     std::thread::sleep(Duration::from_millis(1500));
     let (read_all, list, failed) = check_stalled(mnt.clone(), tree.clone(), attrs, listing, resume);
-    let threads_stalled = threads(pid).unwrap();
-    let stats = common::stats_of(&mnt);
+    let threads_stalled = threads(pid).expect("Threads of the daemon");
+    let stats = stats_of(&mnt);
     eprintln!(
         "server stopped: first uncached read failed in {first:?}; {} cached files read in \
          {read_all:?}, listing {list:?}, uncached read failed in {failed:?}; daemon threads {threads_before} before, {threads_stalled} while \
@@ -368,7 +332,7 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
 
     drop(cont);
     let t = Instant::now();
-    while !common::stats_of(&mnt)["source_stalled_since"].is_null() {
+    while !stats_of(&mnt)["source_stalled_since"].is_null() {
         assert!(t.elapsed() < Duration::from_secs(20), "no recovery");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -386,14 +350,11 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
 
 #[test]
 fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
-    if !inproc::fuse_available("mount_stall::a_request_waiting_on_the_source_holds_no_fuse_thread")
-    {
-        return;
-    }
+    require_fuse!();
     // One FUSE thread, reads through the daemon, and a long metadata
     // deadline: while a lookup waits on the stalled source (10 s before
     // the stall is declared), reads of a cached file must still be served.
-    let d = inproc::dirs();
+    let d = common::Scratch::new();
     let tree = make_tree(&d.src);
     let source = Arc::new(StallSource::new(&d.src));
     let cfg = inproc::config(
@@ -410,12 +371,12 @@ fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
     );
     let m = inproc::mount(&cfg, Arc::clone(&source) as _);
     let mnt = d.mnt.clone();
-    cache_everything(&mnt, &tree, || inproc::stats(&mnt).files_cached);
+    cache_everything(&mnt, &tree, || snapshot(&mnt).files_cached);
     let rel = Path::new("f009.bin");
     let f = fs::File::open(mnt.join(rel)).unwrap();
     std::thread::sleep(Duration::from_millis(1100));
     // So that the read below reaches the daemon.
-    inproc::drop_page_cache();
+    common::drop_page_cache();
     source.stall();
     // A lookup that must ask the source (its entry is past --revalidate).
     let p = mnt.join("sub/f040.bin");

@@ -9,59 +9,16 @@
 //! exactly the source's tree, and stays so through a save and an immutable
 //! restore.
 
-use std::ffi::OsString;
-use std::io;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::fakes::NoSource;
 use locafs::namespace::{Namespace, ROOT};
-use locafs::source::{DirSource, EntryKind, Source, SourceAttr, SourceError, SourceVersion};
+use locafs::source::{DirSource, EntryKind, Source, SourceAttr};
 use proptest::prelude::*;
-
-/// A source that must not be asked anything (the restored, immutable
-/// namespace trusts its manifest): counts every call and fails it.
-#[derive(Default)]
-struct NoSource(AtomicU64);
-
-impl NoSource {
-    fn no<T>(&self) -> io::Result<T> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Err(io::Error::other("the restored namespace asked the source"))
-    }
-    fn calls(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-impl Source for NoSource {
-    fn stat(&self, _: &Path) -> io::Result<SourceAttr> {
-        self.no()
-    }
-    fn list(&self, _: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        self.no()
-    }
-    fn read_link(&self, _: &Path) -> io::Result<PathBuf> {
-        self.no()
-    }
-    fn read_at(
-        &self,
-        rel: &Path,
-        _: &SourceVersion,
-        _: u64,
-        _: usize,
-    ) -> Result<Bytes, SourceError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Err(SourceError::NotFound {
-            path: rel.to_owned(),
-        })
-    }
-    fn statvfs(&self) -> io::Result<libc::statvfs> {
-        self.no()
-    }
-}
 
 /// One entry of a tree: path, kind, size, mtime, source inode.
 type Entry = (PathBuf, char, u64, i64, u64);

@@ -4,29 +4,23 @@
 //! with it, and the views the mount plugs into its stats hold the engine
 //! only weakly, so that dropping the mount frees the engine.
 
-#[path = "common/inproc.rs"]
-mod inproc;
+mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use inproc::*;
+use common::inproc::{config, mount};
+use common::{snapshot as stats, Scratch};
 use locafs::source::{DirSource, Source};
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(30), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, Duration::from_secs(30), f)
 }
 
 #[test]
 fn one_snapshot_with_every_part_and_the_mount_frees_the_engine() {
-    if !fuse_available("one_snapshot_with_every_part_and_the_mount_frees_the_engine") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     let files: Vec<(String, Vec<u8>)> = (0..3u8)
         .map(|i| {
             (

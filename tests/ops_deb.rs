@@ -4,12 +4,12 @@
 //!     cargo test --test ops_deb -- --ignored --nocapture
 //! It installs into a scratch root (`dpkg --root`), not into the machine.
 
-mod ops_util;
+mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use ops_util::*;
+use common::*;
 
 #[test]
 #[ignore = "needs cargo-deb and a release build; run with --ignored"]
@@ -20,10 +20,10 @@ fn cargo_deb_package_installs_and_runs() {
         .map(|o| !o.status.success())
         .unwrap_or(true)
     {
-        return skip("cargo-deb not installed (cargo install cargo-deb)");
+        skip!("cargo-deb not installed (cargo install cargo-deb)");
     }
     if Command::new("dpkg").arg("--version").output().is_err() {
-        return skip("dpkg not installed");
+        skip!("dpkg not installed");
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out_dir = tempfile::tempdir().unwrap();
@@ -105,7 +105,7 @@ fn cargo_deb_package_installs_and_runs() {
     let text = std::fs::read_to_string(&example).unwrap();
     assert!(text.contains("#cache-size"));
     // Uncommenting every option gives a valid configuration.
-    let sc = scratch();
+    let sc = Scratch::with_sample_files();
     let conf = sc.dir.path().join("all.toml");
     let uncommented: String = text
         .lines()
@@ -117,12 +117,13 @@ fn cargo_deb_package_installs_and_runs() {
             "cache-dir" => format!("cache-dir = \"{}\"\n", sc.cache.display()),
             "cache-size" => "cache-size = \"64MiB\"\n".into(),
             "log-file" => format!("log-file = \"{}\"\n", sc.dir.path().join("l").display()),
-            "metrics" => format!("metrics = \"127.0.0.1:{}\"\n", free_port()),
+            "metrics" => format!("metrics = \"127.0.0.1:{}\"\n", free_tcp_port()),
             _ => format!("{l}\n"),
         })
         .collect();
     std::fs::write(&conf, &uncommented).unwrap();
-    let _d = Daemon::start(&sc.mnt, &["--config", conf.to_str().unwrap()]);
+    require_fuse!();
+    let _m = Mount::start_args(&sc.mnt, &["--config", conf.to_str().unwrap()]);
     let (name, data) = &sc.files[0];
     assert!(std::fs::read(sc.mnt.join(name)).unwrap() == *data);
 }

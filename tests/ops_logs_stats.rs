@@ -5,39 +5,27 @@
 //! (mount, cache recovery, corruption found, unmount) and reads log nothing
 //! at the default level; text logs in a file carry no colour codes.
 
-mod ops_util;
+mod common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ops_util::*;
+use common::*;
 
-fn mount_args<'a>(sc: &'a Scratch, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec![
-        sc.src.to_str().unwrap(),
-        sc.mnt.to_str().unwrap(),
-        "--cache-dir",
-        sc.cache.to_str().unwrap(),
-        "--cache-size",
-        "64MiB",
-        "--no-passthrough",
-    ];
-    v.extend_from_slice(extra);
-    v
-}
-
-fn read_all(sc: &Scratch) {
-    for (name, data) in &sc.files {
-        assert!(std::fs::read(sc.mnt.join(name)).unwrap() == *data, "{name}");
-    }
+/// A small cache, no passthrough (every read reaches the daemon), `extra`.
+fn mount(sc: &Scratch, extra: &[&str]) -> Mount {
+    let mut args = vec!["--cache-size", "64MiB", "--no-passthrough"];
+    args.extend_from_slice(extra);
+    sc.mount(&args)
 }
 
 #[test]
 fn stats_json_schema_and_watch() {
-    let sc = scratch();
-    let _d = Daemon::start(&sc.mnt, &mount_args(&sc, &["--revalidate", "1s"]));
-    read_all(&sc);
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
+    let _m = mount(&sc, &["--revalidate", "1s"]);
+    sc.check_files_through_mount();
     let out = Command::new(bin())
         .args(["stats", "--json"])
         .arg(&sc.mnt)
@@ -199,17 +187,15 @@ fn messages(v: &[serde_json::Value]) -> Vec<String> {
 
 #[test]
 fn json_logs_one_event_per_line_with_corruption_found() {
-    let sc = scratch();
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
     let log = sc.dir.path().join("log.json");
     let log_s = log.to_str().unwrap();
     {
-        let _d = Daemon::start(
-            &sc.mnt,
-            &mount_args(&sc, &["--log-format", "json", "--log-file", log_s]),
-        );
+        let _m = mount(&sc, &["--log-format", "json", "--log-file", log_s]);
         // Many reads: none of them may log at the default level.
         for _ in 0..5 {
-            read_all(&sc);
+            sc.check_files_through_mount();
         }
     }
     let first = parse_json_log(&std::fs::read_to_string(&log).unwrap());
@@ -239,11 +225,8 @@ fn json_logs_one_event_per_line_with_corruption_found() {
         f.write_all_at(b"CORRUPTED", 100).unwrap();
     }
     {
-        let _d = Daemon::start(
-            &sc.mnt,
-            &mount_args(&sc, &["--log-format", "json", "--log-file", log_s]),
-        );
-        read_all(&sc);
+        let _m = mount(&sc, &["--log-format", "json", "--log-file", log_s]);
+        sc.check_files_through_mount();
     }
     let all = parse_json_log(&std::fs::read_to_string(&log).unwrap());
     let second = &all[first.len()..];
@@ -266,14 +249,12 @@ fn json_logs_one_event_per_line_with_corruption_found() {
 
 #[test]
 fn text_log_file_has_no_colour_codes() {
-    let sc = scratch();
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
     let log = sc.dir.path().join("log.txt");
     {
-        let _d = Daemon::start(
-            &sc.mnt,
-            &mount_args(&sc, &["--log-file", log.to_str().unwrap()]),
-        );
-        read_all(&sc);
+        let _m = mount(&sc, &["--log-file", log.to_str().unwrap()]);
+        sc.check_files_through_mount();
     }
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("mounted"), "{text}");

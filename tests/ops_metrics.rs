@@ -5,82 +5,57 @@
 //! shipped Grafana dashboard uses exists. Also: a bad or busy address is a
 //! usage error before anything is mounted.
 
-mod ops_util;
+mod common;
 
 use std::process::Command;
 use std::time::Duration;
 
-use ops_util::*;
-
-fn scrape(
-    addr: &str,
-) -> (
-    Vec<Sample>,
-    std::collections::BTreeMap<String, String>,
-    String,
-) {
-    let (code, body) = http_get(addr, "/metrics").expect("metrics endpoint reachable");
-    assert_eq!(code, 200, "{body}");
-    let (s, t) = parse_prometheus(&body);
-    (s, t, body)
-}
+use common::prom::{scrape, value};
+use common::*;
 
 #[test]
 fn metrics_endpoint_after_a_workload() {
-    let sc = scratch();
-    let port = free_port();
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
+    let port = free_tcp_port();
     let addr = format!("127.0.0.1:{port}");
-    let _d = Daemon::start(
-        &sc.mnt,
-        &[
-            sc.src.to_str().unwrap(),
-            sc.mnt.to_str().unwrap(),
-            "--cache-dir",
-            sc.cache.to_str().unwrap(),
-            "--cache-size",
-            "64MiB",
-            "--no-passthrough",
-            // Without read-ahead every first read is a miss the metrics
-            // must show (read-ahead could have fetched everything first).
-            "--no-readahead",
-            "--metrics",
-            &addr,
-        ],
-    );
+    let _m = sc.mount(&[
+        "--cache-size",
+        "64MiB",
+        "--no-passthrough",
+        // Without read-ahead every first read is a miss the metrics
+        // must show (read-ahead could have fetched everything first).
+        "--no-readahead",
+        "--metrics",
+        &addr,
+    ]);
     let total: usize = sc.files.iter().map(|(_, d)| d.len()).sum();
     // Cold pass then warm pass; every byte must match the source. The page
     // cache is dropped in between, so the warm pass reaches the daemon and
     // is served from its disk cache (hits).
     for pass in 0..2 {
         if pass == 1 {
-            // SAFETY: sync has no preconditions.
-            unsafe { libc::sync() };
-            std::fs::write("/proc/sys/vm/drop_caches", "3")
-                .expect("dropping the page cache (needs root, like the mount)");
+            drop_page_cache();
         }
-        for (name, data) in &sc.files {
-            let got = std::fs::read(sc.mnt.join(name)).unwrap();
-            assert!(got == *data, "{name}: wrong bytes through the mount");
-        }
+        sc.check_files_through_mount();
     }
     // Writes are refused.
     assert!(std::fs::write(sc.mnt.join("new.txt"), b"x").is_err());
     let _ = std::fs::read_dir(&sc.mnt).unwrap().count();
 
     // The updater copies counters twice a second: wait until every byte
-    // the daemon served is counted as a hit or a miss, and the copy is one
-    // made after the warm pass (its opens counted; the cold pass's misses
-    // alone cover `total`, so a copy made between the passes would do).
+    // the daemon served, in both passes, is counted as a hit or a miss (the
+    // cold pass alone makes `total` misses: waiting for that much read a
+    // copy taken before the warm pass's hits, and a hit ratio of 0).
     let mut samples = Vec::new();
     let mut types = Default::default();
     let mut body = String::new();
-    let settled = wait_until(Duration::from_secs(10), || {
+    let settled = wait_for(Duration::from_secs(10), || {
         (samples, types, body) = scrape(&addr);
         let hit = value(&samples, "locafs_tier_bytes_total", &[("tier", "cache")]);
         let miss = value(&samples, "locafs_cache_miss_bytes_total", &[]);
-        hit.unwrap_or(0.0) + miss.unwrap_or(0.0) >= total as f64
+        hit.unwrap_or(0.0) + miss.unwrap_or(0.0) >= 2.0 * total as f64
             && value(&samples, "locafs_open_handles", &[]) == Some(0.0)
-            && value(&samples, "locafs_opens_total", &[]) == Some(2.0 * sc.files.len() as f64)
     });
     assert!(settled, "metrics never showed the workload:\n{body}");
 
@@ -205,7 +180,7 @@ fn metrics_endpoint_after_a_workload() {
 
 #[test]
 fn bad_or_busy_metrics_address_is_a_usage_error() {
-    let sc = scratch();
+    let sc = Scratch::with_sample_files();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy_addr = busy.local_addr().unwrap().to_string();
     for addr in ["nonsense", busy_addr.as_str()] {

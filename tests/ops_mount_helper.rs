@@ -11,13 +11,13 @@
 //! /sbin/mount.fuse.locafs for its duration (and removes it unless an
 //! identical one was there before).
 
-mod ops_util;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ops_util::*;
+use common::*;
 
 fn helper_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mount.fuse.locafs")
@@ -67,13 +67,6 @@ fn mount8(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn check_files(sc: &Scratch) {
-    for (name, data) in &sc.files {
-        let got = std::fs::read(sc.mnt.join(name)).unwrap();
-        assert!(got == *data, "{name}: wrong bytes");
-    }
-}
-
 /// Unmounts with umount(8) and waits for the daemon to be gone (its log
 /// says so).
 fn umount_and_wait(sc: &Scratch, log: &Path) {
@@ -88,7 +81,7 @@ fn umount_and_wait(sc: &Scratch, log: &Path) {
     assert!(st.success());
     assert!(mount_type(&sc.mnt).is_none());
     assert!(
-        wait_until(Duration::from_secs(10), || count() > before),
+        wait_for(Duration::from_secs(10), || count() > before),
         "the daemon did not notice the unmount: {}",
         std::fs::read_to_string(log).unwrap_or_default()
     );
@@ -96,14 +89,15 @@ fn umount_and_wait(sc: &Scratch, log: &Path) {
 
 #[test]
 fn mount_t_fuse_locafs_and_fstab() {
+    require_fuse!();
     if Command::new("mount").arg("--version").output().is_err() {
-        return skip("no mount(8) on this machine");
+        skip!("no mount(8) on this machine");
     }
     let _installed = match Installed::new() {
         Ok(i) => i,
-        Err(e) => return skip(&e),
+        Err(e) => skip!("{e}"),
     };
-    let sc = scratch();
+    let sc = Scratch::with_sample_files();
     let log = sc.dir.path().join("locafs.log");
     let opts = format!(
         "cache_dir={},cache_size=64M,_netdev,nofail,x-systemd.automount,x-systemd.requires=network-online.target,noatime,log_file={}",
@@ -126,14 +120,9 @@ fn mount_t_fuse_locafs_and_fstab() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
-    check_files(&sc);
+    sc.check_files_through_mount();
     // The options reached locafs: the cache limit is 64 MiB.
-    let stats = Command::new(bin())
-        .args(["stats", "--json"])
-        .arg(&sc.mnt)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let v = stats_of(&sc.mnt);
     assert_eq!(v["cache_capacity_bytes"], 64 * 1024 * 1024);
     // findmnt-style listing shows it as what it is.
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -162,14 +151,9 @@ fn mount_t_fuse_locafs_and_fstab() {
         "mount from fstab failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    check_files(&sc);
+    sc.check_files_through_mount();
     // The cache survived the remount: nothing more came from the source.
-    let stats = Command::new(bin())
-        .args(["stats", "--json"])
-        .arg(&sc.mnt)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let v = stats_of(&sc.mnt);
     assert_eq!(v["source_bytes"], 0, "{v}");
     umount_and_wait(&sc, &log);
 
@@ -214,7 +198,8 @@ fn mount_t_fuse_locafs_and_fstab() {
 /// The helper run the way mount(8) runs it, without installing anything.
 #[test]
 fn helper_called_as_mount8_does() {
-    let sc = scratch();
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
     let log = sc.dir.path().join("locafs.log");
     let out = Command::new("sh")
         .arg(helper_src())
@@ -236,7 +221,7 @@ fn helper_called_as_mount8_does() {
     assert!(err.contains("mount --daemon -o cache_dir="), "{err}");
     assert!(!err.contains("rw,"), "{err}");
     assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
-    check_files(&sc);
+    sc.check_files_through_mount();
     umount_and_wait(&sc, &log);
 
     // A binary that cannot be found: status 1 and a clear message.

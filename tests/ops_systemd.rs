@@ -6,14 +6,14 @@
 //! and after a crash (SIGKILL) a restart over the dead mount and the same
 //! cache works.
 
-mod ops_util;
+mod common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ops_util::*;
+use common::*;
 
 #[test]
 fn unit_passes_systemd_analyze_verify() {
@@ -22,7 +22,7 @@ fn unit_passes_systemd_analyze_verify() {
         .output()
         .is_err()
     {
-        return skip("systemd-analyze not installed (apt-get install systemd)");
+        skip!("systemd-analyze not installed (apt-get install systemd)");
     }
     let unit = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd/locafs@.service"),
@@ -66,7 +66,8 @@ fn recv(sock: &UnixDatagram) -> Option<String> {
 
 #[test]
 fn notify_readiness_clean_stop_and_restart_after_a_crash() {
-    let sc = scratch();
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
     let conf = sc.dir.path().join("imagenet.toml");
     let log = sc.dir.path().join("log.txt");
     std::fs::write(
@@ -102,16 +103,14 @@ fn notify_readiness_clean_stop_and_restart_after_a_crash() {
     assert_eq!(msg, "READY=1");
     // Ready means live: no waiting.
     assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
-    for (name, data) in &sc.files {
-        assert!(std::fs::read(sc.mnt.join(name)).unwrap() == *data);
-    }
+    sc.check_files_through_mount();
     // systemctl stop: SIGTERM.
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
     assert_eq!(recv(&notify).as_deref(), Some("STOPPING=1"));
-    let ok = wait_until(Duration::from_secs(15), || {
+    let ok = wait_for(Duration::from_secs(15), || {
         child.try_wait().ok().flatten().is_some()
     });
     assert!(ok, "daemon did not exit after SIGTERM");
@@ -135,15 +134,8 @@ fn notify_readiness_clean_stop_and_restart_after_a_crash() {
         let _ = child.stderr.take().unwrap().read_to_string(&mut err);
     }
     assert_eq!(msg.as_deref(), Some("READY=1"), "restart failed: {err}");
-    for (name, data) in &sc.files {
-        assert!(std::fs::read(sc.mnt.join(name)).unwrap() == *data);
-    }
-    let stats = Command::new(bin())
-        .args(["stats", "--json"])
-        .arg(&sc.mnt)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    sc.check_files_through_mount();
+    let v = stats_of(&sc.mnt);
     assert_eq!(v["source_bytes"], 0, "cache not reused after restart: {v}");
     let log_text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -154,7 +146,7 @@ fn notify_readiness_clean_stop_and_restart_after_a_crash() {
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
-    let ok = wait_until(Duration::from_secs(15), || {
+    let ok = wait_for(Duration::from_secs(15), || {
         child.try_wait().ok().flatten().is_some()
     });
     assert!(ok);

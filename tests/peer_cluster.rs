@@ -3,11 +3,12 @@
 //! mid-epoch, a node joining and a node leaving cost no failed read and no
 //! wrong byte.
 
-mod peer_harness;
+mod common;
 
 use std::time::Duration;
 
-use peer_harness::*;
+use common::cluster::*;
+use common::*;
 
 fn opts<'a>(peers: &'a [u16], c: &'a Cluster) -> NodeOpts<'a> {
     NodeOpts {
@@ -20,11 +21,9 @@ fn opts<'a>(peers: &'a [u16], c: &'a Cluster) -> NodeOpts<'a> {
 
 #[test]
 fn epochs_on_three_nodes_read_each_block_from_the_source_once() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(90, 1_000, 300_000, 1);
-    let ports = [free_port(), free_port(), free_port()];
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
     let nodes: Vec<Node> = (0..3)
         .map(|i| Node::start(&c, &format!("n{i}"), ports[i], opts(&ports, &c)))
         .collect();
@@ -81,11 +80,9 @@ fn epochs_on_three_nodes_read_each_block_from_the_source_once() {
 
 #[test]
 fn a_node_killed_mid_epoch_costs_no_failed_read_and_no_wrong_byte() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(60, 1_000, 300_000, 2);
-    let ports = [free_port(), free_port(), free_port()];
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
     let a = Node::start(&c, "a", ports[0], opts(&ports, &c));
     let b = Node::start(&c, "b", ports[1], opts(&ports, &c));
     let mut victim = Node::start(&c, "victim", ports[2], opts(&ports, &c));
@@ -130,12 +127,10 @@ fn a_node_killed_mid_epoch_costs_no_failed_read_and_no_wrong_byte() {
 
 #[test]
 fn a_node_with_another_secret_gets_nothing() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(30, 1_000, 200_000, 3);
     let other = c.other_secret();
-    let ports = [free_port(), free_port(), free_port()];
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
     let a = Node::start(&c, "a", ports[0], opts(&ports, &c));
     let b = Node::start(&c, "b", ports[1], opts(&ports, &c));
     let stranger = Node::start(
@@ -166,11 +161,9 @@ fn a_node_with_another_secret_gets_nothing() {
 
 #[test]
 fn members_joining_and_leaving_move_ownership_without_errors() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(60, 1_000, 300_000, 4);
-    let ports = [free_port(), free_port(), free_port()];
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
     let a = Node::start(&c, "a", ports[0], opts(&ports, &c));
     let mut b = Node::start(&c, "b", ports[1], opts(&ports, &c));
     a.wait_peers_up(&ports[..2]);

@@ -8,7 +8,7 @@
 //! of it for one host), and a reply nobody reads is given up at the peer
 //! timeout.
 
-mod peer_harness;
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -16,12 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use locafs::cache::VersionKey;
-use locafs::peer::codec::{self, Frame, WireVersion};
+use common::cluster::*;
+use common::*;
+use locafs::peer::codec::{self, Frame};
 use locafs::peer::server::{CONNECTIONS_PER_PEER, STREAMS_PER_CONNECTION};
 use locafs::peer::tls::{ClusterIdentity, PEER_SERVER_NAME};
-use locafs::source::SourceAttr;
-use peer_harness::*;
 
 const MIB: u64 = 1 << 20;
 /// The flooded node's block size and memory budget.
@@ -37,26 +36,12 @@ const PREFETCH_MEMORY: u64 = 128 * MIB;
 /// node past 500 MiB.
 const BASE: u64 = 96 * MIB;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// (VmRSS, VmHWM) of a process, in bytes.
 fn memory_of(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+        proc_status(pid, name).unwrap_or_else(|| panic!("{name} in /proc/{pid}/status")) * 1024
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    (field("VmRSS"), field("VmHWM"))
 }
 
 /// One encoded `GetBlock` for block 0 of each file of the data set.
@@ -64,23 +49,8 @@ fn requests(c: &Cluster, dataset: [u8; 16]) -> Vec<Bytes> {
     c.files
         .iter()
         .map(|(rel, _)| {
-            let v = SourceAttr::from_metadata(&std::fs::metadata(c.source().join(rel)).unwrap())
-                .version();
-            let f = Frame::GetBlock {
-                dataset,
-                version: VersionKey::new(std::path::Path::new(rel), &v).0,
-                block: 0,
-                block_size: MIB as u32,
-                file: WireVersion {
-                    size: v.size,
-                    mtime_ns: v.mtime_ns,
-                    ino: v.ino,
-                },
-                path: Bytes::copy_from_slice(rel.as_bytes()),
-            };
-            let mut b = BytesMut::new();
-            codec::encode(&f, &mut b).unwrap();
-            b.freeze()
+            let v = version_of(&c.source().join(rel));
+            encoded(&get_block(dataset, rel, v, 0, MIB)).freeze()
         })
         .collect()
 }
@@ -170,13 +140,11 @@ fn endpoint(ip: &str, config: quinn::ClientConfig) -> quinn::Endpoint {
 #[test]
 fn a_flood_from_one_host_and_a_reader_that_never_reads_neither_starve_an_honest_node_nor_grow_memory(
 ) {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     // 128 one-block files: far more than the flooded node's memory tier
     // holds, so that nearly every reply is a block buffer of its own.
     let c = Cluster::new(128, MIB as usize, MIB as usize, 21);
-    let (tp, hp) = (free_port(), free_port());
+    let (tp, hp) = (free_udp_port(), free_udp_port());
     let (target_addr, honest_addr) = (format!("127.0.0.1:{tp}"), format!("127.0.0.2:{hp}"));
     let peers = vec![target_addr.clone(), honest_addr.clone()];
     let spec = |listen: &str| NodeSpec {

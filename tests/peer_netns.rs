@@ -1,33 +1,33 @@
 //! The peer cache over real links: three `locafs mount` processes, each in
-//! its own network namespace with a veth to a bridge (tests/peer_harness/
+//! its own network namespace with a veth to a bridge (tests/common/
 //! netns.rs), each listening on its own address. Each block leaves the
 //! source once across the nodes; a link cut in the middle of an epoch costs
 //! the other nodes no failed read and no wrong byte and shows that peer down
 //! on each of them; the link restored, the node rejoins.
 
-mod peer_harness;
+mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::Duration;
 
-use peer_harness::netns::Lab;
-use peer_harness::*;
+use common::cluster::*;
+use common::netns::Lab;
+use common::*;
 
 const PORT: u16 = 7070;
 
 /// A lab of `n` namespaces, or SKIPPED.
-fn lab(test: &str, n: usize) -> Option<Lab> {
-    if !can_run() {
-        return None;
-    }
-    match Lab::new(n) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            eprintln!("SKIPPED: {test}: network namespaces are not usable here: {e}");
-            None
-        }
-    }
+fn lab(n: usize) -> Option<Lab> {
+    let why = match fuse_missing() {
+        Some(why) => why,
+        None => match Lab::new(n) {
+            Ok(l) => return Some(l),
+            Err(e) => format!("network namespaces are not usable here: {e}"),
+        },
+    };
+    skipped(module_path!(), &why);
+    None
 }
 
 /// Starts node `i` of `lab` on its namespace address, naming the others.
@@ -59,7 +59,7 @@ fn all_addrs(lab: &Lab) -> Vec<String> {
 
 #[test]
 fn epochs_over_veth_links_read_each_block_from_the_source_once() {
-    let Some(lab) = lab("epochs_over_veth_links", 3) else {
+    let Some(lab) = lab(3) else {
         return;
     };
     let c = Cluster::new(90, 1_000, 300_000, 21);
@@ -122,7 +122,7 @@ fn epochs_over_veth_links_read_each_block_from_the_source_once() {
 
 #[test]
 fn a_link_cut_mid_epoch_costs_no_failed_read_and_the_node_rejoins() {
-    let Some(lab) = lab("a_link_cut_mid_epoch", 3) else {
+    let Some(lab) = lab(3) else {
         return;
     };
     let c = Cluster::new(60, 1_000, 300_000, 22);

@@ -8,7 +8,7 @@
 //! certificates carry, even when they share one certificate, and a node
 //! with a certificate of another CA gets nothing.
 
-mod peer_harness;
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -16,19 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use common::cluster::*;
+use common::pki::TestCa;
+use common::*;
 use locafs::cache::VersionKey;
-use locafs::peer::codec::{self, Frame, WireVersion};
+use locafs::peer::codec::{self, Frame};
 use locafs::peer::tls::{ClusterIdentity, PEER_SERVER_NAME};
-use locafs::source::{SourceAttr, SourceVersion};
-use peer_harness::*;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use locafs::source::SourceVersion;
 
 /// A member that holds the cluster secret but answers every request with a
 /// wrong block, in turn: garbage under a wrong checksum, a short block under
@@ -75,9 +69,7 @@ async fn lying_peer(endpoint: quinn::Endpoint, asked: Arc<AtomicU64>) {
 
 #[test]
 fn a_lying_peer_is_caught_and_reads_stay_byte_exact() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(40, 1_000, 250_000, 10);
     let rt = runtime();
     let identity =
@@ -94,7 +86,7 @@ fn a_lying_peer_is_caught_and_reads_stay_byte_exact() {
     let asked = Arc::new(AtomicU64::new(0));
     rt.spawn(lying_peer(liar, Arc::clone(&asked)));
 
-    let port = free_port();
+    let port = free_udp_port();
     let ports = [port, liar_port];
     let node = Node::start(
         &c,
@@ -156,27 +148,6 @@ async fn exchange(conn: &quinn::Connection, raw: &[u8]) -> Option<Frame> {
     codec::decode_eof(&mut BytesMut::from(&reply[..])).ok()?
 }
 
-fn get_block(dataset: [u8; 16], rel: &str, v: SourceVersion, block: u64) -> Frame {
-    Frame::GetBlock {
-        dataset,
-        version: VersionKey::new(std::path::Path::new(rel), &v).0,
-        block,
-        block_size: BLOCK as u32,
-        file: WireVersion {
-            size: v.size,
-            mtime_ns: v.mtime_ns,
-            ino: v.ino,
-        },
-        path: Bytes::copy_from_slice(rel.as_bytes()),
-    }
-}
-
-fn encoded(f: &Frame) -> BytesMut {
-    let mut b = BytesMut::new();
-    codec::encode(f, &mut b).unwrap();
-    b
-}
-
 /// A GetBlock on the wire with any path, bypassing the encoder's checks.
 fn raw_get_block(dataset: [u8; 16], path: &[u8], v: SourceVersion) -> BytesMut {
     let key = VersionKey::new(
@@ -203,14 +174,10 @@ fn raw_get_block(dataset: [u8; 16], path: &[u8], v: SourceVersion) -> BytesMut {
     b
 }
 
-fn version_of(p: &std::path::Path) -> SourceVersion {
-    SourceAttr::from_metadata(&std::fs::metadata(p).unwrap()).version()
-}
-
 /// One node of `c` listening alone, with what a hand-made peer needs to talk
 /// to it: its port, the data set's wire id and the cluster identity.
 fn lone_target(c: &Cluster) -> (Node, u16, [u8; 16], ClusterIdentity) {
-    let port = free_port();
+    let port = free_udp_port();
     let node = Node::start(
         c,
         "target",
@@ -231,9 +198,7 @@ fn lone_target(c: &Cluster) -> (Node, u16, [u8; 16], ClusterIdentity) {
 
 #[test]
 fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serving() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(10, 100_000, 200_000, 11);
     // A directory symlink in the data set that leads out of it.
     std::os::unix::fs::symlink("/etc", c.source().join("train/escape")).unwrap();
@@ -267,12 +232,12 @@ fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serv
         huge.put_u32(u32::MAX);
         assert!(is_error(exchange(&conn, &huge).await));
         // Really oversized: a valid request followed by 1 MiB more.
-        let mut big = encoded(&get_block(dataset, &rel, v, 0));
+        let mut big = encoded(&get_block(dataset, &rel, v, 0, BLOCK));
         big.put_slice(&vec![0u8; 1 << 20]);
         assert!(is_error(exchange(&conn, &big).await));
         // Two frames where one is allowed.
-        let mut two = encoded(&get_block(dataset, &rel, v, 0));
-        two.extend_from_slice(&encoded(&get_block(dataset, &rel, v, 1)));
+        let mut two = encoded(&get_block(dataset, &rel, v, 0, BLOCK));
+        two.extend_from_slice(&encoded(&get_block(dataset, &rel, v, 1, BLOCK)));
         assert!(is_error(exchange(&conn, &two).await));
         // A reply frame sent as a request.
         assert!(is_error(
@@ -289,13 +254,13 @@ fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serv
             assert!(is_error(reply), "{:?}", String::from_utf8_lossy(bad));
         }
         // Through a symlinked directory inside the data set.
-        let escape = get_block(dataset, "train/escape/passwd", passwd, 0);
+        let escape = get_block(dataset, "train/escape/passwd", passwd, 0, BLOCK);
         assert_eq!(
             exchange(&conn, &encoded(&escape)).await,
             Some(Frame::NotFound)
         );
         // A version key that is not the hash of the path and version.
-        let mut forged = get_block(dataset, &rel, v, 0);
+        let mut forged = get_block(dataset, &rel, v, 0, BLOCK);
         if let Frame::GetBlock { version, .. } = &mut forged {
             version[0] ^= 1;
         }
@@ -309,21 +274,21 @@ fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serv
             ..v
         };
         assert_eq!(
-            exchange(&conn, &encoded(&get_block(dataset, &rel, stale, 0))).await,
+            exchange(&conn, &encoded(&get_block(dataset, &rel, stale, 0, BLOCK))).await,
             Some(Frame::NotFound)
         );
         // Another data set; a block past the end.
         assert_eq!(
-            exchange(&conn, &encoded(&get_block([9; 16], &rel, v, 0))).await,
+            exchange(&conn, &encoded(&get_block([9; 16], &rel, v, 0, BLOCK))).await,
             Some(Frame::NotFound)
         );
         assert_eq!(
-            exchange(&conn, &encoded(&get_block(dataset, &rel, v, 1000))).await,
+            exchange(&conn, &encoded(&get_block(dataset, &rel, v, 1000, BLOCK))).await,
             Some(Frame::NotFound)
         );
 
         // And a proper request is still served, with the right bytes.
-        match exchange(&conn, &encoded(&get_block(dataset, &rel, v, 1))).await {
+        match exchange(&conn, &encoded(&get_block(dataset, &rel, v, 1, BLOCK))).await {
             Some(Frame::Block {
                 checksum,
                 data: got,
@@ -357,14 +322,12 @@ fn malformed_oversized_and_escaping_requests_are_refused_and_the_node_keeps_serv
 #[test]
 fn one_peer_cannot_open_more_than_its_share_of_connections() {
     use locafs::peer::server::CONNECTIONS_PER_PEER;
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(4, 100_000, 200_000, 12);
     let (node, port, dataset, identity) = lone_target(&c);
     let (rel, data) = c.files[0].clone();
     let v = version_of(&c.source().join(&rel));
-    let request = encoded(&get_block(dataset, &rel, v, 0));
+    let request = encoded(&get_block(dataset, &rel, v, 0, BLOCK));
     let want = &data[..BLOCK as usize];
     let served =
         |f: Option<Frame>| matches!(f, Some(Frame::Block { data, .. }) if &data[..] == want);
@@ -418,9 +381,7 @@ fn one_peer_cannot_open_more_than_its_share_of_connections() {
 
 #[test]
 fn nodes_with_admin_certificates_share_blocks_and_a_node_of_another_ca_gets_nothing() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(30, 1_000, 200_000, 13);
     let pki = c.dir.path().join("pki");
     let ca = TestCa::new("Example Corp CA");
@@ -430,7 +391,7 @@ fn nodes_with_admin_certificates_share_blocks_and_a_node_of_another_ca_gets_noth
     let a_files = ca.node_files(&pki, "a", "node-a.example.com");
     let b_files = ca.node_files(&pki, "b", "node-b.example.com");
     let x_files = foreign.node_files(&pki, "x", "node-x.example.com");
-    let ports = [free_port(), free_port(), free_port()];
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
     let a = Node::start_auth(&c, "a", ports[0], &ports, Auth::Certs(&a_files));
     let b = Node::start_auth(&c, "b", ports[1], &ports, Auth::CertsInO(&b_files));
     let stranger = Node::start_auth(&c, "stranger", ports[2], &ports, Auth::Certs(&x_files));
@@ -492,14 +453,12 @@ fn nodes_with_admin_certificates_share_blocks_and_a_node_of_another_ca_gets_noth
 
 #[test]
 fn nodes_sharing_one_admin_certificate_still_tell_each_other_apart() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(20, 1_000, 200_000, 14);
     let ca = TestCa::new("Example Corp CA");
     // One certificate for the whole job, as one Kubernetes Secret would be.
     let files = ca.node_files(&c.dir.path().join("pki"), "all", "locafs.example.com");
-    let ports = [free_port(), free_port()];
+    let ports = [free_udp_port(), free_udp_port()];
     let a = Node::start_auth(&c, "a", ports[0], &ports, Auth::Certs(&files));
     let b = Node::start_auth(&c, "b", ports[1], &ports, Auth::Certs(&files));
     // Each sees the other up, not as itself.
@@ -520,9 +479,7 @@ fn nodes_sharing_one_admin_certificate_still_tell_each_other_apart() {
 /// reach the port cannot fill the node's log.
 #[test]
 fn a_flood_of_failed_handshakes_is_counted_but_logged_once() {
-    if !can_run() {
-        return;
-    }
+    require_fuse!();
     let c = Cluster::new(2, 1_000, 2_000, 15);
     let (node, port, _, _) = lone_target(&c);
     let stranger = ClusterIdentity::from_secret(&std::fs::read(c.other_secret()).unwrap()).unwrap();

@@ -4,10 +4,7 @@
 //! divergence, warm's resumability and exit status, and loader reads staying
 //! served while background prefetch saturates the source.
 
-#[path = "common/inproc.rs"]
-mod inproc;
-#[path = "common/slow.rs"]
-mod slow;
+mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -17,22 +14,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inproc::*;
+use common::fakes::SlowSource;
+use common::inproc::{config, mount};
+use common::*;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use slow::SlowSource;
+use rand::{Rng as _, SeedableRng};
 
 const MIB: u64 = 1 << 20;
-
-fn write_file(path: &Path, len: u64, seed: u64) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut data = vec![0u8; len as usize];
-    rng.fill(&mut data[..]);
-    if let Some(p) = path.parent() {
-        std::fs::create_dir_all(p).unwrap();
-    }
-    std::fs::write(path, data).unwrap();
-}
 
 /// Asserts that no block reached `source` twice.
 fn assert_each_block_read_once(source: &SlowSource) {
@@ -46,22 +34,12 @@ fn assert_each_block_read_once(source: &SlowSource) {
     );
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn sequential_reads_prefetch_ahead_and_random_reads_do_not() {
-    if !fuse_available("sequential_reads_prefetch_ahead_and_random_reads_do_not") {
-        return;
-    }
-    let d = dirs();
-    write_file(&d.src.join("seq.bin"), 64 * MIB, 1);
-    write_file(&d.src.join("rand.bin"), 64 * MIB, 2);
+    require_fuse!();
+    let d = Scratch::new();
+    write_file(&d.src.join("seq.bin"), 1, (64 * MIB) as usize);
+    write_file(&d.src.join("rand.bin"), 2, (64 * MIB) as usize);
     let mut cfg = config(&d, &["--no-passthrough", "--cache-size", "1G"]);
     cfg.readahead.epoch = false;
     let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(2), 0));
@@ -84,7 +62,7 @@ fn sequential_reads_prefetch_ahead_and_random_reads_do_not() {
         Duration::from_secs(10),
         || beyond(&source, "seq.bin", 9 * MIB) > 0,
     );
-    let s = stats(m.mountpoint());
+    let s = snapshot(m.mountpoint());
     assert!(s.read_ahead.prefetch_sequential_blocks > 0);
     // The window is bounded: nothing beyond 8 MiB + the 64 MiB max window
     // could have been asked for (the file is 64 MiB, so check the count of
@@ -123,7 +101,9 @@ fn sequential_reads_prefetch_ahead_and_random_reads_do_not() {
         "random reads prefetched {:?}",
         fetched.difference(&allowed)
     );
-    let after = stats(m.mountpoint()).read_ahead.prefetch_sequential_blocks;
+    let after = snapshot(m.mountpoint())
+        .read_ahead
+        .prefetch_sequential_blocks;
     assert!(
         after - before <= 2,
         "read-ahead kept going on random reads: {}",
@@ -134,11 +114,9 @@ fn sequential_reads_prefetch_ahead_and_random_reads_do_not() {
 
 #[test]
 fn small_files_are_fetched_whole_at_open() {
-    if !fuse_available("small_files_are_fetched_whole_at_open") {
-        return;
-    }
-    let d = dirs();
-    write_file(&d.src.join("small.bin"), 3 * MIB + 5, 4);
+    require_fuse!();
+    let d = Scratch::new();
+    write_file(&d.src.join("small.bin"), 4, (3 * MIB + 5) as usize);
     let mut cfg = config(&d, &["--no-passthrough", "--cache-size", "1G"]);
     cfg.readahead.epoch = false;
     let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(20), 0));
@@ -158,13 +136,11 @@ fn small_files_are_fetched_whole_at_open() {
 
 #[test]
 fn prefetch_memory_budget_holds_with_many_handles() {
-    if !fuse_available("prefetch_memory_budget_holds_with_many_handles") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     let n = 120;
     for i in 0..n {
-        write_file(&d.src.join(format!("f{i:03}")), 2 * MIB, 100 + i);
+        write_file(&d.src.join(format!("f{i:03}")), 100 + i, (2 * MIB) as usize);
     }
     let mut cfg = config(
         &d,
@@ -211,7 +187,7 @@ fn prefetch_memory_budget_holds_with_many_handles() {
             });
         }
     });
-    let st = stats(m.mountpoint());
+    let st = snapshot(m.mountpoint());
     assert!(
         st.read_ahead.prefetch_sequential_blocks > 0,
         "no read-ahead happened"
@@ -230,13 +206,15 @@ fn prefetch_memory_budget_holds_with_many_handles() {
 
 #[test]
 fn epochs_are_detected_and_counted() {
-    if !fuse_available("epochs_are_detected_and_counted") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     let n = 300;
     for i in 0..n {
-        write_file(&d.src.join(format!("c{}/f{i:04}", i % 5)), 4096 + i, i);
+        write_file(
+            &d.src.join(format!("c{}/f{i:04}", i % 5)),
+            i,
+            (4096 + i) as usize,
+        );
     }
     let cfg = config(&d, &["--no-passthrough", "--cache-size", "1G"]);
     let source = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
@@ -251,7 +229,7 @@ fn epochs_are_detected_and_counted() {
             let mut v = Vec::new();
             File::open(p).unwrap().read_to_end(&mut v).unwrap();
         }
-        let s = stats(m.mountpoint());
+        let s = snapshot(m.mountpoint());
         assert_eq!(s.read_ahead.epoch, epoch);
         assert_eq!(s.read_ahead.epoch_files_total, n);
         assert!(
@@ -265,14 +243,12 @@ fn epochs_are_detected_and_counted() {
 
 #[test]
 fn a_plan_is_followed_in_order_and_dropped_on_divergence() {
-    if !fuse_available("a_plan_is_followed_in_order_and_dropped_on_divergence") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     let n = 150;
     let names: Vec<String> = (0..n).map(|i| format!("f{i:04}")).collect();
     for (i, name) in names.iter().enumerate() {
-        write_file(&d.src.join(name), 64 << 10, i as u64);
+        write_file(&d.src.join(name), i as u64, 64 << 10);
     }
     let mut cfg = config(
         &d,
@@ -289,7 +265,7 @@ fn a_plan_is_followed_in_order_and_dropped_on_divergence() {
     let m = mount(&cfg, source.clone());
     let mut order = names.clone();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(5));
-    let plan_file = d.tmp.path().join("plan.txt");
+    let plan_file = d.path().join("plan.txt");
     std::fs::write(&plan_file, order.join("\n")).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_locafs"))
         .args([
@@ -344,7 +320,7 @@ fn a_plan_is_followed_in_order_and_dropped_on_divergence() {
         "fetch order strays from the plan: {inversions} inversions in {}",
         first_fetches.len()
     );
-    let s = stats(m.mountpoint());
+    let s = snapshot(m.mountpoint());
     assert!(s.read_ahead.plan_active);
     assert!(s.read_ahead.plan_position >= 59);
     // Diverge: read the rest in reverse plan order.
@@ -356,7 +332,7 @@ fn a_plan_is_followed_in_order_and_dropped_on_divergence() {
             .unwrap();
     }
     assert!(
-        !stats(m.mountpoint()).read_ahead.plan_active,
+        !snapshot(m.mountpoint()).read_ahead.plan_active,
         "plan kept after divergence"
     );
     drop(m);
@@ -364,15 +340,13 @@ fn a_plan_is_followed_in_order_and_dropped_on_divergence() {
 
 #[test]
 fn warm_caches_resumes_and_reports_what_did_not_fit() {
-    if !fuse_available("warm_caches_resumes_and_reports_what_did_not_fit") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     for i in 0..40 {
-        write_file(&d.src.join(format!("a/f{i:02}")), 256 << 10, i);
+        write_file(&d.src.join(format!("a/f{i:02}")), i, 256 << 10);
     }
     for i in 0..40 {
-        write_file(&d.src.join(format!("b/f{i:02}")), MIB, 100 + i);
+        write_file(&d.src.join(format!("b/f{i:02}")), 100 + i, MIB as usize);
     }
     // Room for a/ (10 MiB + meta) but not for a/ and b/ (50 MiB).
     let mut cfg = config(&d, &["--no-passthrough", "--cache-size", "24MiB"]);
@@ -416,12 +390,10 @@ fn warm_caches_resumes_and_reports_what_did_not_fit() {
 
 #[test]
 fn loader_reads_are_served_while_background_prefetch_saturates_the_source() {
-    if !fuse_available("loader_reads_are_served_while_background_prefetch_saturates_the_source") {
-        return;
-    }
-    let d = dirs();
+    require_fuse!();
+    let d = Scratch::new();
     for i in 0..400 {
-        write_file(&d.src.join(format!("f{i:03}")), 256 << 10, i);
+        write_file(&d.src.join(format!("f{i:03}")), i, 256 << 10);
     }
     // 20 MB/s: the background alone would need 5 s for the data set.
     let cfg = config(
@@ -450,7 +422,7 @@ fn loader_reads_are_served_while_background_prefetch_saturates_the_source() {
             .unwrap();
         assert_eq!(v, std::fs::read(d.src.join(format!("f{i:03}"))).unwrap());
     }
-    let s = stats(m.mountpoint());
+    let s = snapshot(m.mountpoint());
     assert_eq!(s.read_errors, 0);
     assert!(
         s.read_ahead.prefetch_background_files > 0,
@@ -463,20 +435,16 @@ fn loader_reads_are_served_while_background_prefetch_saturates_the_source() {
 
 #[test]
 fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_writes() {
-    if !fuse_available(
-        "background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_writes",
-    ) {
-        return;
-    }
+    require_fuse!();
     // A source with no delay outruns checksumming and writing the cache;
     // a small budget gives a small write-back queue. Every block must still
     // land in the cache, each read from the source once: read-ahead waits
     // for the write queue instead of dropping what it fetched.
-    let d = dirs();
+    let d = Scratch::new();
     let files = 6u64;
     let len = 24 * MIB;
     for i in 0..files {
-        write_file(&d.src.join(format!("shard-{i}")), len, 100 + i);
+        write_file(&d.src.join(format!("shard-{i}")), 100 + i, len as usize);
     }
     let cfg = config(
         &d,
@@ -502,15 +470,15 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
         .read_exact(&mut b)
         .unwrap();
     let t = Instant::now();
-    while stats(m.mountpoint()).files_cached < files - 1 {
+    while snapshot(m.mountpoint()).files_cached < files - 1 {
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "background prefetch left files partly cached: {:?}",
-            stats(m.mountpoint())
+            snapshot(m.mountpoint())
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let s = stats(m.mountpoint());
+    let s = snapshot(m.mountpoint());
     // The loader's own block may have been turned away by the full queue
     // and read once more by the background completion; read-ahead's blocks
     // are read once each.
@@ -530,7 +498,7 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
     // What read-ahead wrote is still in memory for the loader's coming
     // reads (written through the page cache, not straight to the disk to
     // be read back).
-    let data_files = cache_data_files(&d.cache);
+    let data_files = cache_files(&d.cache, "data");
     assert_eq!(data_files.len() as u64, files, "{data_files:?}");
     let resident: u64 = data_files.iter().map(|p| resident_bytes(p)).sum();
     assert!(
@@ -540,60 +508,12 @@ fn background_prefetch_fills_the_cache_whole_when_the_source_outruns_cache_write
     drop(m);
 }
 
-/// The `.data` files under a cache directory.
-fn cache_data_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "data") {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
-/// Bytes of `path` in the page cache (mincore over a mapping of it).
-fn resident_bytes(path: &Path) -> u64 {
-    use std::os::unix::io::AsRawFd;
-    let f = File::open(path).unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    if len == 0 {
-        return 0;
-    }
-    let page = 4096usize;
-    // SAFETY: a private read-only mapping of an open file, unmapped below;
-    // mincore writes one byte per page into a vector of that many bytes.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap {}", path.display());
-        let mut vec = vec![0u8; len.div_ceil(page)];
-        let r = libc::mincore(p, len, vec.as_mut_ptr());
-        libc::munmap(p, len);
-        assert_eq!(r, 0, "mincore {}", path.display());
-        vec.iter().filter(|b| **b & 1 == 1).count() as u64 * page as u64
-    }
-}
-
 #[test]
 fn the_kernel_read_ahead_of_the_mount_is_set() {
-    if !fuse_available("the_kernel_read_ahead_of_the_mount_is_set") {
-        return;
-    }
+    require_fuse!();
     for (args, want_kb) in [(vec![], 4096u64), (vec!["--kernel-readahead", "1M"], 1024)] {
-        let d = dirs();
-        write_file(&d.src.join("f"), 4096, 1);
+        let d = Scratch::new();
+        write_file(&d.src.join("f"), 1, 4096);
         let cfg = config(&d, &args);
         let m = mount(&cfg, Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0)));
         let file = locafs::sys::bdi_readahead_file(m.mountpoint()).unwrap();
@@ -609,17 +529,15 @@ fn the_kernel_read_ahead_of_the_mount_is_set() {
 
 #[test]
 fn small_reads_of_a_block_fetch_it_once_when_memory_is_full() {
-    if !fuse_available("small_reads_of_a_block_fetch_it_once_when_memory_is_full") {
-        return;
-    }
+    require_fuse!();
     // A memory tier of 2 blocks, kept full, and a disk cache too small to
     // take anything: a block lives only in memory between the small reads
     // that cover it. The block just fetched must stay there for the next
     // read (an admission policy that turned it away had each 128 KiB read
     // of a block fetch it again).
-    let d = dirs();
+    let d = Scratch::new();
     for i in 0..4 {
-        write_file(&d.src.join(format!("f{i}")), 4 * MIB, 10 + i);
+        write_file(&d.src.join(format!("f{i}")), 10 + i, (4 * MIB) as usize);
     }
     let cfg = config(
         &d,
@@ -659,19 +577,17 @@ fn small_reads_of_a_block_fetch_it_once_when_memory_is_full() {
 
 #[test]
 fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
-    if !fuse_available("blocks_the_cache_disk_could_not_take_are_completed_in_the_background") {
-        return;
-    }
+    require_fuse!();
     // A source with no delay and the smallest budget (a write-back queue of
     // two blocks, and room for one more of the loader's blocks to wait): 32
     // readers fetching different blocks of one file at once have most of
     // their blocks turned away (a loader's read never waits for the queue). Background prefetch must still complete the
     // file, without waiting for the next epoch to read those blocks again.
     // Blocks of 128 KiB: each reader's read is one request for one block.
-    let d = dirs();
+    let d = Scratch::new();
     let bs = 128 * 1024u64;
     let blocks = 32u64;
-    write_file(&d.src.join("big"), blocks * bs, 7);
+    write_file(&d.src.join("big"), 7, (blocks * bs) as usize);
     let cfg = config(
         &d,
         &[
@@ -716,9 +632,9 @@ fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
     wait_until(
         "the file to be cached whole",
         Duration::from_secs(60),
-        || stats(m.mountpoint()).files_cached == 1,
+        || snapshot(m.mountpoint()).files_cached == 1,
     );
-    let s = stats(m.mountpoint());
+    let s = snapshot(m.mountpoint());
     assert!(
         s.cache_writes_skipped > 0,
         "the write-back queue never turned a block away: this test did not exercise its path ({s:?})"

@@ -17,61 +17,34 @@
 //! first poll, and a task on the runtime sleeping 1 ms in a loop, timed
 //! for how late it wakes.
 
-use std::ffi::OsString;
-use std::io;
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::fakes::{Call, Hook, Hooked};
 use locafs::cache::disk::DiskCache;
 use locafs::cache::BlockCache;
 use locafs::namespace::Namespace;
 use locafs::prefetch::{ReadAhead, ReadAheadConfig};
 use locafs::reader::{Reader, ReaderConfig};
-use locafs::source::{DirSource, Source, SourceAttr, SourceError, SourceVersion};
+use locafs::source::Source;
 use locafs::stats::Stats;
 
 const DIRS: usize = 100;
 const PER_DIR: usize = 1000;
 
-/// A directory source whose metadata calls take a round trip.
-struct RoundTrip {
-    inner: DirSource,
-    rtt: Duration,
-}
+/// Metadata calls (stat, list) of a directory source take a round trip.
+struct RoundTrip(Duration);
 
-impl RoundTrip {
-    fn wait(&self) {
-        if !self.rtt.is_zero() {
-            std::thread::sleep(self.rtt);
+impl Hook for RoundTrip {
+    fn around<T>(&self, call: Call<'_>, real: impl FnOnce() -> T) -> T {
+        if matches!(call, Call::Stat(_) | Call::List(_)) && !self.0.is_zero() {
+            std::thread::sleep(self.0);
         }
-    }
-}
-
-impl Source for RoundTrip {
-    fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
-        self.wait();
-        self.inner.stat(rel)
-    }
-    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        self.wait();
-        self.inner.list(rel)
-    }
-    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
-        self.inner.read_link(rel)
-    }
-    fn read_at(
-        &self,
-        rel: &Path,
-        version: &SourceVersion,
-        offset: u64,
-        len: usize,
-    ) -> Result<bytes::Bytes, SourceError> {
-        self.inner.read_at(rel, version, offset, len)
-    }
-    fn statvfs(&self) -> io::Result<libc::statvfs> {
-        self.inner.statvfs()
+        real()
     }
 }
 
@@ -130,10 +103,7 @@ fn lateness_of_unrelated_tasks_while_a_plan_of_100k_paths_is_installed() {
     )
     .unwrap();
     let cache: Arc<dyn BlockCache> = Arc::new(disk);
-    let source: Arc<dyn Source> = Arc::new(RoundTrip {
-        inner: DirSource::new(src.clone()),
-        rtt,
-    });
+    let source: Arc<dyn Source> = Arc::new(Hooked::wrap(&src, RoundTrip(rtt)));
     let ns = Arc::new(
         Namespace::new(
             Arc::clone(&source),

@@ -6,7 +6,8 @@
 //! file can be handed to the kernel for passthrough as it is), and
 //! `<version key>.meta` holds a header (magic, format, block size, the source
 //! version and path) and one fixed-size slot per block (xxh3-128 checksum,
-//! length, presence marker). A one-block file has no `.meta`: its meta (40
+//! length, presence marker); integers are little-endian, written with
+//! `bytes::BufMut` and read with `Buf`, as in the other binary formats. A one-block file has no `.meta`: its meta (40
 //! bytes, kept by ext4 in the inode) is the `user.locafs.meta` xattr of its
 //! `.data` file, so that caching a small file creates one file, not two. A
 //! block is written data first, slot second, so
@@ -37,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
@@ -82,8 +83,7 @@ fn round_alloc(n: u64) -> u64 {
 }
 
 fn path_hash(rel: &Path) -> u64 {
-    let h = blake3::hash(rel.as_os_str().as_bytes());
-    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]))
+    (&blake3::hash(rel.as_os_str().as_bytes()).as_bytes()[..8]).get_u64_le()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -663,22 +663,22 @@ impl Core {
         if raw.len() < HEADER_FIXED || &raw[..8] != MAGIC {
             return Ok(None);
         }
-        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap_or([0; 4]));
-        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap_or([0; 8]));
-        if u32_at(8) != FORMAT {
+        // The fixed header is all there (checked above): its gets cannot fail.
+        let mut h = &raw[8..HEADER_FIXED];
+        if h.get_u32_le() != FORMAT {
             return Ok(None);
         }
-        if u32_at(12) as u64 != self.block_size {
+        if h.get_u32_le() as u64 != self.block_size {
             return Err(io::Error::other(BLOCK_SIZE_CHANGED));
         }
         let version = SourceVersion {
-            size: u64_at(16),
-            mtime_ns: u64_at(24) as i64,
-            ino: u64_at(32),
+            size: h.get_u64_le(),
+            mtime_ns: h.get_i64_le(),
+            ino: h.get_u64_le(),
         };
         let mut key = [0u8; 16];
-        key.copy_from_slice(&raw[40..56]);
-        let plen = u32_at(56) as usize;
+        h.copy_to_slice(&mut key);
+        let plen = h.get_u32_le() as usize;
         if HEADER_FIXED + plen > raw.len() {
             return Ok(None);
         }
@@ -696,19 +696,19 @@ impl Core {
         let mut present = 0;
         for (i, slot) in slots.iter_mut().enumerate() {
             let o = (table + i as u64 * SLOT) as usize;
-            if o + SLOT as usize > raw.len() {
+            let Some(mut s) = raw.get(o..o + SLOT as usize) else {
                 break;
-            }
-            let len = u32_at(o + 16) as u64;
+            };
+            let mut sum = Checksum::default();
+            s.copy_to_slice(&mut sum);
+            let len = s.get_u32_le() as u64;
+            let marker = s.get_u32_le();
             let want = version
                 .size
                 .saturating_sub(i as u64 * self.block_size)
                 .min(self.block_size);
-            let marker = u32_at(o + 20);
             if (marker == PRESENT || marker == PRESENT_GUEST) && len == want {
                 guest[i] = marker == PRESENT_GUEST;
-                let mut sum = Checksum::default();
-                sum.copy_from_slice(&raw[o..o + 16]);
                 *slot = Slot::Present(sum);
                 present += 1;
             }
@@ -747,11 +747,13 @@ impl Core {
             return None;
         }
         let key = VersionKey::from_hex(data.file_stem()?.to_str()?)?;
-        let size = u64::from_le_bytes(raw[4..12].try_into().ok()?);
-        let path_hash = u64::from_le_bytes(raw[12..20].try_into().ok()?);
+        // Exactly INLINE_LEN bytes (checked above): the gets cannot fail.
+        let mut r = &raw[4..];
+        let size = r.get_u64_le();
+        let path_hash = r.get_u64_le();
         let mut sum = Checksum::default();
-        sum.copy_from_slice(&raw[20..36]);
-        let marker = u32::from_le_bytes(raw[36..40].try_into().ok()?);
+        r.copy_to_slice(&mut sum);
+        let marker = r.get_u32_le();
         if size == 0 || size > self.block_size || (marker != PRESENT && marker != PRESENT_GUEST) {
             return None;
         }
@@ -859,16 +861,16 @@ impl Core {
     fn new_meta(&self, file: &FileVersion, nblocks: u64) -> Vec<u8> {
         let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
         let mut header = Vec::with_capacity(table as usize);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&FORMAT.to_le_bytes());
-        header.extend_from_slice(&(self.block_size as u32).to_le_bytes());
-        header.extend_from_slice(&file.version.size.to_le_bytes());
-        header.extend_from_slice(&file.version.mtime_ns.to_le_bytes());
-        header.extend_from_slice(&file.version.ino.to_le_bytes());
-        header.extend_from_slice(&file.key.0);
+        header.put_slice(MAGIC);
+        header.put_u32_le(FORMAT);
+        header.put_u32_le(self.block_size as u32);
+        header.put_u64_le(file.version.size);
+        header.put_i64_le(file.version.mtime_ns);
+        header.put_u64_le(file.version.ino);
+        header.put_slice(&file.key.0);
         let p = file.rel.as_os_str().as_bytes();
-        header.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        header.extend_from_slice(p);
+        header.put_u32_le(p.len() as u32);
+        header.put_slice(p);
         header.resize(meta_len as usize, 0);
         header
     }
@@ -1037,19 +1039,20 @@ impl Core {
         };
         self.write_data(&d, index * self.block_size, block.data())?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
-        let mut slot = [0u8; SLOT as usize];
-        slot[..16].copy_from_slice(block.checksum());
-        slot[16..20].copy_from_slice(&(block.data().len() as u32).to_le_bytes());
         let marker = if guest { PRESENT_GUEST } else { PRESENT };
-        slot[20..24].copy_from_slice(&marker.to_le_bytes());
+        let mut slot = [0u8; SLOT as usize];
+        let mut w = &mut slot[..];
+        w.put_slice(block.checksum());
+        w.put_u32_le(block.data().len() as u32);
+        w.put_u32_le(marker);
         if meta_in_xattr {
             // Data first, then the meta.
             let mut raw = Vec::with_capacity(INLINE_LEN);
-            raw.extend_from_slice(INLINE_MAGIC);
-            raw.extend_from_slice(&file.version.size.to_le_bytes());
-            raw.extend_from_slice(&path_hash(&file.rel).to_le_bytes());
-            raw.extend_from_slice(block.checksum());
-            raw.extend_from_slice(&marker.to_le_bytes());
+            raw.put_slice(INLINE_MAGIC);
+            raw.put_u64_le(file.version.size);
+            raw.put_u64_le(path_hash(&file.rel));
+            raw.put_slice(block.checksum());
+            raw.put_u32_le(marker);
             return self.set_inline_meta(file, &d.file, &meta, &raw, &slot);
         }
         let m = match m {
@@ -2031,12 +2034,14 @@ mod tests {
         let pt = c.open_complete(&f).expect("complete and verified");
         let seen = read_whole(&pt);
         let used = c.usage().used_bytes;
-        // SAFETY: getrlimit/setrlimit on a stack struct.
-        unsafe {
-            let mut r: libc::rlimit = std::mem::zeroed();
-            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
-            r.rlim_cur = 64;
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+        {
+            use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+            let r = getrlimit(Resource::Nofile);
+            let low = Rlimit {
+                current: Some(64),
+                maximum: r.maximum,
+            };
+            setrlimit(Resource::Nofile, low).unwrap();
         }
         let mut fill = Vec::new();
         let e = loop {
@@ -2188,22 +2193,9 @@ mod tests {
         // created with O_EXCL, and the buffered retry finds it in the way
         // (it is unlinked and created again).
         let d = tempfile::tempdir().unwrap();
-        let c = std::ffi::CString::new(d.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: mount(2) with NUL-terminated strings and no data.
-        let r = unsafe {
-            libc::mount(
-                c"ramfs".as_ptr(),
-                c.as_ptr(),
-                c"ramfs".as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        if r != 0 {
-            eprintln!(
-                "SKIPPED: cannot mount a ramfs ({})",
-                io::Error::last_os_error()
-            );
+        let flags = rustix::mount::MountFlags::empty();
+        if let Err(e) = rustix::mount::mount("ramfs", d.path(), "ramfs", flags, None) {
+            eprintln!("SKIPPED: cannot mount a ramfs ({e})");
             return;
         }
         let result = std::panic::catch_unwind(|| {
@@ -2217,5 +2209,108 @@ mod tests {
         if let Err(e) = result {
             std::panic::resume_unwind(e);
         }
+    }
+
+    /// `hex` with spaces and newlines for reading, as bytes.
+    fn unhex(hex: &str) -> Vec<u8> {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// Today's bytes on disk, pinned: a `.meta` file (header and slots, own
+    /// and guest) and a one-block file's meta xattr, as written by `put` and
+    /// read back by recovery. A cache written by this version must load in
+    /// the next one (or the format gets a new number).
+    #[test]
+    fn the_meta_formats_are_pinned_byte_for_byte() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let data = |len: usize, seed: u8| {
+            ChecksummedBytes::from_source(Bytes::from(
+                (0..len)
+                    .map(|i| (i as u8).wrapping_mul(seed))
+                    .collect::<Vec<u8>>(),
+            ))
+        };
+        // Three blocks, the last of 100 bytes: block 0 own, block 2 a guest.
+        let f = FileVersion::new(
+            Arc::from(Path::new("d/x")),
+            SourceVersion {
+                size: 2 * BS + 100,
+                mtime_ns: -7,
+                ino: 0x0102_0304,
+            },
+        );
+        assert!(c.put(&f, 0, &data(BS as usize, 3)));
+        assert!(c.put_guest(&f, 2, &data(100, 5)));
+        let meta = fs::read(c.paths(&f.key).1).unwrap();
+        // Little-endian throughout: magic, format 2, block size, size,
+        // mtime (ns), inode, version key, path length, path, zeros up to the
+        // 64-byte aligned slot table; a slot is checksum (xxh3-128), length
+        // and presence marker ("SERP" own, "SEUG" guest), an empty one zeros.
+        let want = unhex(&format!(
+            "4c4f434146534d31 02000000 00100000 6420000000000000 f9ffffffffffffff 0403020100000000
+             {key} 03000000 642f78 00
+             {own} 00100000 53455250
+             {empty}
+             {guest} 64000000 53455547",
+            key = "d64dd6ed72fffe0d43fbbce98bfa26ea",
+            own = "284b5362b443f9038da94e46cab50e4d",
+            empty = "00".repeat(24),
+            guest = "7c2771745a6799c6a3bc6b37bf85b584",
+        ));
+        assert_eq!(
+            meta,
+            want,
+            "{}",
+            meta.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let (key, e) = c.parse_meta(&want).unwrap().expect("the pinned bytes load");
+        assert_eq!(key, f.key);
+        assert_eq!(e.size, f.version.size);
+        assert_eq!(e.present, 2);
+        assert_eq!(e.guest, vec![false, false, true]);
+        assert_eq!(e.slots[0], Slot::Present(*data(BS as usize, 3).checksum()));
+        assert_eq!(e.slots[1], Slot::Empty);
+        assert_eq!(e.slots[2], Slot::Present(*data(100, 5).checksum()));
+
+        // One block: the meta is an xattr of the data file (where the file
+        // system has user xattrs): magic, size, path hash, checksum, marker.
+        let g = FileVersion::new(
+            Arc::from(Path::new("y")),
+            SourceVersion {
+                size: 1000,
+                mtime_ns: 1,
+                ino: 2,
+            },
+        );
+        assert!(c.put(&g, 0, &data(1000, 7)));
+        let (gdata, gmeta) = c.paths(&g.key);
+        if gmeta.exists() {
+            eprintln!(
+                "SKIPPED: the inline meta: no user xattrs under {:?}",
+                d.path()
+            );
+            return;
+        }
+        let raw = crate::sys::getxattr(&gdata, META_XATTR).unwrap();
+        let want = unhex(
+            "4c434932 e803000000000000 08112a9e334ce730 30c826442630ad106dd7dada9c22eeab 53455250",
+        );
+        assert_eq!(
+            raw,
+            want,
+            "{}",
+            raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let (key, e) = c
+            .parse_inline(&gdata, &want)
+            .expect("the pinned bytes load");
+        assert_eq!(key, g.key);
+        assert_eq!((e.size, e.path_hash), (1000, path_hash(Path::new("y"))));
+        assert_eq!(e.slots, vec![Slot::Present(*data(1000, 7).checksum())]);
     }
 }

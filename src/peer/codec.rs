@@ -21,7 +21,8 @@
 //!     12    …  body
 //! ```
 //!
-//! Bodies (all integers big-endian):
+//! Bodies (all integers big-endian; written with `bytes::BufMut` and read
+//! with `Buf`, as the manifest and the cache meta are):
 //! `GetBlock` = dataset `[u8;16]`, version `[u8;16]`, block `u64`,
 //! block_size `u32`, then the file version the key was computed from: size
 //! `u64`, mtime_ns `i64`, inode `u64`, path length `u16` and the path relative
@@ -319,7 +320,7 @@ pub fn encode_chunks(frame: &Frame) -> Result<Vec<Bytes>, CodecError> {
             let mut head = BytesMut::with_capacity(HEADER_LEN + BLOCK_PREFIX_LEN);
             encode(&empty, &mut head)?;
             // body_len <= BLOCK_PREFIX_LEN + MAX_BLOCK_LEN, far below u32::MAX.
-            head[8..12].copy_from_slice(&(body_len as u32).to_be_bytes());
+            (&mut head[8..12]).put_u32(body_len as u32);
             Ok(vec![head.freeze(), data.clone()])
         }
         other => {
@@ -430,7 +431,7 @@ fn header(buf: &[u8], max_block_len: usize) -> Result<Option<(FrameKind, usize)>
         return Err(CodecError::BadMagic);
     }
     if buf.len() >= 6 {
-        let found = u16::from_be_bytes([buf[4], buf[5]]);
+        let found = (&buf[4..6]).get_u16();
         if found != PROTOCOL_VERSION {
             return Err(CodecError::UnsupportedVersion {
                 found,
@@ -448,7 +449,7 @@ fn header(buf: &[u8], max_block_len: usize) -> Result<Option<(FrameKind, usize)>
         return Ok(None);
     }
     let kind = FrameKind::from_wire(buf[6])?;
-    let len = u32::from_be_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    let len = (&buf[8..12]).get_u32();
     let (min, max) = kind.body_bounds(max_block_len.min(MAX_BLOCK_LEN));
     // Compare in u64 so no length field can wrap on any platform.
     if u64::from(len) < min as u64 || u64::from(len) > max as u64 {
@@ -800,7 +801,7 @@ mod tests {
         // Version 1 (blake3 checksums of 32 bytes) and a future version.
         for found in [1u16, 3] {
             let mut buf = buf.clone();
-            buf[4..6].copy_from_slice(&found.to_be_bytes());
+            (&mut buf[4..6]).put_u16(found);
             assert_eq!(
                 decode(&mut buf),
                 Err(CodecError::UnsupportedVersion {
@@ -809,7 +810,7 @@ mod tests {
                 })
             );
         }
-        buf[4..6].copy_from_slice(&3u16.to_be_bytes());
+        (&mut buf[4..6]).put_u16(3);
         // Reported before the rest of the header arrives.
         let mut partial = BytesMut::from(&buf[..6]);
         assert!(matches!(
@@ -964,6 +965,59 @@ mod tests {
         wire.put_u16(5);
         wire.put_slice(&[0xff, 0xfe]);
         assert_eq!(decode(&mut wire), Err(CodecError::MessageNotUtf8));
+    }
+
+    /// `hex` with spaces and newlines for reading, as bytes.
+    fn unhex(hex: &str) -> Vec<u8> {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// Today's wire bytes of every frame type, pinned: an encoding change
+    /// (byte order, field order, widths) must show here and come with a new
+    /// PROTOCOL_VERSION.
+    #[test]
+    fn the_wire_format_is_pinned_byte_for_byte() {
+        let golden = [
+            (
+                get_block(4096, b"a/b"),
+                "4c434653 0002 01 00 00000049
+                 01010101010101010101010101010101
+                 02020202020202020202020202020202
+                 0000000000000003 00001000
+                 000000000000000a fffffffffffffffb 0000000000000007
+                 0003 612f62",
+            ),
+            (
+                Frame::Block {
+                    checksum: [0x11; 16],
+                    data: Bytes::from_static(b"xyz"),
+                },
+                "4c434653 0002 02 00 00000013 11111111111111111111111111111111 78797a",
+            ),
+            (Frame::NotFound, "4c434653 0002 03 00 00000000"),
+            (Frame::Busy, "4c434653 0002 04 00 00000000"),
+            (
+                Frame::Error {
+                    code: 0x1234,
+                    message: "no".into(),
+                },
+                "4c434653 0002 05 00 00000004 1234 6e6f",
+            ),
+        ];
+        for (frame, hex) in golden {
+            let want = unhex(hex);
+            assert_eq!(&encoded(&frame)[..], &want[..], "{frame:?}");
+            let chunks: Vec<u8> = encode_chunks(&frame).unwrap().concat();
+            assert_eq!(chunks, want, "{frame:?} in chunks");
+            assert_eq!(frame_len(&want), Ok(Some(want.len())));
+            let mut buf = BytesMut::from(&want[..]);
+            assert_eq!(decode(&mut buf), Ok(Some(frame.clone())));
+            assert_eq!(decode_whole(Bytes::from(want), MAX_BLOCK_LEN), Ok(frame));
+        }
     }
 
     #[test]

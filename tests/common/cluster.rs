@@ -1,51 +1,67 @@
-//! A small harness for the peer tests: a shared source directory, and real
-//! `locafs mount` processes on loopback, each with its own cache dir,
-//! mountpoint and UDP port, talking QUIC to each other.
-#![allow(dead_code)]
+//! The peer tests' cluster: a shared source directory, and real `locafs
+//! mount` processes on loopback (or in network namespaces, `netns`), each
+//! with its own cache dir, mountpoint and UDP port, talking QUIC to each
+//! other; and what a hand-made peer needs (a runtime, request frames).
 
-pub mod netns;
-
-use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
+use locafs::cache::VersionKey;
+use locafs::peer::codec::{self, Frame, WireVersion};
+use locafs::source::{SourceAttr, SourceVersion};
 use locafs::stats::StatsSnapshot;
 use rand::{Rng, SeedableRng};
 
+use super::daemon::{answers_stats, bin, snapshot};
+use super::pki::PemFiles;
+use super::sys::{wait_for, wait_until};
+
 pub const BLOCK: u64 = 64 * 1024;
 
-/// Prints SKIPPED and returns false if this machine cannot run the tests.
-pub fn can_run() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: /dev/fuse is missing");
-        return false;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: mounting needs root here");
-        return false;
-    }
-    true
+/// A runtime for a hand-made peer (two workers, as on a small node).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
-/// A free UDP port on 127.0.0.1 (free when asked; good enough on a test box).
-pub fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("a free UDP port")
+/// The version of the file at `p` now, as a source would stat it.
+pub fn version_of(p: &Path) -> SourceVersion {
+    SourceAttr::from_metadata(&std::fs::metadata(p).unwrap()).version()
 }
 
-pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+/// A `GetBlock` for block `block` (of `block_size` bytes) of version `v` of
+/// `rel` in the data set `dataset`.
+pub fn get_block(
+    dataset: [u8; 16],
+    rel: &str,
+    v: SourceVersion,
+    block: u64,
+    block_size: u64,
+) -> Frame {
+    Frame::GetBlock {
+        dataset,
+        version: VersionKey::new(Path::new(rel), &v).0,
+        block,
+        block_size: block_size as u32,
+        file: WireVersion {
+            size: v.size,
+            mtime_ns: v.mtime_ns,
+            ino: v.ino,
+        },
+        path: Bytes::copy_from_slice(rel.as_bytes()),
     }
+}
+
+/// `f` on the wire.
+pub fn encoded(f: &Frame) -> BytesMut {
+    let mut b = BytesMut::new();
+    codec::encode(f, &mut b).unwrap();
+    b
 }
 
 /// A test directory holding the source, the secret and one dir per node.
@@ -90,59 +106,6 @@ impl Cluster {
         let mut rng = rand::rngs::StdRng::seed_from_u64(99);
         std::fs::write(&p, random_secret(&mut rng)).unwrap();
         p
-    }
-}
-
-/// An admin's CA for `--peer-ca`, made with rcgen.
-pub struct TestCa {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pub pem: String,
-}
-
-/// The three PEM files of one node: `--peer-ca`, `--peer-cert`, `--peer-key`.
-pub struct PemFiles {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-impl TestCa {
-    pub fn new(name: &str) -> TestCa {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let pem = params.self_signed(&key).unwrap().pem();
-        TestCa {
-            issuer: rcgen::Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// Writes this CA and a new certificate for `dns` (usable as server and
-    /// client) with its key into `dir`, as files named after `name`.
-    pub fn node_files(&self, dir: &Path, name: &str, dns: &str) -> PemFiles {
-        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair};
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec![dns.to_owned()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, dns);
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        std::fs::create_dir_all(dir).unwrap();
-        let files = PemFiles {
-            ca: dir.join(format!("{name}-ca.pem")),
-            cert: dir.join(format!("{name}.pem")),
-            key: dir.join(format!("{name}.key")),
-        };
-        std::fs::write(&files.ca, &self.pem).unwrap();
-        std::fs::write(&files.cert, cert.pem()).unwrap();
-        std::fs::write(&files.key, key.serialize_pem()).unwrap();
-        files
     }
 }
 
@@ -279,12 +242,12 @@ impl Node {
             .and_then(|p| p.parse().ok())
             .unwrap_or(0);
         let mut cmd = match &o.netns {
-            None => Command::new(env!("CARGO_BIN_EXE_locafs")),
+            None => Command::new(bin()),
             Some(ns) => {
                 let mut c = Command::new("nsenter");
                 c.arg(format!("--net={}", ns.display()))
                     .arg("--")
-                    .arg(env!("CARGO_BIN_EXE_locafs"));
+                    .arg(bin());
                 c
             }
         };
@@ -325,7 +288,7 @@ impl Node {
         };
         let start = Instant::now();
         loop {
-            if locafs::cli::stats::fetch(&node.mountpoint).is_ok() {
+            if answers_stats(&node.mountpoint) {
                 break;
             }
             if let Some(Ok(Some(st))) = node.child.as_mut().map(|c| c.try_wait()) {
@@ -345,8 +308,7 @@ impl Node {
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        locafs::cli::stats::fetch(&self.mountpoint)
-            .unwrap_or_else(|e| panic!("stats of {}: {e}", self.name))
+        snapshot(&self.mountpoint)
     }
 
     /// The peer entry for the node listening on `port`, as this node sees it.
@@ -396,29 +358,20 @@ impl Node {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&self.mountpoint)
-            .status();
+        let _ = locafs::sys::lazy_unmount(&self.mountpoint);
     }
 
-    /// Unmounts cleanly and waits for the process to exit.
+    /// Unmounts cleanly and waits (at most 10 s) for the process to exit;
+    /// kills it if it does not.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("umount").arg(&self.mountpoint).status();
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mountpoint)
-                .status();
+        let Some(c) = self.child.as_mut() else { return };
+        let _ = Command::new("umount").arg(&self.mountpoint).status();
+        if wait_for(Duration::from_secs(10), || {
+            matches!(c.try_wait(), Ok(Some(_)))
+        }) {
+            self.child = None;
+        } else {
+            self.kill();
         }
     }
 }
@@ -445,7 +398,6 @@ pub fn shares(files: usize, n: usize, epoch: u64, seed: u64) -> Vec<Vec<usize>> 
     out
 }
 
-/// Reads each node's share of one epoch, all nodes at once, checking bytes.
 /// Waits until nodes `a` and `b` (listening on `ports`) see each other up
 /// and both have refused the stranger at least once.
 pub fn wait_pair_up_and_stranger_refused(a: &Node, b: &Node, ports: &[u16]) {
@@ -477,6 +429,7 @@ pub fn assert_stranger_got_nothing(c: &Cluster, stranger: &Node) {
     }
 }
 
+/// Reads each node's share of one epoch, all nodes at once, checking bytes.
 pub fn run_epoch(c: &Cluster, nodes: &[&Node], epoch: u64, seed: u64) {
     let shares = shares(c.files.len(), nodes.len(), epoch, seed);
     std::thread::scope(|s| {

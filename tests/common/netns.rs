@@ -6,9 +6,7 @@
 //!
 //! Daemons are started with `nsenter --net=…` (not `ip netns exec`, which
 //! also makes a private mount namespace and would hide their FUSE mounts).
-//! Used by tests/peer_netns.rs and, through `#[path]`, by benches/peers.rs;
-//! it needs only std and libc.
-#![allow(dead_code)]
+//! Used by tests/peer_netns.rs and benches/peers.rs.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -28,20 +26,7 @@ pub struct Lab {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    run("ip", args)
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
@@ -216,10 +201,7 @@ impl Drop for Lab {
             let _ = ip(&["netns", "del", &ns]);
             let file = Path::new("/run/netns").join(&ns);
             if file.exists() {
-                let _ = Command::new("umount")
-                    .arg(&file)
-                    .stderr(Stdio::null())
-                    .status();
+                let _ = locafs::sys::unmount(&file);
                 let _ = std::fs::remove_file(&file);
             }
         }

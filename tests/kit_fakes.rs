@@ -1,0 +1,260 @@
+//! The kit's fakes answer as the real things do wherever they inject
+//! nothing: `MemSource` as a `DirSource` over the same tree (errors
+//! included), a hooked source as its directory, `MemCache` as a
+//! `DiskCache` for the blocks it is given; and each injects what it says
+//! (a stall holds every call, a gate holds every write). A fake that drifted
+//! from its seam's contract would let tests pass that the real thing fails.
+//! No root needed.
+
+mod common;
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::fakes::{GatedCache, MemCache, MemSource, NoSource, SlowSource, StallSource};
+use common::wait_until;
+use locafs::cache::disk::DiskCache;
+use locafs::cache::{BlockCache, ChecksummedBytes, FileVersion};
+use locafs::source::{DirSource, Source, SourceError, SourceVersion};
+
+/// The same small tree in a directory and in memory.
+fn twin_sources() -> (tempfile::TempDir, DirSource, MemSource) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mem = MemSource::new();
+    for (rel, data) in [
+        ("a", &b"hello, world"[..]),
+        ("d/b", &[7u8; 5000][..]),
+        ("d/e/c", &b""[..]),
+    ] {
+        std::fs::create_dir_all(root.join(rel).parent().unwrap()).unwrap();
+        std::fs::write(root.join(rel), data).unwrap();
+        mem.put_file(rel, Bytes::copy_from_slice(data));
+    }
+    std::fs::create_dir(root.join("empty")).unwrap();
+    mem.mkdir("empty");
+    std::os::unix::fs::symlink("a", root.join("l")).unwrap();
+    mem.symlink("l", "a");
+    let dir_source = DirSource::new(root.to_owned());
+    (dir, dir_source, mem)
+}
+
+fn errno<T>(r: io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+/// What a read gave, without the bytes' provenance: Ok(bytes), or which
+/// error.
+fn read(
+    s: &dyn Source,
+    rel: &str,
+    v: &SourceVersion,
+    off: u64,
+    len: usize,
+) -> Result<Bytes, &'static str> {
+    s.read_at(Path::new(rel), v, off, len).map_err(|e| match e {
+        SourceError::NotFound { .. } => "NotFound",
+        SourceError::Changed { .. } => "Changed",
+        SourceError::Io { .. } => "Io",
+    })
+}
+
+#[test]
+fn mem_source_answers_as_a_directory_does() {
+    let (dir, real, mem) = twin_sources();
+    let sources: [&dyn Source; 2] = [&real, &mem];
+    // Listings, kinds and sizes.
+    for rel in ["", "d", "d/e", "empty"] {
+        let names = |s: &dyn Source| {
+            let mut v: Vec<_> = s
+                .list(Path::new(rel))
+                .unwrap()
+                .into_iter()
+                .map(|(n, a)| {
+                    (
+                        n,
+                        a.kind,
+                        if a.kind == locafs::source::EntryKind::Dir {
+                            0
+                        } else {
+                            a.size
+                        },
+                    )
+                })
+                .collect();
+            v.sort_by(|x, y| x.0.cmp(&y.0));
+            v
+        };
+        assert_eq!(names(&real), names(&mem), "listing of {rel:?}");
+    }
+    for rel in ["a", "d/b", "d/e/c", "l", "empty"] {
+        let (r, m) = (
+            real.stat(Path::new(rel)).unwrap(),
+            mem.stat(Path::new(rel)).unwrap(),
+        );
+        assert_eq!(r.kind, m.kind, "{rel}");
+        assert_eq!(r.mode & libc::S_IFMT, m.mode & libc::S_IFMT, "{rel}");
+        if r.kind != locafs::source::EntryKind::Dir {
+            assert_eq!(r.size, m.size, "{rel}");
+        }
+    }
+    assert_eq!(
+        real.read_link(Path::new("l")).unwrap(),
+        mem.read_link(Path::new("l")).unwrap()
+    );
+    // The same errors.
+    for s in sources {
+        assert_eq!(errno(s.stat(Path::new("missing"))), Some(libc::ENOENT));
+        assert_eq!(errno(s.list(Path::new("missing"))), Some(libc::ENOENT));
+        assert_eq!(errno(s.list(Path::new("a"))), Some(libc::ENOTDIR));
+        assert_eq!(errno(s.read_link(Path::new("a"))), Some(libc::EINVAL));
+        assert!(s.statvfs().is_ok());
+    }
+    // Reads: exact bytes of the version asked for, Changed past the end or
+    // for another version, NotFound for a missing file.
+    let (vr, vm) = (
+        real.stat(Path::new("d/b")).unwrap().version(),
+        mem.stat(Path::new("d/b")).unwrap().version(),
+    );
+    for (off, len) in [(0, 5000), (100, 1000), (4999, 1), (0, 0)] {
+        assert_eq!(
+            read(&real, "d/b", &vr, off, len),
+            read(&mem, "d/b", &vm, off, len)
+        );
+    }
+    assert_eq!(read(&real, "d/b", &vr, 4000, 2000), Err("Changed"));
+    assert_eq!(read(&mem, "d/b", &vm, 4000, 2000), Err("Changed"));
+    assert_eq!(read(&real, "gone", &vr, 0, 1), Err("NotFound"));
+    assert_eq!(read(&mem, "gone", &vm, 0, 1), Err("NotFound"));
+    // Replaced at the source: a new version; the old one is never read.
+    std::fs::write(dir.path().join("d/b.new"), [8u8; 5000]).unwrap();
+    std::fs::rename(dir.path().join("d/b.new"), dir.path().join("d/b")).unwrap();
+    let vm2 = mem.put_file("d/b", vec![8u8; 5000]);
+    assert_ne!(vm, vm2);
+    assert_eq!(read(&real, "d/b", &vr, 0, 10), Err("Changed"));
+    assert_eq!(read(&mem, "d/b", &vm, 0, 10), Err("Changed"));
+    assert_eq!(read(&mem, "d/b", &vm2, 0, 3).unwrap(), &[8u8; 3][..]);
+    mem.remove("d");
+    assert_eq!(errno(mem.stat(Path::new("d/e/c"))), Some(libc::ENOENT));
+    assert!(mem.calls.load(SeqCst) > 0 && mem.reads.load(SeqCst) > 0);
+}
+
+#[test]
+fn hooked_sources_answer_as_their_directory_and_see_every_call() {
+    let (dir, real, _) = twin_sources();
+    let slow = SlowSource::new(dir.path(), Duration::from_millis(1), 0);
+    let v = real.stat(Path::new("d/b")).unwrap().version();
+    assert_eq!(
+        read(&slow, "d/b", &v, 10, 100),
+        read(&real, "d/b", &v, 10, 100)
+    );
+    assert_eq!(slow.list(Path::new("d")).unwrap().len(), 2);
+    assert_eq!(slow.read_link(Path::new("l")).unwrap(), Path::new("a"));
+    slow.statvfs().unwrap();
+    assert_eq!(slow.metadata_ops.load(SeqCst), 2, "list and readlink");
+    let reads = slow.reads();
+    assert_eq!(reads.len(), 1);
+    assert_eq!((reads[0].offset, reads[0].len), (10, 100));
+    assert_eq!(slow.bytes_read(), 100);
+    assert_eq!(slow.inflight_bytes.load(SeqCst), 0);
+
+    // A stalled source holds every call until it resumes, then answers.
+    let stall = Arc::new(StallSource::new(dir.path()));
+    stall.stall();
+    let held = {
+        let stall = Arc::clone(&stall);
+        std::thread::spawn(move || stall.stat(Path::new("a")).map(|a| a.size))
+    };
+    wait_until("the call to be held", Duration::from_secs(10), || {
+        stall.stuck.load(SeqCst) == 1
+    });
+    assert!(!held.is_finished());
+    stall.resume();
+    assert_eq!(held.join().unwrap().unwrap(), 12);
+    assert_eq!(stall.max_stuck.load(SeqCst), 1);
+    assert_eq!(stall.stuck.load(SeqCst), 0);
+}
+
+#[test]
+fn no_source_refuses_every_call_and_counts_them() {
+    let s = NoSource::default();
+    assert!(s.stat(Path::new("")).is_err());
+    assert!(s.list(Path::new("")).is_err());
+    assert!(s.read_link(Path::new("l")).is_err());
+    assert!(s.statvfs().is_err());
+    let v = SourceVersion {
+        size: 1,
+        mtime_ns: 1,
+        ino: 1,
+    };
+    assert_eq!(read(&s, "a", &v, 0, 1), Err("NotFound"));
+    assert_eq!(s.calls(), 5);
+}
+
+fn file(name: &str, size: u64) -> FileVersion {
+    FileVersion::new(
+        Arc::from(Path::new(name)),
+        SourceVersion {
+            size,
+            mtime_ns: 5,
+            ino: 9,
+        },
+    )
+}
+
+fn block(i: u64, len: usize) -> ChecksummedBytes {
+    ChecksummedBytes::from_source(Bytes::from(vec![i as u8 + 1; len]))
+}
+
+#[test]
+fn mem_cache_keeps_blocks_as_the_disk_cache_does() {
+    const BS: u64 = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, _) = DiskCache::open(dir.path(), Some(64 << 20), BS, Arc::default()).unwrap();
+    let mem = MemCache::new(BS);
+    let caches: [&dyn BlockCache; 2] = [&disk, &mem];
+    let f = file("f", 2 * BS + 100);
+    let other = file("g", BS);
+    for c in caches {
+        assert!(c.get(&f, 0).is_none());
+        assert!(c.put(&f, 0, &block(0, BS as usize)));
+        assert!(c.put(&f, 2, &block(2, 100)));
+        assert!(c.is_block_cached(&f, 0) && c.is_block_cached(&f, 2));
+        assert!(!c.is_block_cached(&f, 1) && !c.is_complete(&f));
+        assert!(!c.is_block_cached(&other, 0));
+        assert_eq!(c.get(&f, 2).unwrap().data(), block(2, 100).data());
+        assert!(c.put(&f, 1, &block(1, BS as usize)));
+        assert!(c.is_complete(&f));
+        assert!(c.has_room_for(&other));
+    }
+    assert_eq!(mem.stored(&f), vec![0, 1, 2]);
+    assert_eq!(mem.usage().used_bytes, 2 * BS + 100);
+    assert_eq!(mem.usage().files_cached, 1);
+}
+
+#[test]
+fn a_gated_cache_holds_writes_until_the_gate_opens() {
+    let gated = Arc::new(GatedCache::new(MemCache::new(4096)));
+    let f = file("f", 4096);
+    let put = {
+        let (gated, f) = (Arc::clone(&gated), f.clone());
+        std::thread::spawn(move || gated.put(&f, 0, &block(0, 4096)))
+    };
+    wait_until(
+        "the write to wait at the gate",
+        Duration::from_secs(10),
+        || gated.waiting.load(SeqCst) == 1,
+    );
+    assert!(
+        !gated.is_block_cached(&f, 0),
+        "written through a closed gate"
+    );
+    gated.open_gate();
+    assert!(put.join().unwrap());
+    assert!(gated.is_block_cached(&f, 0));
+    assert_eq!(gated.inner.stored(&f), vec![0]);
+}
