@@ -1,6 +1,7 @@
 //! locafs: a read-only caching FUSE file system for deep-learning training
 //! data. See docs/architecture.md for the modules and the path of a read.
 
+pub mod budget;
 pub mod cache;
 pub mod cli;
 pub mod config;

@@ -13,7 +13,26 @@ pub struct DatasetLock {
 }
 
 impl DatasetLock {
+    /// Takes the lock, waiting at most 200 ms (`locafs cache ls` and the
+    /// budget probe it with a shared lock for an instant); an error that
+    /// names the holder if a mount holds it.
     pub fn acquire(dir: &Path) -> Result<Self, String> {
+        let t = std::time::Instant::now();
+        loop {
+            match Self::try_acquire(dir) {
+                Err(e)
+                    if e.contains("in use")
+                        && t.elapsed() < std::time::Duration::from_millis(200) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt at the lock, never waiting.
+    pub fn try_acquire(dir: &Path) -> Result<Self, String> {
         let path = dir.join("lock");
         if !path.exists() {
             std::fs::write(&path, b"").map_err(|e| format!("cache dir {}: {e}", dir.display()))?;

@@ -6,6 +6,7 @@
 //! Usage errors exit 2 with one line on stderr, sizes and durations
 //! included (they parse here, at the edge: `units::Size`, `units::Span`).
 
+pub mod cache;
 pub mod control;
 pub mod stats;
 
@@ -16,6 +17,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::MountRequest;
 use crate::units::ParseError;
+use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
 use stats::StatsArgs;
 
@@ -59,6 +61,9 @@ pub enum Command {
     /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
     /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
     Secret,
+    /// See and clean the cache directory that many data sets share:
+    /// `cache ls`, `cache rm DATASET`, `cache gc --older-than 30d --to 500G`.
+    Cache(CacheArgs),
 }
 
 /// Arguments of `locafs mount`: what to mount (resolved by
@@ -83,6 +88,7 @@ pub fn main() -> ExitCode {
         Command::Stats(args) => stats::main(args),
         Command::Warm(args) => control::warm(args),
         Command::Plan(args) => control::plan(args),
+        Command::Cache(args) => cache::main(args),
         Command::Secret => match crate::peer::tls::generate_secret() {
             Ok(s) => {
                 println!("{s}");

@@ -1,0 +1,896 @@
+//! One budget for a cache directory that many data sets share. Every mount
+//! under one `--cache-dir` books its disk use in a ledger kept in that
+//! directory (`budget.json`, changed only under an exclusive lock on
+//! `budget.lock`), and gets a grant from it: the most its cache may hold now.
+//! The grants of the mounted data sets, plus what unmounted data sets still
+//! hold, never pass the budget, nor leave less free space on the disk than
+//! the floor. When a mount needs room, it takes it in this order: data sets
+//! not mounted now (least recently mounted first, whole), then the unused
+//! grant of a mounted neighbour above its fair share, then a mounted
+//! neighbour's entries that no pass has read for two epochs. A neighbour's
+//! entries read within two epochs (its `hot` bytes) are never taken.
+//!
+//! It must never delete a data set that a running mount holds (the data
+//! set's own lock, `lock.rs`, decides), never hold the ledger lock across
+//! anything slow (a data set is renamed away under the lock and deleted
+//! after it), and never run on a FUSE thread: the mount calls it from a
+//! thread of its own, once a second. [`plan`] is pure.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The ledger's file name in the cache directory.
+pub const LEDGER: &str = "budget.json";
+/// The lock file taken around every change of the ledger.
+pub const LEDGER_LOCK: &str = "budget.lock";
+/// The share of (free space + what the data sets hold) that a budget
+/// derived from the disk takes.
+pub const DEFAULT_SHARE_OF_DISK: f64 = 0.8;
+/// The free space kept on the cache disk, in percent of its size, whatever
+/// the budget says (as mountpoint-s3 and JuiceFS keep one).
+pub const DEFAULT_FREE_FLOOR_PERCENT: f64 = 5.0;
+/// Renamed-away data sets being deleted start with this.
+const TRASH_PREFIX: &str = ".trash-";
+
+/// What the ledger knows of one data set's cache.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Record {
+    /// The source it caches, as its mount named it.
+    pub source: String,
+    /// Bytes its cache holds on disk, as its mount last counted them.
+    pub used: u64,
+    /// Files (versions) it holds.
+    pub files: u64,
+    /// The most its mount may hold now (0 when not mounted).
+    pub grant: u64,
+    /// Bytes of entries read by a pass within the last two epochs: never
+    /// taken by a neighbour.
+    pub hot: u64,
+    /// The data set's size: what its mount would hold to cache it whole.
+    pub want: u64,
+    /// Unix seconds of its last mount.
+    pub last_mount: u64,
+    /// Unix seconds of its mount's last booking.
+    pub last_seen: u64,
+}
+
+/// The ledger of a cache directory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Ledger {
+    pub format: u32,
+    /// The budget of the whole directory, in bytes.
+    pub limit: u64,
+    /// Whether an admin gave it (`--cache-size`), or it was derived from
+    /// the disk at the first mount.
+    pub explicit: bool,
+    /// Free space kept on the disk, percent of its size.
+    pub free_floor_percent: f64,
+    pub datasets: BTreeMap<String, Record>,
+}
+
+/// The disk under the cache directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disk {
+    pub total: u64,
+    pub free: u64,
+}
+
+impl Disk {
+    pub fn of(dir: &Path) -> io::Result<Disk> {
+        let st = rustix::fs::statvfs(dir)?;
+        Ok(Disk {
+            total: st.f_blocks * st.f_frsize,
+            free: st.f_bavail * st.f_frsize,
+        })
+    }
+}
+
+/// What [`plan`] decided for the mount of `me`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// The budget in force: the limit, lowered when the disk's free space
+    /// is at the floor.
+    pub effective: u64,
+    /// This mount's new grant.
+    pub grant: u64,
+    /// Unmounted data sets to delete, in order.
+    pub delete: Vec<String>,
+    /// Mounted neighbours whose grant is lowered: (id, new grant).
+    pub lower: Vec<(String, u64)>,
+}
+
+/// The grant of the mount of `me`, and what it takes from others to get it.
+/// `mounted(id)` says whether a data set is mounted now. Pure.
+///
+/// The mount wants room for its whole data set (`want`, at least what it
+/// holds). Everyone else is counted at the larger of their grant and their
+/// use (a neighbour told to shrink holds its bytes until it has), so the
+/// sum of what is on disk stays within the effective budget at every step.
+pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Disk) -> Plan {
+    let total_used: u64 = ledger.datasets.values().map(|r| r.used).sum();
+    let floor = (disk.total as f64 * ledger.free_floor_percent / 100.0) as u64;
+    let effective = ledger
+        .limit
+        .min((total_used + disk.free).saturating_sub(floor));
+    let mine = ledger.datasets.get(me).cloned().unwrap_or_default();
+    let mut unmounted: Vec<(&String, &Record)> = Vec::new();
+    let mut neighbours: Vec<(&String, &Record)> = Vec::new();
+    for (id, r) in &ledger.datasets {
+        if id == me {
+            continue;
+        }
+        if mounted(id) {
+            neighbours.push((id, r));
+        } else {
+            unmounted.push((id, r));
+        }
+    }
+    // The fair level: the mounted data sets' wants, water-filled into the
+    // budget. A mount asks for its data set up to that level (or what it
+    // holds already), so that mounts filling at once share the disk.
+    let mut wants: Vec<u64> = neighbours.iter().map(|(_, r)| r.want.max(r.used)).collect();
+    wants.push(mine.want.max(mine.used));
+    let level = water_level(effective, &mut wants);
+    let target = mine
+        .want
+        .max(mine.used)
+        .min(level.max(mine.used))
+        .min(effective);
+
+    let held = |r: &Record| r.grant.max(r.used);
+    let mut unmounted_held: u64 = unmounted.iter().map(|(_, r)| r.used).sum();
+    let mut new: Vec<u64> = neighbours.iter().map(|(_, r)| held(r)).collect();
+    let room = |new: &[u64], unmounted_held: u64| {
+        effective as i128 - new.iter().sum::<u64>() as i128 - unmounted_held as i128
+    };
+    let mut out = Plan {
+        effective,
+        ..Plan::default()
+    };
+    // 1. Data sets nobody mounts, least recently mounted first, whole.
+    unmounted.sort_by_key(|(id, r)| (r.last_mount, id.as_str()));
+    for (id, r) in unmounted {
+        if room(&new, unmounted_held) >= target as i128 {
+            break;
+        }
+        unmounted_held -= r.used;
+        out.delete.push(id.clone());
+    }
+    // 2. The unused grant of mounted neighbours above the fair level, then
+    // 3. their entries that no pass read for two epochs; never what they
+    // read within two epochs. A lowered neighbour frees its bytes when it
+    // has shrunk (at its next booking): until then they count as held.
+    for pass in 0..2 {
+        for (k, (_, r)) in neighbours.iter().enumerate() {
+            let short = target as i128 - room(&new, unmounted_held);
+            if short <= 0 {
+                break;
+            }
+            let keep = if pass == 0 { r.used.max(level) } else { r.hot };
+            let take = (new[k].saturating_sub(keep) as i128).min(short) as u64;
+            new[k] -= take;
+        }
+    }
+    for (k, (id, r)) in neighbours.iter().enumerate() {
+        if new[k] < held(r) {
+            out.lower.push((id.to_string(), new[k]));
+        }
+    }
+    // What is free now: a lowered neighbour still holds what it uses.
+    let free_now = effective as i128
+        - neighbours
+            .iter()
+            .enumerate()
+            .map(|(k, (_, r))| new[k].max(r.used) as i128)
+            .sum::<i128>()
+        - unmounted_held as i128;
+    out.grant = free_now.clamp(0, target as i128) as u64;
+    out
+}
+
+/// The level L such that the sum of min(want, L) over `wants` is `budget`
+/// (or the largest want, if they all fit).
+fn water_level(budget: u64, wants: &mut [u64]) -> u64 {
+    wants.sort_unstable();
+    let mut left = budget;
+    let n = wants.len() as u64;
+    for (i, &w) in wants.iter().enumerate() {
+        let rest = n - i as u64;
+        if w.saturating_mul(rest) >= left {
+            return left / rest;
+        }
+        left -= w;
+    }
+    wants.last().copied().unwrap_or(budget)
+}
+
+/// Now, in unix seconds.
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The exclusive lock on a cache directory's ledger; released when dropped.
+pub struct LedgerLock {
+    _file: File,
+}
+
+impl LedgerLock {
+    /// Waits for the lock (held only for a read and a write of the ledger).
+    pub fn acquire(cache_dir: &Path) -> io::Result<LedgerLock> {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(cache_dir.join(LEDGER_LOCK))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(LedgerLock { _file: f })
+    }
+}
+
+impl Ledger {
+    /// The ledger of `cache_dir` (empty if there is none). A ledger that
+    /// cannot be read is set aside as `budget.json.bad` with a warning, and
+    /// the mounts book themselves again in a new one.
+    pub fn load(cache_dir: &Path, _lock: &LedgerLock) -> io::Result<Ledger> {
+        let path = cache_dir.join(LEDGER);
+        let mut text = String::new();
+        match File::open(&path) {
+            Ok(mut f) => {
+                f.read_to_string(&mut text)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ledger::default()),
+            Err(e) => return Err(e),
+        }
+        match serde_json::from_str::<Ledger>(&text) {
+            Ok(l) => Ok(l),
+            Err(e) => {
+                tracing::warn!(
+                    "cache budget {}: unreadable ({e}); set aside as {LEDGER}.bad, starting a new one",
+                    path.display()
+                );
+                let _ = fs::rename(&path, cache_dir.join(format!("{LEDGER}.bad")));
+                Ok(Ledger::default())
+            }
+        }
+    }
+
+    /// Writes the ledger whole (a new file renamed over the old one, so a
+    /// crash leaves the old or the new, never half of one).
+    pub fn store(&self, cache_dir: &Path, _lock: &LedgerLock) -> io::Result<()> {
+        let tmp = cache_dir.join(format!("{LEDGER}.tmp"));
+        let mut f = File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        f.sync_data()?;
+        fs::rename(&tmp, cache_dir.join(LEDGER))
+    }
+
+    /// Sets the limit: an admin's `--cache-size` (which replaces the one in
+    /// force, with a log line when it changes it), or, when the ledger has
+    /// none yet, [`DEFAULT_SHARE_OF_DISK`] of (free space + what the data
+    /// sets hold).
+    pub fn settle_limit(&mut self, asked: Option<u64>, floor_percent: Option<f64>, disk: Disk) {
+        if self.format == 0 {
+            self.format = 1;
+            self.free_floor_percent = DEFAULT_FREE_FLOOR_PERCENT;
+        }
+        if let Some(p) = floor_percent {
+            self.free_floor_percent = p;
+        }
+        match asked {
+            Some(l) => {
+                if self.limit != 0 && self.limit != l {
+                    tracing::info!(
+                        "cache budget changed from {} to {} (--cache-size)",
+                        crate::units::format_size(self.limit),
+                        crate::units::format_size(l)
+                    );
+                }
+                self.limit = l;
+                self.explicit = true;
+            }
+            None if self.limit == 0 => {
+                let held: u64 = self.datasets.values().map(|r| r.used).sum();
+                self.limit = ((disk.free + held) as f64 * DEFAULT_SHARE_OF_DISK) as u64;
+                self.explicit = false;
+            }
+            None => {}
+        }
+    }
+
+    /// The bytes all data sets hold.
+    pub fn used(&self) -> u64 {
+        self.datasets.values().map(|r| r.used).sum()
+    }
+}
+
+/// Whether the data set cache in `dataset_dir` is held by a running mount:
+/// the pid in its lock file when it is.
+pub fn mounted_by(dataset_dir: &Path) -> Option<u32> {
+    let path = dataset_dir.join("lock");
+    let mut f = File::open(&path).ok()?;
+    // A shared lock is refused while a mount holds the exclusive one. It
+    // is dropped at once; a mount starting in that instant retries
+    // (`DatasetLock::acquire`).
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => None,
+        Err(_) => {
+            let mut s = String::new();
+            let _ = f.read_to_string(&mut s);
+            Some(s.trim().parse().unwrap_or(0))
+        }
+    }
+}
+
+/// Bytes on disk (allocated blocks) and files under `dir`.
+pub fn disk_usage(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut bytes, mut files) = (0u64, 0u64);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(it) = fs::read_dir(&d) else { continue };
+        for e in it.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            bytes += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                files += 1;
+            }
+        }
+    }
+    (bytes, files)
+}
+
+/// The data set directories under `cache_dir` (every subdirectory but the
+/// trash of a deletion under way).
+pub fn dataset_dirs(cache_dir: &Path) -> io::Result<Vec<String>> {
+    let mut v = Vec::new();
+    for e in fs::read_dir(cache_dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type()?.is_dir() && !name.starts_with('.') {
+            v.push(name);
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// Why a data set's cache was not removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("no data set {0:?} in the cache directory")]
+    Missing(String),
+    #[error("data set {id:?} is mounted (pid {pid}); unmount it first")]
+    Mounted { id: String, pid: u32 },
+    #[error("data set {id:?}: {source}")]
+    Io { id: String, source: io::Error },
+}
+
+/// Removes the cache of data set `id`, refused while a mount holds it:
+/// takes the data set's lock, renames its directory away and books it out
+/// of the ledger under the ledger lock, then deletes it. The bytes freed.
+pub fn remove_dataset(cache_dir: &Path, id: &str) -> Result<u64, RemoveError> {
+    let io_err = |source| RemoveError::Io {
+        id: id.to_owned(),
+        source,
+    };
+    let dir = cache_dir.join(id);
+    if id.is_empty() || id.contains('/') || id.starts_with('.') || !dir.is_dir() {
+        return Err(RemoveError::Missing(id.to_owned()));
+    }
+    let trash = {
+        let lock = crate::lock::DatasetLock::acquire(&dir).map_err(|_| RemoveError::Mounted {
+            id: id.to_owned(),
+            pid: mounted_by(&dir).unwrap_or(0),
+        })?;
+        let trash = cache_dir.join(format!(
+            "{TRASH_PREFIX}{id}-{}-{}",
+            std::process::id(),
+            now()
+        ));
+        let ledger_lock = LedgerLock::acquire(cache_dir).map_err(io_err)?;
+        fs::rename(&dir, &trash).map_err(io_err)?;
+        let mut ledger = Ledger::load(cache_dir, &ledger_lock).map_err(io_err)?;
+        if ledger.datasets.remove(id).is_some() {
+            ledger.store(cache_dir, &ledger_lock).map_err(io_err)?;
+        }
+        drop(lock);
+        trash
+    };
+    let (bytes, _) = disk_usage(&trash);
+    fs::remove_dir_all(&trash).map_err(io_err)?;
+    Ok(bytes)
+}
+
+/// Deletes what an interrupted removal left (`.trash-*`), if nobody else
+/// is deleting it now (the trash names the pid that renamed it).
+pub fn sweep_trash(cache_dir: &Path) {
+    let Ok(it) = fs::read_dir(cache_dir) else {
+        return;
+    };
+    for e in it.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(TRASH_PREFIX) else {
+            continue;
+        };
+        let pid: Option<u32> = rest.rsplit('-').nth(1).and_then(|p| p.parse().ok());
+        let alive = pid
+            .is_some_and(|p| p != std::process::id() && Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// One line of `locafs cache ls`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DatasetInfo {
+    pub id: String,
+    pub source: String,
+    pub used: u64,
+    pub files: u64,
+    pub grant: u64,
+    pub last_mount: u64,
+    pub mounted: bool,
+    pub pid: Option<u32>,
+}
+
+/// Every data set under `cache_dir`, with the ledger's figures, measured on
+/// disk for data sets the ledger does not know (caches made before it).
+pub fn list(cache_dir: &Path) -> io::Result<(Ledger, Vec<DatasetInfo>)> {
+    let ledger = {
+        let lock = LedgerLock::acquire(cache_dir)?;
+        Ledger::load(cache_dir, &lock)?
+    };
+    let mut out = Vec::new();
+    for id in dataset_dirs(cache_dir)? {
+        let dir = cache_dir.join(&id);
+        let pid = mounted_by(&dir);
+        let rec = ledger.datasets.get(&id).cloned();
+        let (used, files) = match &rec {
+            Some(r) => (r.used, r.files),
+            None => disk_usage(&dir),
+        };
+        let mut r = rec.unwrap_or_default();
+        if r.last_mount == 0 {
+            // A cache the ledger has not seen mounted: its lock file is
+            // rewritten at each mount.
+            r.last_mount = fs::metadata(dir.join("lock"))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+        }
+        out.push(DatasetInfo {
+            id,
+            source: r.source,
+            used,
+            files,
+            grant: if pid.is_some() { r.grant } else { 0 },
+            last_mount: r.last_mount,
+            mounted: pid.is_some(),
+            pid,
+        });
+    }
+    Ok((ledger, out))
+}
+
+/// What `locafs cache gc` removes: unmounted data sets last mounted more
+/// than `older_than` seconds ago, then, least recently mounted first, more
+/// until all data sets hold at most `to` bytes. Pure.
+pub fn gc_victims(
+    list: &[DatasetInfo],
+    now: u64,
+    older_than: Option<u64>,
+    to: Option<u64>,
+) -> Vec<String> {
+    let mut idle: Vec<&DatasetInfo> = list.iter().filter(|d| !d.mounted).collect();
+    idle.sort_by_key(|d| (d.last_mount, d.id.clone()));
+    let mut total: u64 = list.iter().map(|d| d.used).sum();
+    let mut out = Vec::new();
+    for d in idle {
+        let old = older_than.is_some_and(|age| now.saturating_sub(d.last_mount) > age);
+        let over = to.is_some_and(|limit| total > limit);
+        if old || over {
+            total -= d.used;
+            out.push(d.id.clone());
+        }
+    }
+    out
+}
+
+/// The booking of one mount in its cache directory's ledger.
+pub struct Booking {
+    pub cache_dir: PathBuf,
+    pub id: String,
+    pub source: String,
+    /// `--cache-size`, if given: the budget of the whole directory.
+    pub asked: Option<u64>,
+    /// `--cache-free-floor`, if given.
+    pub floor_percent: Option<f64>,
+}
+
+/// What a mount tells the ledger at each booking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub used: u64,
+    pub files: u64,
+    pub hot: u64,
+    pub want: u64,
+}
+
+/// What the mount learns from a booking.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    /// The budget of the directory (`limit`) and the one in force now.
+    pub limit: u64,
+    pub effective: u64,
+    /// What all data sets hold.
+    pub used_all: u64,
+    /// This mount's grant.
+    pub grant: u64,
+    /// Data sets deleted by this booking to make room.
+    pub deleted: Vec<String>,
+}
+
+impl Booking {
+    /// Books `usage`, makes room as [`plan`] says, and returns the grant.
+    /// Unmounted data sets it deletes are renamed away under the lock and
+    /// deleted after it.
+    pub fn book(&self, usage: Usage, first: bool) -> io::Result<Share> {
+        let disk = Disk::of(&self.cache_dir)?;
+        let mut trash = Vec::new();
+        let share = {
+            let lock = LedgerLock::acquire(&self.cache_dir)?;
+            let mut ledger = Ledger::load(&self.cache_dir, &lock)?;
+            // Data sets the ledger does not know yet (made before it, or
+            // its ledger set aside): measured once.
+            for id in dataset_dirs(&self.cache_dir)? {
+                if !ledger.datasets.contains_key(&id) && id != self.id {
+                    let (used, files) = disk_usage(&self.cache_dir.join(&id));
+                    ledger.datasets.insert(
+                        id,
+                        Record {
+                            used,
+                            files,
+                            ..Record::default()
+                        },
+                    );
+                }
+            }
+            ledger
+                .datasets
+                .retain(|id, _| self.cache_dir.join(id).is_dir());
+            if first {
+                ledger.settle_limit(self.asked, self.floor_percent, disk);
+            }
+            let t = now();
+            let rec = ledger.datasets.entry(self.id.clone()).or_default();
+            rec.source.clone_from(&self.source);
+            rec.used = usage.used;
+            rec.files = usage.files;
+            rec.hot = usage.hot;
+            rec.want = usage.want;
+            rec.last_seen = t;
+            if first {
+                rec.last_mount = t;
+            }
+            let dir = &self.cache_dir;
+            let me = self.id.as_str();
+            let mounted = |id: &str| id == me || mounted_by(&dir.join(id)).is_some();
+            let p = plan(&ledger, &self.id, &mounted, disk);
+            let mut deleted = Vec::new();
+            for id in &p.delete {
+                let ds = self.cache_dir.join(id);
+                // Taken only if still unmounted; renamed away at once.
+                let Ok(l) = crate::lock::DatasetLock::try_acquire(&ds) else {
+                    continue;
+                };
+                let to = self
+                    .cache_dir
+                    .join(format!("{TRASH_PREFIX}{id}-{}-{t}", std::process::id()));
+                if fs::rename(&ds, &to).is_ok() {
+                    ledger.datasets.remove(id);
+                    deleted.push(id.clone());
+                    trash.push(to);
+                }
+                drop(l);
+            }
+            for (id, g) in &p.lower {
+                if let Some(r) = ledger.datasets.get_mut(id) {
+                    r.grant = *g;
+                }
+            }
+            // The grant in force for this mount: what the plan gives, but
+            // never more than room that deletions have not freed yet.
+            let unmade: u64 = p
+                .delete
+                .iter()
+                .filter(|id| !deleted.contains(id))
+                .filter_map(|id| ledger.datasets.get(id).map(|r| r.used))
+                .sum();
+            let grant = p.grant.saturating_sub(unmade);
+            if let Some(r) = ledger.datasets.get_mut(&self.id) {
+                r.grant = grant;
+            }
+            ledger.store(&self.cache_dir, &lock)?;
+            Share {
+                limit: ledger.limit,
+                effective: p.effective,
+                used_all: ledger.used(),
+                grant,
+                deleted,
+            }
+        };
+        for t in trash {
+            let _ = fs::remove_dir_all(&t);
+        }
+        Ok(share)
+    }
+
+    /// Books the mount out: its grant goes back to the ledger, its use stays
+    /// booked (its cache stays on disk for the next mount).
+    pub fn release(&self, usage: Usage) -> io::Result<()> {
+        let lock = LedgerLock::acquire(&self.cache_dir)?;
+        let mut ledger = Ledger::load(&self.cache_dir, &lock)?;
+        if let Some(r) = ledger.datasets.get_mut(&self.id) {
+            r.used = usage.used;
+            r.files = usage.files;
+            r.grant = 0;
+            r.last_seen = now();
+        }
+        ledger.store(&self.cache_dir, &lock)
+    }
+
+    /// The grant the ledger holds for this mount now (a neighbour may have
+    /// lowered it since the last booking).
+    pub fn current_grant(&self) -> io::Result<Option<u64>> {
+        let lock = LedgerLock::acquire(&self.cache_dir)?;
+        let ledger = Ledger::load(&self.cache_dir, &lock)?;
+        Ok(ledger.datasets.get(&self.id).map(|r| r.grant))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1 << 30;
+
+    fn rec(used: u64, grant: u64, hot: u64, want: u64, last_mount: u64) -> Record {
+        Record {
+            used,
+            grant,
+            hot,
+            want,
+            last_mount,
+            ..Record::default()
+        }
+    }
+
+    fn ledger(limit: u64, ds: &[(&str, Record)]) -> Ledger {
+        Ledger {
+            format: 1,
+            limit,
+            explicit: true,
+            free_floor_percent: 5.0,
+            datasets: ds.iter().map(|(k, r)| (k.to_string(), r.clone())).collect(),
+        }
+    }
+
+    fn disk_free(free: u64) -> Disk {
+        Disk {
+            total: 1000 * G,
+            free,
+        }
+    }
+
+    #[test]
+    fn a_lone_mount_gets_its_data_set_within_the_budget() {
+        let l = ledger(100 * G, &[("a", rec(0, 0, 0, 30 * G, 1))]);
+        let p = plan(&l, "a", &|_| true, disk_free(500 * G));
+        assert_eq!((p.grant, p.effective), (30 * G, 100 * G));
+        let l = ledger(100 * G, &[("a", rec(0, 0, 0, 300 * G, 1))]);
+        assert_eq!(plan(&l, "a", &|_| true, disk_free(500 * G)).grant, 100 * G);
+    }
+
+    #[test]
+    fn the_free_space_floor_lowers_the_budget_in_force() {
+        // 1000 G disk, 5 % floor = 50 G; 60 G free and 20 G held: at most
+        // 20 + 60 - 50 = 30 G.
+        let l = ledger(100 * G, &[("a", rec(20 * G, 20 * G, 0, 90 * G, 1))]);
+        let p = plan(&l, "a", &|_| true, disk_free(60 * G));
+        assert_eq!((p.effective, p.grant), (30 * G, 30 * G));
+        // Another program filled the disk: the grant falls below what is
+        // held, and the cache gives space back.
+        let p = plan(&l, "a", &|_| true, disk_free(40 * G));
+        assert_eq!(p.grant, 10 * G);
+    }
+
+    #[test]
+    fn unmounted_data_sets_go_first_least_recently_mounted_first() {
+        let l = ledger(
+            100 * G,
+            &[
+                ("me", rec(0, 0, 0, 50 * G, 9)),
+                ("old", rec(30 * G, 0, 0, 30 * G, 1)),
+                ("older", rec(30 * G, 0, 0, 30 * G, 0)),
+                ("b", rec(30 * G, 30 * G, 30 * G, 30 * G, 5)),
+            ],
+        );
+        let mounted = |id: &str| id == "me" || id == "b";
+        let p = plan(&l, "me", &mounted, disk_free(500 * G));
+        // 10 G free; 40 G more needed: "older" (30 G), then "old".
+        assert_eq!(p.delete, vec!["older".to_string(), "old".to_string()]);
+        assert!(p.lower.is_empty(), "{p:?}");
+        assert_eq!(p.grant, 50 * G);
+    }
+
+    #[test]
+    fn a_neighbour_read_in_epochs_is_never_churned() {
+        // b holds 60 G, all of it read within two epochs.
+        let l = ledger(
+            100 * G,
+            &[
+                ("me", rec(0, 0, 0, 80 * G, 9)),
+                ("b", rec(60 * G, 60 * G, 60 * G, 60 * G, 5)),
+            ],
+        );
+        let p = plan(&l, "me", &|_| true, disk_free(500 * G));
+        assert!(p.lower.is_empty(), "{p:?}");
+        assert_eq!(p.grant, 40 * G);
+    }
+
+    #[test]
+    fn cold_entries_and_unused_grant_of_a_neighbour_are_taken_down_to_its_hot_bytes() {
+        let mut l = ledger(
+            100 * G,
+            &[
+                ("me", rec(0, 0, 0, 80 * G, 9)),
+                ("b", rec(70 * G, 90 * G, 20 * G, 90 * G, 5)),
+            ],
+        );
+        let p = plan(&l, "me", &|_| true, disk_free(500 * G));
+        // The fair level is 50 G. b held max(90, 70) = 90: its unused grant
+        // goes first (to 70), then cold entries, down to 50 (its hot bytes
+        // are 20). What b still holds is not free yet: 30 G now.
+        assert_eq!(p.lower, vec![("b".to_string(), 50 * G)]);
+        assert_eq!(p.grant, 30 * G);
+        // b shrinks to its new grant; the next booking gets the rest.
+        let b = l.datasets.get_mut("b").unwrap();
+        (b.grant, b.used) = (50 * G, 50 * G);
+        l.datasets.get_mut("me").unwrap().grant = 30 * G;
+        let p = plan(&l, "me", &|_| true, disk_free(500 * G));
+        assert_eq!((p.grant, p.lower.len()), (50 * G, 0));
+    }
+
+    #[test]
+    fn grants_never_pass_the_budget_whatever_the_order_of_bookings() {
+        // Three mounts filling at once, each wanting the whole budget,
+        // booking in turn with their use growing to their grant.
+        let mut l = ledger(90 * G, &[]);
+        for id in ["a", "b", "c"] {
+            l.datasets.insert(id.into(), rec(0, 0, 0, 200 * G, 1));
+        }
+        for round in 0..30 {
+            for id in ["a", "b", "c"] {
+                let p = plan(&l, id, &|_| true, disk_free(900 * G));
+                for (n, g) in &p.lower {
+                    l.datasets.get_mut(n).unwrap().grant = *g;
+                }
+                let r = l.datasets.get_mut(id).unwrap();
+                r.grant = p.grant;
+                // It fills to its grant, or shrinks to it.
+                r.used = p.grant;
+                r.hot = r.used / 2;
+                let held: u64 = l.datasets.values().map(|r| r.grant.max(r.used)).sum();
+                assert!(held <= 90 * G, "round {round}: {held} > budget: {l:?}");
+            }
+        }
+        // They end with fair shares.
+        for r in l.datasets.values() {
+            assert_eq!(r.grant, 30 * G, "{l:?}");
+        }
+    }
+
+    #[test]
+    fn a_derived_limit_is_kept_and_an_explicit_one_replaces_it() {
+        let mut l = Ledger::default();
+        l.datasets.insert("x".into(), rec(10 * G, 0, 0, 0, 0));
+        l.settle_limit(None, None, disk_free(90 * G));
+        assert_eq!((l.limit, l.explicit), (80 * G, false));
+        assert_eq!(l.free_floor_percent, DEFAULT_FREE_FLOOR_PERCENT);
+        l.settle_limit(None, None, disk_free(10 * G));
+        assert_eq!(l.limit, 80 * G, "derived once");
+        l.settle_limit(Some(5 * G), Some(10.0), disk_free(10 * G));
+        assert_eq!(
+            (l.limit, l.explicit, l.free_floor_percent),
+            (5 * G, true, 10.0)
+        );
+    }
+
+    #[test]
+    fn gc_picks_old_unmounted_data_sets_then_more_until_under_the_size() {
+        let d = |id: &str, used: u64, last: u64, mounted: bool| DatasetInfo {
+            id: id.into(),
+            source: String::new(),
+            used,
+            files: 1,
+            grant: 0,
+            last_mount: last,
+            mounted,
+            pid: None,
+        };
+        let list = [
+            d("a", 10, 100, false),
+            d("b", 10, 900, false),
+            d("c", 10, 50, true),
+            d("d", 10, 500, false),
+        ];
+        assert_eq!(
+            gc_victims(&list, 1000, Some(600), None),
+            vec!["a".to_string()]
+        );
+        assert_eq!(
+            gc_victims(&list, 1000, None, Some(15)),
+            vec!["a".to_string(), "d".to_string(), "b".to_string()]
+        );
+        assert!(gc_victims(&list, 1000, None, Some(40)).is_empty());
+    }
+
+    #[test]
+    fn ledger_round_trips_and_a_bad_one_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = LedgerLock::acquire(dir.path()).unwrap();
+        let l = ledger(7 * G, &[("a", rec(1, 2, 3, 4, 5))]);
+        l.store(dir.path(), &lock).unwrap();
+        assert_eq!(Ledger::load(dir.path(), &lock).unwrap(), l);
+        fs::write(dir.path().join(LEDGER), b"{not json").unwrap();
+        assert_eq!(Ledger::load(dir.path(), &lock).unwrap(), Ledger::default());
+        assert!(dir.path().join(format!("{LEDGER}.bad")).exists());
+    }
+
+    #[test]
+    fn remove_is_refused_while_mounted_and_books_the_data_set_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dir.path().join("imagenet");
+        fs::create_dir_all(ds.join("blocks")).unwrap();
+        fs::write(ds.join("blocks/x.data"), vec![1u8; 10000]).unwrap();
+        {
+            let lock = LedgerLock::acquire(dir.path()).unwrap();
+            ledger(G, &[("imagenet", rec(12288, 0, 0, 0, 1))])
+                .store(dir.path(), &lock)
+                .unwrap();
+        }
+        let held = crate::lock::DatasetLock::acquire(&ds).unwrap();
+        assert_eq!(mounted_by(&ds), Some(std::process::id()));
+        let e = remove_dataset(dir.path(), "imagenet").unwrap_err();
+        assert!(matches!(e, RemoveError::Mounted { .. }), "{e}");
+        assert!(ds.join("blocks/x.data").exists());
+        drop(held);
+        assert_eq!(mounted_by(&ds), None);
+        let freed = remove_dataset(dir.path(), "imagenet").unwrap();
+        assert!(freed >= 10000, "{freed}");
+        assert!(!ds.exists());
+        let lock = LedgerLock::acquire(dir.path()).unwrap();
+        assert!(Ledger::load(dir.path(), &lock).unwrap().datasets.is_empty());
+        assert!(matches!(
+            remove_dataset(dir.path(), "imagenet"),
+            Err(RemoveError::Missing(_))
+        ));
+        assert!(matches!(
+            remove_dataset(dir.path(), "../etc"),
+            Err(RemoveError::Missing(_))
+        ));
+    }
+}

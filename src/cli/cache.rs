@@ -1,0 +1,237 @@
+//! `locafs cache ls|rm|gc`: what an admin sees and cleans in a cache
+//! directory that many data sets share (`budget.rs` keeps its ledger).
+//! Every command works without a mount running.
+//!
+//! It must never delete a data set that a running mount holds: each
+//! removal takes that data set's lock first, and is refused when it cannot.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::budget::{self, DatasetInfo};
+use crate::units::{format_size, Size, Span};
+
+/// Arguments of `locafs cache`.
+#[derive(clap::Args, Debug)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub command: CacheCommand,
+    /// The cache directory [default: /var/cache/locafs as root, else
+    /// ~/.cache/locafs].
+    #[arg(long, global = true, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Each data set in the cache directory: its source, bytes and files
+    /// held, last mount, and whether it is mounted now; with the budget.
+    Ls {
+        /// Print JSON (for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete the cache of one data set (the names `ls` prints). Refused
+    /// while it is mounted.
+    Rm {
+        /// The data set's name in the cache directory.
+        dataset: String,
+    },
+    /// Delete the caches of data sets not mounted now: those last mounted
+    /// longer ago than --older-than, then, least recently mounted first,
+    /// more until all data sets hold at most --to.
+    Gc {
+        /// e.g. 30d, 12h.
+        #[arg(long, value_name = "AGE")]
+        older_than: Option<Span>,
+        /// e.g. 500G.
+        #[arg(long, value_name = "SIZE")]
+        to: Option<Size>,
+        /// Print what would be deleted, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+pub fn main(args: CacheArgs) -> ExitCode {
+    let dir = args
+        .cache_dir
+        .unwrap_or_else(crate::config::default_cache_dir);
+    if !dir.is_dir() {
+        eprintln!("locafs: cache dir {}: no such directory", dir.display());
+        return ExitCode::from(2);
+    }
+    match args.command {
+        CacheCommand::Ls { json } => ls(&dir, json),
+        CacheCommand::Rm { dataset } => match budget::remove_dataset(&dir, &dataset) {
+            Ok(bytes) => {
+                println!("removed {dataset} ({})", format_size(bytes));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("locafs: {e}");
+                ExitCode::from(1)
+            }
+        },
+        CacheCommand::Gc {
+            older_than,
+            to,
+            dry_run,
+        } => gc(
+            &dir,
+            older_than.map(|s| s.0.as_secs()),
+            to.map(|s| s.0),
+            dry_run,
+        ),
+    }
+}
+
+fn ls(dir: &std::path::Path, json: bool) -> ExitCode {
+    let (ledger, list) = match budget::list(dir) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!(
+                "locafs: cache dir {}: {}",
+                dir.display(),
+                crate::logging::short_io(&e)
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let used: u64 = list.iter().map(|d| d.used).sum();
+    if json {
+        let v = serde_json::json!({
+            "cache_dir": dir,
+            "budget_bytes": ledger.limit,
+            "budget_explicit": ledger.explicit,
+            "free_floor_percent": ledger.free_floor_percent,
+            "used_bytes": used,
+            "datasets": list,
+        });
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    let budget = if ledger.limit == 0 {
+        "none yet (set at the first mount)".to_owned()
+    } else {
+        format!(
+            "{} ({})",
+            format_size(ledger.limit),
+            if ledger.explicit {
+                "--cache-size"
+            } else {
+                "derived from the disk"
+            }
+        )
+    };
+    println!(
+        "cache dir {}: {} used of budget {budget}, free-space floor {}%",
+        dir.display(),
+        format_size(used),
+        if ledger.format == 0 {
+            budget::DEFAULT_FREE_FLOOR_PERCENT
+        } else {
+            ledger.free_floor_percent
+        }
+    );
+    println!(
+        "{:<28} {:>10} {:>10} {:>10} {:<20} {:<14} SOURCE",
+        "DATASET", "USED", "FILES", "GRANT", "LAST MOUNT", "STATE"
+    );
+    let now = budget::now();
+    for d in &list {
+        println!(
+            "{:<28} {:>10} {:>10} {:>10} {:<20} {:<14} {}",
+            d.id,
+            format_size(d.used),
+            d.files,
+            if d.mounted {
+                format_size(d.grant)
+            } else {
+                "-".into()
+            },
+            ago(now, d.last_mount),
+            state(d),
+            d.source
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn state(d: &DatasetInfo) -> String {
+    match d.pid {
+        Some(p) => format!("mounted ({p})"),
+        None => "not mounted".into(),
+    }
+}
+
+fn ago(now: u64, t: u64) -> String {
+    if t == 0 {
+        return "unknown".into();
+    }
+    let s = now.saturating_sub(t);
+    match s {
+        0..=119 => format!("{s} s ago"),
+        120..=7199 => format!("{} min ago", s / 60),
+        7200..=172_799 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86400),
+    }
+}
+
+fn gc(dir: &std::path::Path, older_than: Option<u64>, to: Option<u64>, dry_run: bool) -> ExitCode {
+    if older_than.is_none() && to.is_none() {
+        eprintln!("locafs: cache gc: give --older-than AGE, --to SIZE, or both");
+        return ExitCode::from(2);
+    }
+    budget::sweep_trash(dir);
+    let (_, list) = match budget::list(dir) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!(
+                "locafs: cache dir {}: {}",
+                dir.display(),
+                crate::logging::short_io(&e)
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let victims = budget::gc_victims(&list, budget::now(), older_than, to);
+    let mut code = ExitCode::SUCCESS;
+    let mut freed = 0;
+    for id in &victims {
+        if dry_run {
+            println!("would remove {id}");
+            continue;
+        }
+        match budget::remove_dataset(dir, id) {
+            Ok(b) => {
+                freed += b;
+                println!("removed {id} ({})", format_size(b));
+            }
+            Err(e) => {
+                eprintln!("locafs: {e}");
+                code = ExitCode::from(1);
+            }
+        }
+    }
+    if !dry_run {
+        println!(
+            "freed {} in {} data sets",
+            format_size(freed),
+            victims.len()
+        );
+    }
+    let total: u64 = list
+        .iter()
+        .map(|d| d.used)
+        .sum::<u64>()
+        .saturating_sub(freed);
+    if let Some(limit) = to.filter(|&l| total > l && !dry_run) {
+        eprintln!(
+            "locafs: still {} held, more than --to {}: the rest is mounted",
+            format_size(total),
+            format_size(limit)
+        );
+    }
+    code
+}
