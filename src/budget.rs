@@ -58,6 +58,9 @@ pub struct Record {
     pub last_mount: u64,
     /// Unix seconds of its mount's last booking.
     pub last_seen: u64,
+    /// A lower grant a neighbour asked for: applied by this data set's mount
+    /// at its next booking. Until then its old grant counts as held.
+    pub cap: Option<u64>,
 }
 
 /// The ledger of a cache directory.
@@ -102,7 +105,8 @@ pub struct Plan {
     pub grant: u64,
     /// Unmounted data sets to delete, in order.
     pub delete: Vec<String>,
-    /// Mounted neighbours whose grant is lowered: (id, new grant).
+    /// Mounted neighbours asked to shrink: (id, new grant), applied at their
+    /// next booking.
     pub lower: Vec<(String, u64)>,
 }
 
@@ -183,15 +187,16 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
             out.lower.push((id.to_string(), new[k]));
         }
     }
-    // What is free now: a lowered neighbour still holds what it uses.
-    let free_now = effective as i128
-        - neighbours
-            .iter()
-            .enumerate()
-            .map(|(k, (_, r))| new[k].max(r.used) as i128)
-            .sum::<i128>()
-        - unmounted_held as i128;
+    // What is free now: a lowered neighbour holds its old grant until it
+    // has applied the new one at its own booking.
+    let free_now = room(
+        &neighbours.iter().map(|(_, r)| held(r)).collect::<Vec<_>>(),
+        unmounted_held,
+    );
     out.grant = free_now.clamp(0, target as i128) as u64;
+    if let Some(cap) = mine.cap {
+        out.grant = out.grant.min(cap);
+    }
     out
 }
 
@@ -608,7 +613,7 @@ impl Booking {
             }
             for (id, g) in &p.lower {
                 if let Some(r) = ledger.datasets.get_mut(id) {
-                    r.grant = *g;
+                    r.cap = Some(r.cap.map_or(*g, |c| c.min(*g)));
                 }
             }
             // The grant in force for this mount: what the plan gives, but
@@ -622,6 +627,7 @@ impl Booking {
             let grant = p.grant.saturating_sub(unmade);
             if let Some(r) = ledger.datasets.get_mut(&self.id) {
                 r.grant = grant;
+                r.cap = None;
             }
             ledger.store(&self.cache_dir, &lock)?;
             Share {
@@ -658,6 +664,116 @@ impl Booking {
         let lock = LedgerLock::acquire(&self.cache_dir)?;
         let ledger = Ledger::load(&self.cache_dir, &lock)?;
         Ok(ledger.datasets.get(&self.id).map(|r| r.grant))
+    }
+}
+
+/// The mount's side of the budget: a thread that books the cache's use
+/// once a second and applies the grant it gets (the cache shrinks to it, or
+/// may grow to it). Dropping it stops the thread and books the mount out.
+pub struct BudgetKeeper {
+    stop: std::sync::Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    share: std::sync::Arc<parking_lot::Mutex<Share>>,
+}
+
+/// How often a mount books its use.
+pub const BOOKING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl BudgetKeeper {
+    /// Books once now (the grant is applied before this returns, so the
+    /// cache starts within it) and then every [`BOOKING_INTERVAL`].
+    pub fn start(
+        booking: Booking,
+        usage: Box<dyn Fn() -> Usage + Send>,
+        apply: Box<dyn Fn(u64) + Send>,
+    ) -> io::Result<BudgetKeeper> {
+        sweep_trash(&booking.cache_dir);
+        let first = booking.book(usage(), true)?;
+        apply(first.grant);
+        log_share(&booking, &first);
+        let share = std::sync::Arc::new(parking_lot::Mutex::new(first));
+        let stop =
+            std::sync::Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+        let thread = {
+            let (share, stop) = (share.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("locafs-budget".into())
+                .spawn(move || {
+                    let mut failing = false;
+                    loop {
+                        {
+                            let mut s = stop.0.lock();
+                            if !*s {
+                                stop.1.wait_for(&mut s, BOOKING_INTERVAL);
+                            }
+                            if *s {
+                                break;
+                            }
+                        }
+                        match booking.book(usage(), false) {
+                            Ok(sh) => {
+                                apply(sh.grant);
+                                if !sh.deleted.is_empty() {
+                                    log_share(&booking, &sh);
+                                }
+                                *share.lock() = sh;
+                                failing = false;
+                            }
+                            Err(e) if !failing => {
+                                // The grant in force stays; the next booking
+                                // retries.
+                                tracing::warn!(
+                                    "cache budget {}: {}",
+                                    booking.cache_dir.join(LEDGER).display(),
+                                    crate::logging::short_io(&e)
+                                );
+                                failing = true;
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    if let Err(e) = booking.release(usage()) {
+                        tracing::warn!(
+                            "cache budget: booking out: {}",
+                            crate::logging::short_io(&e)
+                        );
+                    }
+                })?
+        };
+        Ok(BudgetKeeper {
+            stop,
+            thread: Some(thread),
+            share,
+        })
+    }
+
+    /// The last booking's figures.
+    pub fn share(&self) -> Share {
+        self.share.lock().clone()
+    }
+
+    /// A handle on the last booking's figures, for stats.
+    pub fn share_handle(&self) -> std::sync::Arc<parking_lot::Mutex<Share>> {
+        self.share.clone()
+    }
+}
+
+fn log_share(b: &Booking, s: &Share) {
+    for d in &s.deleted {
+        tracing::info!(
+            "cache budget: removed data set {d:?} (not mounted) from {} to make room",
+            b.cache_dir.display()
+        );
+    }
+}
+
+impl Drop for BudgetKeeper {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -763,13 +879,17 @@ mod tests {
         let p = plan(&l, "me", &|_| true, disk_free(500 * G));
         // The fair level is 50 G. b held max(90, 70) = 90: its unused grant
         // goes first (to 70), then cold entries, down to 50 (its hot bytes
-        // are 20). What b still holds is not free yet: 30 G now.
+        // are 20). b holds its grant until it has shrunk: 10 G now.
         assert_eq!(p.lower, vec![("b".to_string(), 50 * G)]);
-        assert_eq!(p.grant, 30 * G);
-        // b shrinks to its new grant; the next booking gets the rest.
+        assert_eq!(p.grant, 10 * G);
+        l.datasets.get_mut("me").unwrap().grant = 10 * G;
+        l.datasets.get_mut("b").unwrap().cap = Some(50 * G);
+        // b's own booking applies the cap, and it shrinks.
+        let pb = plan(&l, "b", &|_| true, disk_free(500 * G));
+        assert_eq!(pb.grant, 50 * G);
         let b = l.datasets.get_mut("b").unwrap();
-        (b.grant, b.used) = (50 * G, 50 * G);
-        l.datasets.get_mut("me").unwrap().grant = 30 * G;
+        (b.grant, b.used, b.cap) = (50 * G, 50 * G, None);
+        // The next booking gets the rest.
         let p = plan(&l, "me", &|_| true, disk_free(500 * G));
         assert_eq!((p.grant, p.lower.len()), (50 * G, 0));
     }
@@ -786,10 +906,11 @@ mod tests {
             for id in ["a", "b", "c"] {
                 let p = plan(&l, id, &|_| true, disk_free(900 * G));
                 for (n, g) in &p.lower {
-                    l.datasets.get_mut(n).unwrap().grant = *g;
+                    l.datasets.get_mut(n).unwrap().cap = Some(*g);
                 }
                 let r = l.datasets.get_mut(id).unwrap();
                 r.grant = p.grant;
+                r.cap = None;
                 // It fills to its grant, or shrinks to it.
                 r.used = p.grant;
                 r.hot = r.used / 2;
@@ -892,5 +1013,83 @@ mod tests {
             remove_dataset(dir.path(), "../etc"),
             Err(RemoveError::Missing(_))
         ));
+    }
+
+    #[test]
+    fn keepers_of_two_mounts_share_the_budget_and_delete_an_unmounted_data_set_first() {
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        use std::sync::Arc;
+        const M: u64 = 1 << 20;
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        // An unmounted data set holding about 3 MiB.
+        let old = dir.path().join("old");
+        fs::create_dir_all(&old).unwrap();
+        fs::write(old.join("x.data"), vec![7u8; 3 << 20]).unwrap();
+        let start = |id: &str, want: u64| {
+            let ds = dir.path().join(id);
+            fs::create_dir_all(&ds).unwrap();
+            let lock = crate::lock::DatasetLock::acquire(&ds).unwrap();
+            let used = Arc::new(AtomicU64::new(0));
+            let grant = Arc::new(AtomicU64::new(0));
+            let booking = Booking {
+                cache_dir: dir.path().to_owned(),
+                id: id.into(),
+                source: format!("/data/{id}"),
+                asked: Some(8 * M),
+                floor_percent: Some(0.0),
+            };
+            let (u, g) = (used.clone(), grant.clone());
+            let k = BudgetKeeper::start(
+                booking,
+                Box::new(move || Usage {
+                    used: u.load(Relaxed),
+                    files: 1,
+                    hot: u.load(Relaxed),
+                    want,
+                }),
+                Box::new(move |x| g.store(x, Relaxed)),
+            )
+            .unwrap();
+            (lock, k, used, grant)
+        };
+        let a = start("a", 6 * M);
+        // a fills to its grant.
+        a.2.store(a.3.load(Relaxed), Relaxed);
+        let b = start("b", 6 * M);
+        for _ in 0..40 {
+            // Each cache holds what its grant allows (a cache shrinks to a
+            // lower grant, grows into a higher one).
+            for m in [&a, &b] {
+                m.2.store(m.3.load(Relaxed), Relaxed);
+            }
+            let sum = a.3.load(Relaxed) + b.3.load(Relaxed);
+            assert!(sum <= 8 * M, "grants {sum} over the budget");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(
+            !old.exists(),
+            "the unmounted data set was not removed first"
+        );
+        // Filling at once, they end with fair shares.
+        assert_eq!((a.3.load(Relaxed), b.3.load(Relaxed)), (4 * M, 4 * M));
+        let (list_ledger, list) = list(dir.path()).unwrap();
+        assert_eq!(list_ledger.limit, 8 * M);
+        assert_eq!(
+            list.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(list
+            .iter()
+            .all(|d| d.mounted && d.source.starts_with("/data/")));
+        // Unmounting: the keeper books out before the lock goes (a mount
+        // drops them in this order), and the cache stays for the next mount.
+        // (b's keeper is stopped first: it would take the room a leaves.)
+        drop(b);
+        let (lock, keeper, _, _) = a;
+        drop(keeper);
+        drop(lock);
+        let (_, list) = super::list(dir.path()).unwrap();
+        let a = list.iter().find(|d| d.id == "a").unwrap();
+        assert!(!a.mounted && a.used == 4 * M && a.grant == 0, "{a:?}");
     }
 }
