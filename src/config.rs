@@ -45,10 +45,18 @@ pub struct MountFlags {
     /// [default: /var/cache/locafs as root, else $XDG_CACHE_HOME/locafs]
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Most disk space the cache may use, counting everything it writes
-    /// (e.g. 500G, 64MiB, 1.5T). [default: 80% of the free space of the cache disk]
+    /// Most disk space the caches under --cache-dir may use together,
+    /// counting everything they write (e.g. 500G, 64MiB, 1.5T): one budget
+    /// that every mount of that directory shares, kept in it. [default: set
+    /// at the directory's first mount to 80% of (free space + what its caches
+    /// hold), then kept]
     #[arg(long, value_name = "SIZE")]
     pub cache_size: Option<Size>,
+    /// Free space kept on the cache disk, in percent of its size, whatever
+    /// --cache-size says: when other programs fill the disk, the caches give
+    /// space back. [default: 5]
+    #[arg(long, value_name = "PERCENT")]
+    pub cache_free_floor: Option<f64>,
     /// Cache block size: the unit of caching, checksumming and fetching.
     /// [default: 1MiB]
     #[arg(long, value_name = "SIZE")]
@@ -216,6 +224,8 @@ pub struct MountConfig {
     pub cache_dir: PathBuf,
     pub dataset_dir: PathBuf,
     pub cache_size: Option<u64>,
+    /// --cache-free-floor, if given (percent of the cache disk).
+    pub cache_free_floor: Option<f64>,
     pub block_size: u64,
     pub memory_cache: u64,
     /// Bytes of blocks that may wait to be written to the cache.
@@ -249,6 +259,7 @@ impl MountFlags {
         MountFlags {
             cache_dir: self.cache_dir.or(other.cache_dir),
             cache_size: self.cache_size.or(other.cache_size),
+            cache_free_floor: self.cache_free_floor.or(other.cache_free_floor),
             block_size: self.block_size.or(other.block_size),
             memory_cache: self.memory_cache.or(other.memory_cache),
             revalidate: self.revalidate.or(other.revalidate),
@@ -336,6 +347,12 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
                 v.as_str()
                     .and_then(|s| s.parse().ok())
                     .ok_or_else(|| usage(format!("-o {opt}: expected a number")))?,
+            ),
+            "cache-free-floor" => toml::Value::Float(
+                v.as_str()
+                    .map(|s| s.trim_end_matches('%'))
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| usage(format!("-o {opt}: expected a percentage")))?,
             ),
             _ => v,
         };
@@ -536,6 +553,11 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     }
 
     let cache_size = f.cache_size.map(|s| s.0);
+    if let Some(p) = f.cache_free_floor {
+        if !(0.0..=90.0).contains(&p) {
+            return Err(usage("--cache-free-floor: a percentage between 0 and 90"));
+        }
+    }
     let block_size = f.block_size.map_or(1 << 20, |s| s.0);
     if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
         return Err(usage(
@@ -676,6 +698,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         cache_dir,
         dataset_dir,
         cache_size,
+        cache_free_floor: f.cache_free_floor,
         block_size,
         memory_cache,
         write_queue,
@@ -898,6 +921,9 @@ mod tests {
             assert!(e.starts_with("--open-mode ") && !e.contains('\n'), "{e}");
             assert!(e.contains("expected passthrough or kernel"), "{e}");
         }
+        let f = parse_o(&["cache_free_floor=7.5%,cache_size=1G".into()]).unwrap();
+        assert_eq!(f.cache_free_floor, Some(7.5));
+        assert!(parse_o(&["cache_free_floor=lots".into()]).is_err());
         let f = parse_o(&["ro,open_mode=kernel,cache_size=1G".into()]).unwrap();
         assert_eq!(f.open_mode.as_deref(), Some("kernel"));
         let d = tempfile::tempdir().unwrap();
