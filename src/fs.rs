@@ -197,6 +197,14 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         name: &OsStr,
         reply: impl FnOnce(io::Result<(u64, SourceAttr)>) + Send + 'static,
     ) {
+        // The kernel holds every inode it is given until it forgets it.
+        let counted = Arc::clone(&self.ns);
+        let reply = move |r: io::Result<(u64, SourceAttr)>| {
+            if let Ok((ino, _)) = &r {
+                counted.looked_up(*ino);
+            }
+            reply(r)
+        };
         match self.ns.lookup_local(parent, name) {
             Step::Done(r) => reply(r),
             Step::Ask(ask) => {
@@ -439,6 +447,22 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         }
     }
 
+    /// The kernel forgot `nlookup` lookups of each inode (FORGET,
+    /// BATCH_FORGET). An inode it no longer knows at all keeps nothing
+    /// here but its compact record in the namespace: its idle open state
+    /// and its handle of the kernel open mode go (its pages went with the
+    /// kernel's inode, so there is no page cache left to keep).
+    pub fn forget(&self, nodes: &[(u64, u64)]) {
+        let dropped = self.ns.forget(nodes);
+        self.files.forget_inodes(&dropped);
+        self.inode_handles.forget(&dropped);
+    }
+
+    /// Inodes the open table holds state for (opened, not yet forgotten).
+    pub fn open_inodes(&self) -> usize {
+        self.files.inode_count()
+    }
+
     /// Lists directory `ino` from position `offset` ("." is 1, ".." 2, the
     /// entries after), refreshed from the source when the listing starts
     /// (offset 0) and is stale.
@@ -567,9 +591,16 @@ fn fill_dir_plus(
             }
         }
     }
+    // Every entry but "." and ".." counts as a lookup in the kernel.
+    let mut handed = Vec::new();
     let r = ns.read_dir(ino, offset.saturating_sub(2), |e, next| {
-        reply.add(e.ino, next + 2, e.name, e.attr)
+        let full = reply.add(e.ino, next + 2, e.name, e.attr);
+        if !full {
+            handed.push(e.ino);
+        }
+        full
     });
+    ns.looked_up_all(&handed);
     reply.done(r)
 }
 

@@ -239,6 +239,12 @@ impl Filesystem for LocaFs {
         });
     }
 
+    // BATCH_FORGET: fuser's default calls this for each inode (its
+    // `ForgetOne` is not exported, so it cannot be taken in one call).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(&[(ino.0, nlookup)]);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         metrics::fuse_op(FuseOp::Getattr);
         let ttl = self.opts.ttl;

@@ -53,10 +53,14 @@ pub struct Handle {
     pub seq: Mutex<crate::prefetch::SeqState>,
 }
 
+/// What the table knows of an inode the kernel has opened: kept until the
+/// kernel forgets the inode ([`OpenFiles::forget_inodes`]), for
+/// `last_version` says whether its page cache may be kept at the next open.
+/// 40 bytes (the passthrough, rare and short-lived, boxed).
 #[derive(Debug)]
 struct InodeState<B, P> {
     cached_opens: u32,
-    passthrough: Option<Passthrough<B, P>>,
+    passthrough: Option<Box<Passthrough<B, P>>>,
     last_version: Option<VersionKey>,
 }
 
@@ -217,11 +221,11 @@ impl<B, P> OpenFiles<B, P> {
             Some(_) => return Err(ModeConflict),
             None => match prepared.take() {
                 Some(prepared) if st.cached_opens == 0 => {
-                    let p = st.passthrough.insert(Passthrough {
+                    let p = st.passthrough.insert(Box::new(Passthrough {
                         opens: 1,
                         key: file.key,
                         prepared,
-                    });
+                    }));
                     OpenMode::Passthrough(Arc::clone(&p.prepared.backing))
                 }
                 not_taken => {
@@ -289,6 +293,34 @@ impl<B, P> OpenFiles<B, P> {
         drop(unpinned);
         drop(dropped);
         Some((h, last_passthrough))
+    }
+
+    /// The kernel no longer knows these inodes (FORGET): their state goes
+    /// (the kernel forgets an inode only after its last RELEASE; one still
+    /// open here keeps its state).
+    pub fn forget_inodes(&self, inos: &[u64]) {
+        if inos.is_empty() {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        for ino in inos {
+            let idle = inner
+                .inodes
+                .get(ino)
+                .is_some_and(|s| s.cached_opens == 0 && s.passthrough.is_none());
+            if idle {
+                inner.inodes.remove(ino);
+            }
+        }
+        if inner.inodes.capacity() > 64 && inner.inodes.len() < inner.inodes.capacity() / 4 {
+            let keep = inner.inodes.len() * 2;
+            inner.inodes.shrink_to(keep);
+        }
+    }
+
+    /// Inodes the table holds state for (opened and not forgotten).
+    pub fn inode_count(&self) -> usize {
+        self.inner.lock().inodes.len()
     }
 
     pub fn open_count(&self) -> usize {
@@ -403,6 +435,18 @@ impl InodeHandles {
             inner.old = std::mem::take(&mut inner.current);
         }
         inner.current.insert(ino, h);
+    }
+
+    /// The kernel no longer knows these inodes: their handles go.
+    pub fn forget(&self, inos: &[u64]) {
+        if inos.is_empty() {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        for ino in inos {
+            inner.current.remove(ino);
+            inner.old.remove(ino);
+        }
     }
 
     /// Inodes in the table.

@@ -22,19 +22,53 @@ use crate::source::{EntryKind, SourceAttr};
 /// is walked once more).
 const MAGIC: &[u8; 8] = b"LOCAFSN2";
 
-/// One inode of the snapshot.
+/// One inode of the snapshot (its name borrowed from the manifest's bytes).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Record {
+pub struct Record<'a> {
     pub parent: u64,
-    pub name: Vec<u8>,
+    pub name: &'a [u8],
     pub attr: SourceAttr,
     /// A directory whose full listing is in the snapshot.
     pub listed: bool,
 }
 
-/// Builds a manifest incrementally: the root first, then every parent
-/// before its children; record `i` (from 0) is entry number `i + 1`, the
-/// number its children give as `parent`.
+/// Appends one record to `b`.
+fn put_record(b: &mut Vec<u8>, parent: u64, name: &[u8], a: &SourceAttr, listed: bool) {
+    b.put_u64_le(parent);
+    b.put_u32_le(name.len() as u32);
+    b.put_slice(name);
+    b.put_u8(match a.kind {
+        EntryKind::Dir => 0,
+        EntryKind::File => 1,
+        EntryKind::Symlink => 2,
+        EntryKind::Other => 3,
+    });
+    b.put_u8(listed as u8);
+    for v in [a.size, a.blocks, a.ino] {
+        b.put_u64_le(v);
+    }
+    for v in [a.mode, a.nlink, a.uid, a.gid, a.rdev] {
+        b.put_u32_le(v);
+    }
+    for v in [a.atime_ns, a.mtime_ns, a.ctime_ns] {
+        b.put_i64_le(v);
+    }
+}
+
+/// The bytes of a record with a name of `name_len` bytes.
+pub const fn record_len(name_len: usize) -> u64 {
+    (8 + 4 + 2 + 3 * 8 + 5 * 4 + 3 * 8 + name_len) as u64
+}
+
+/// The bytes of a manifest of records of `names` name bytes in all.
+pub const fn manifest_len(source_len: usize, records: u64, names: u64) -> u64 {
+    (8 + 8 + 4 + source_len + 8 + 32) as u64 + records * record_len(0) + names
+}
+
+/// Builds a manifest incrementally in memory: the root first, then every
+/// parent before its children; record `i` (from 0) is entry number `i + 1`,
+/// the number its children give as `parent`. (A mount streams its manifest
+/// to the file with [`StreamEncoder`] instead.)
 pub struct Encoder {
     buf: Vec<u8>,
     count: u64,
@@ -42,36 +76,13 @@ pub struct Encoder {
 
 impl Encoder {
     pub fn new(source: &[u8], saved_unix_s: u64) -> Self {
-        let mut buf = Vec::with_capacity(1 << 20);
-        buf.put_slice(MAGIC);
-        buf.put_u64_le(saved_unix_s);
-        buf.put_u32_le(source.len() as u32);
-        buf.put_slice(source);
-        buf.put_u64_le(0); // count, patched in finish
+        let mut buf = Vec::with_capacity(1 << 12);
+        put_header(&mut buf, source, saved_unix_s, 0); // count patched in finish
         Encoder { buf, count: 0 }
     }
 
     pub fn push(&mut self, parent: u64, name: &[u8], a: &SourceAttr, listed: bool) {
-        let b = &mut self.buf;
-        b.put_u64_le(parent);
-        b.put_u32_le(name.len() as u32);
-        b.put_slice(name);
-        b.put_u8(match a.kind {
-            EntryKind::Dir => 0,
-            EntryKind::File => 1,
-            EntryKind::Symlink => 2,
-            EntryKind::Other => 3,
-        });
-        b.put_u8(listed as u8);
-        for v in [a.size, a.blocks, a.ino] {
-            b.put_u64_le(v);
-        }
-        for v in [a.mode, a.nlink, a.uid, a.gid, a.rdev] {
-            b.put_u32_le(v);
-        }
-        for v in [a.atime_ns, a.mtime_ns, a.ctime_ns] {
-            b.put_i64_le(v);
-        }
+        put_record(&mut self.buf, parent, name, a, listed);
         self.count += 1;
     }
 
@@ -84,6 +95,78 @@ impl Encoder {
     }
 }
 
+fn put_header(b: &mut Vec<u8>, source: &[u8], saved_unix_s: u64, count: u64) {
+    b.put_slice(MAGIC);
+    b.put_u64_le(saved_unix_s);
+    b.put_u32_le(source.len() as u32);
+    b.put_slice(source);
+    b.put_u64_le(count);
+}
+
+/// Writes a manifest of `count` records (known before the first) to `W`
+/// as they come, through a buffer of 64 KiB: no copy of the tree in
+/// memory. The same bytes as [`Encoder`].
+pub struct StreamEncoder<W: std::io::Write> {
+    out: W,
+    buf: Vec<u8>,
+    hash: blake3::Hasher,
+    count: u64,
+    pushed: u64,
+    written: u64,
+}
+
+const STREAM_BUF: usize = 64 << 10;
+
+impl<W: std::io::Write> StreamEncoder<W> {
+    pub fn new(out: W, source: &[u8], saved_unix_s: u64, count: u64) -> Self {
+        let mut buf = Vec::with_capacity(STREAM_BUF + 512);
+        put_header(&mut buf, source, saved_unix_s, count);
+        StreamEncoder {
+            out,
+            buf,
+            hash: blake3::Hasher::new(),
+            count,
+            pushed: 0,
+            written: 0,
+        }
+    }
+
+    pub fn push(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        a: &SourceAttr,
+        listed: bool,
+    ) -> std::io::Result<()> {
+        put_record(&mut self.buf, parent, name, a, listed);
+        self.pushed += 1;
+        if self.buf.len() >= STREAM_BUF {
+            self.flush_buf()?;
+        }
+        Ok(())
+    }
+
+    fn flush_buf(&mut self) -> std::io::Result<()> {
+        self.hash.update(&self.buf);
+        self.out.write_all(&self.buf)?;
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Writes the checksum; returns the writer and the bytes written. An
+    /// error if fewer or more records came than announced.
+    pub fn finish(mut self) -> std::io::Result<(W, u64)> {
+        if self.pushed != self.count {
+            return Err(std::io::Error::other("manifest: record count changed"));
+        }
+        self.flush_buf()?;
+        let sum = self.hash.finalize();
+        self.out.write_all(sum.as_bytes())?;
+        Ok((self.out, self.written + 32))
+    }
+}
+
 /// The next `n` bytes of `c`, or None (and `c` untouched) if it is shorter.
 fn take<'a>(c: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     let (head, rest) = c.split_at_checked(n)?;
@@ -91,16 +174,95 @@ fn take<'a>(c: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     Some(head)
 }
 
-/// A decoded manifest.
+/// A decoded manifest: its header, and its records read from its bytes as
+/// they are used (no copy of the tree besides the file's bytes).
 #[derive(Debug)]
 pub struct Manifest {
     pub saved_unix_s: u64,
     pub source: Vec<u8>,
-    pub records: Vec<Record>,
+    count: u64,
+    /// The records' bytes (checked: every record decodes).
+    data: Vec<u8>,
+    records_at: usize,
 }
 
-/// Decodes a manifest; None if it is not a valid, complete one.
-pub fn decode(data: &[u8]) -> Option<Manifest> {
+impl Manifest {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The records, in order.
+    pub fn records(&self) -> impl Iterator<Item = Record<'_>> + '_ {
+        let body = &self.data[..self.data.len() - 32];
+        let mut c = &body[self.records_at..];
+        (0..self.count).map_while(move |i| record(&mut c, i))
+    }
+}
+
+/// Decodes record number `i` (from 0) at `c`; None if it is not a valid one.
+fn record<'a>(c: &mut &'a [u8], i: u64) -> Option<Record<'a>> {
+    let parent = c.try_get_u64_le().ok()?;
+    let nlen = c.try_get_u32_le().ok()? as usize;
+    let name = take(c, nlen)?;
+    let kind = match c.try_get_u8().ok()? {
+        0 => EntryKind::Dir,
+        1 => EntryKind::File,
+        2 => EntryKind::Symlink,
+        3 => EntryKind::Other,
+        _ => return None,
+    };
+    let listed = c.try_get_u8().ok()? != 0;
+    let (size, blocks, ino) = (
+        c.try_get_u64_le().ok()?,
+        c.try_get_u64_le().ok()?,
+        c.try_get_u64_le().ok()?,
+    );
+    let (mode, nlink, uid, gid, rdev) = (
+        c.try_get_u32_le().ok()?,
+        c.try_get_u32_le().ok()?,
+        c.try_get_u32_le().ok()?,
+        c.try_get_u32_le().ok()?,
+        c.try_get_u32_le().ok()?,
+    );
+    let (atime_ns, mtime_ns, ctime_ns) = (
+        c.try_get_i64_le().ok()?,
+        c.try_get_i64_le().ok()?,
+        c.try_get_i64_le().ok()?,
+    );
+    // Parents come before children; the root is its own parent.
+    if parent == 0 || parent > i + 1 || (i > 0 && parent == i + 1) {
+        return None;
+    }
+    Some(Record {
+        parent,
+        name,
+        attr: SourceAttr {
+            kind,
+            size,
+            blocks,
+            mode,
+            nlink,
+            uid,
+            gid,
+            rdev,
+            ino,
+            atime_ns,
+            mtime_ns,
+            ctime_ns,
+        },
+        listed,
+    })
+}
+
+/// Decodes a manifest (taking its bytes); None if it is not a valid,
+/// complete one.
+pub fn decode(data: impl Into<Vec<u8>>) -> Option<Manifest> {
+    let data = data.into();
     if data.len() < 32 + 28 {
         return None;
     }
@@ -117,64 +279,19 @@ pub fn decode(data: &[u8]) -> Option<Manifest> {
     let slen = c.try_get_u32_le().ok()? as usize;
     let source = take(&mut c, slen)?.to_vec();
     let count = c.try_get_u64_le().ok()?;
-    let mut records = Vec::with_capacity(count.min(1 << 24) as usize);
+    let records_at = body.len() - c.len();
     for i in 0..count {
-        let parent = c.try_get_u64_le().ok()?;
-        let nlen = c.try_get_u32_le().ok()? as usize;
-        let name = take(&mut c, nlen)?.to_vec();
-        let kind = match c.try_get_u8().ok()? {
-            0 => EntryKind::Dir,
-            1 => EntryKind::File,
-            2 => EntryKind::Symlink,
-            3 => EntryKind::Other,
-            _ => return None,
-        };
-        let listed = c.try_get_u8().ok()? != 0;
-        let (size, blocks, ino) = (
-            c.try_get_u64_le().ok()?,
-            c.try_get_u64_le().ok()?,
-            c.try_get_u64_le().ok()?,
-        );
-        let (mode, nlink, uid, gid, rdev) = (
-            c.try_get_u32_le().ok()?,
-            c.try_get_u32_le().ok()?,
-            c.try_get_u32_le().ok()?,
-            c.try_get_u32_le().ok()?,
-            c.try_get_u32_le().ok()?,
-        );
-        let (atime_ns, mtime_ns, ctime_ns) = (
-            c.try_get_i64_le().ok()?,
-            c.try_get_i64_le().ok()?,
-            c.try_get_i64_le().ok()?,
-        );
-        // Parents come before children; the root is its own parent.
-        if parent == 0 || parent > i + 1 || (i > 0 && parent == i + 1) {
-            return None;
-        }
-        records.push(Record {
-            parent,
-            name,
-            attr: SourceAttr {
-                kind,
-                size,
-                blocks,
-                mode,
-                nlink,
-                uid,
-                gid,
-                rdev,
-                ino,
-                atime_ns,
-                mtime_ns,
-                ctime_ns,
-            },
-            listed,
-        });
+        record(&mut c, i)?;
     }
-    (!c.has_remaining()).then_some(Manifest {
+    if c.has_remaining() {
+        return None;
+    }
+    Some(Manifest {
         saved_unix_s,
         source,
-        records,
+        count,
+        data,
+        records_at,
     })
 }
 
@@ -207,19 +324,42 @@ mod tests {
         e.push(1, b"sub", &attr(EntryKind::Dir, 0), false);
         e.push(3, b"link", &attr(EntryKind::Symlink, 4), false);
         let bytes = e.finish(b"/data/set".len());
-        let m = decode(&bytes).unwrap();
+        let m = decode(&bytes[..]).unwrap();
         assert_eq!(m.saved_unix_s, 1234);
         assert_eq!(m.source, b"/data/set");
-        assert_eq!(m.records.len(), 4);
-        assert_eq!(m.records[1].name, b"a \xff name");
-        assert_eq!(m.records[1].attr, attr(EntryKind::File, 99));
-        assert!(m.records[0].listed && !m.records[2].listed);
+        let records: Vec<_> = m.records().collect();
+        assert_eq!(records.len(), 4);
+        assert_eq!(m.len(), 4);
+        assert_eq!(records[1].name, b"a \xff name");
+        assert_eq!(records[1].attr, attr(EntryKind::File, 99));
+        assert!(records[0].listed && !records[2].listed);
         for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
             assert!(decode(&bytes[..cut]).is_none(), "truncated at {cut}");
         }
         let mut bad = bytes.clone();
         bad[40] ^= 1;
-        assert!(decode(&bad).is_none());
+        assert!(decode(bad).is_none());
+    }
+
+    #[test]
+    fn the_stream_encoder_writes_the_same_bytes() {
+        let mut e = Encoder::new(b"/data/set", 7);
+        let mut s = StreamEncoder::new(Vec::new(), b"/data/set", 7, 3000);
+        for i in 0..3000u64 {
+            let name = format!("file-{i:05}");
+            let a = attr(EntryKind::File, i);
+            e.push(1 + i / 1000, name.as_bytes(), &a, false);
+            s.push(1 + i / 1000, name.as_bytes(), &a, false).unwrap();
+        }
+        let (streamed, n) = s.finish().unwrap();
+        let want = e.finish(9);
+        assert_eq!(streamed, want);
+        assert_eq!(n, want.len() as u64);
+        assert_eq!(manifest_len(9, 3000, 3000 * 10), n);
+        // A count that does not match is an error, not a bad manifest.
+        let mut s = StreamEncoder::new(Vec::new(), b"/s", 7, 2);
+        s.push(1, b"", &attr(EntryKind::Dir, 0), true).unwrap();
+        assert!(s.finish().is_err());
     }
 
     /// `hex` with spaces and newlines for reading, as bytes.
@@ -263,21 +403,21 @@ mod tests {
         let mut want = body.clone();
         want.extend_from_slice(blake3::hash(&body).as_bytes());
         assert_eq!(bytes, want);
-        let m = decode(&want).expect("the pinned bytes decode");
+        let m = decode(&want[..]).expect("the pinned bytes decode");
         assert_eq!(m.saved_unix_s, 0x0102_0304_0506_0708);
         assert_eq!(m.source, b"/s");
         assert_eq!(
-            m.records,
+            m.records().collect::<Vec<_>>(),
             vec![
                 Record {
                     parent: 1,
-                    name: Vec::new(),
+                    name: b"",
                     attr: attr(EntryKind::Dir, 0),
                     listed: true,
                 },
                 Record {
                     parent: 1,
-                    name: b"f".to_vec(),
+                    name: b"f",
                     attr: attr(EntryKind::File, 0x1122),
                     listed: false,
                 },
@@ -291,11 +431,11 @@ mod tests {
         let mut e = Encoder::new(b"/s", 1);
         e.push(1, b"", &attr(EntryKind::Dir, 0), true);
         let mut bytes = e.finish(2);
-        assert!(decode(&bytes).is_some());
+        assert!(decode(&bytes[..]).is_some());
         let n = bytes.len() - 32;
         bytes[..8].copy_from_slice(b"LOCAFSN1");
         let sum = blake3::hash(&bytes[..n]);
         bytes[n..].copy_from_slice(sum.as_bytes());
-        assert!(decode(&bytes).is_none());
+        assert!(decode(bytes).is_none());
     }
 }

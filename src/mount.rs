@@ -449,6 +449,11 @@ impl Mount {
         &self.stats
     }
 
+    /// The mount's namespace (what the kernel holds of it: lookup counts).
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.saver.ns
+    }
+
     pub fn readahead(&self) -> &Arc<ReadAhead> {
         &self.readahead
     }
@@ -558,8 +563,9 @@ fn restore_namespace(
     cache: &DiskCache,
 ) -> Option<Namespace> {
     let data = std::fs::read(path).ok()?;
+    let data_len = data.len() as u64;
     let usable = (|| {
-        let m = crate::manifest::decode(&data)?;
+        let m = crate::manifest::decode(data)?;
         if m.source != cfg.source.as_os_str().as_encoded_bytes() {
             return None;
         }
@@ -568,7 +574,7 @@ fn restore_namespace(
             .ok()?
             .as_secs();
         let age = Duration::from_secs(now.checked_sub(m.saved_unix_s)?);
-        let n = m.records.len();
+        let n = m.len();
         let ns = Namespace::restore(
             Arc::clone(source),
             cfg.revalidate,
@@ -582,7 +588,7 @@ fn restore_namespace(
         );
         Some(ns)
     })();
-    if usable.is_none() || !cache.reserve_aux(data.len() as u64) {
+    if usable.is_none() || !cache.reserve_aux(data_len) {
         let _ = std::fs::remove_file(path);
         return None;
     }
@@ -610,18 +616,28 @@ impl ManifestSaver {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let data = self.ns.save(&self.source, now);
+        // Entries that left the tree and that the kernel does not hold lose
+        // their names first.
+        self.ns.sweep();
         let old = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-        // Old and new exist side by side until the rename.
-        if !self.disk.reserve_aux(old + data.len() as u64) {
+        // Old and new exist side by side until the rename. (The tree may
+        // grow a little between this count and the save: booked again
+        // with the size written.)
+        let len = self.ns.manifest_len(&self.source);
+        if !self.disk.reserve_aux(old + len) {
             debug!("manifest not saved: the cache is full");
             return;
         }
+        // Streamed from the namespace to the file: no copy of the tree in
+        // memory.
         let tmp = self.path.with_extension("tmp");
-        let written = std::fs::write(&tmp, &data).and_then(|()| std::fs::rename(&tmp, &self.path));
+        let written = std::fs::File::create(&tmp)
+            .and_then(|f| self.ns.save_to(f, &self.source, now))
+            .and_then(|(f, n)| f.sync_data().map(|()| n))
+            .and_then(|n| std::fs::rename(&tmp, &self.path).map(|()| n));
         match written {
-            Ok(()) => {
-                self.disk.reserve_aux(data.len() as u64);
+            Ok(n) => {
+                self.disk.reserve_aux(n);
                 *saved_at = changes;
             }
             Err(e) => {

@@ -7,12 +7,22 @@
 //! entry gets a new one) and never reused. This module never reads file data,
 //! adds no entry of its own to the tree (no control files), and does no source
 //! I/O while holding its lock.
+//!
+//! Millions of entries are the normal case, so each inode is one compact
+//! record of 64 bytes in a dense table indexed by inode number (u32 ids):
+//! its name lives in one byte arena, the attributes many entries share
+//! (mode, uid, gid, nlink, rdev) are interned, and a directory's children
+//! are one sorted run of u32 ids (a lookup is a binary search, a readdir
+//! resume an index). The kernel's lookup counts are kept (FORGET): an
+//! entry that left the tree and that the kernel has forgotten loses its
+//! name too (the arena is compacted when half of it is dead).
+//! docs/cache.md ("Per-file memory: the namespace") has the layout.
 
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,29 +38,97 @@ use crate::stats::Stats;
 /// The root's inode number (FUSE's convention).
 pub const ROOT: u64 = 1;
 
+/// `Node::dir` of a node that is not a directory.
+const NO_DIR: u32 = u32::MAX;
+/// `Node::flags`: the entry left the tree and the kernel forgot it: its
+/// name is gone (only its inode number stays taken).
+const GONE: u8 = 1;
+/// `Node::checked` counts ticks of this many ms since the namespace started
+/// (u32: 2.2 years). Rounded down, so an entry is revalidated up to one tick
+/// early, never late.
+const TICK_MS: u64 = 16;
+/// Dead name bytes below which the arena is never compacted.
+const COMPACT_MIN: usize = 1 << 20;
+
+/// One inode: 64 bytes, no heap of its own.
 #[derive(Debug)]
 struct Node {
-    parent: u64,
-    name: Box<[u8]>,
-    attr: SourceAttr,
-    /// When `attr` was last read from the source (ms since the namespace
-    /// started).
-    checked_ms: u64,
-    dir: Option<Box<DirState>>,
+    size: u64,
+    mtime_ns: i64,
+    /// The source's inode number.
+    src_ino: u64,
+    parent: u32,
+    /// The name: `name_len` bytes at `name_off` in `Inner::names`.
+    name_off: u32,
+    /// When the attributes were last read from the source (ticks).
+    checked: u32,
+    /// The kernel's lookup count (FORGET takes it back); counted under the
+    /// read lock.
+    lookups: AtomicU32,
+    /// Index in `Inner::classes`: (mode, uid, gid, nlink, rdev).
+    class: u32,
+    /// Index in `Inner::dirs`, or `NO_DIR`.
+    dir: u32,
+    /// atime and ctime to the second (u32 seconds since 1970, clamped).
+    atime_s: u32,
+    ctime_s: u32,
+    /// 512-byte blocks, saturated at u32::MAX (2 TiB).
+    blocks: u32,
+    name_len: u8,
+    kind: u8,
+    flags: u8,
 }
 
+const _: () = assert!(std::mem::size_of::<Node>() == 64);
+
+fn kind_code(k: EntryKind) -> u8 {
+    match k {
+        EntryKind::Dir => 0,
+        EntryKind::File => 1,
+        EntryKind::Symlink => 2,
+        EntryKind::Other => 3,
+    }
+}
+
+fn kind_of(code: u8) -> EntryKind {
+    match code {
+        0 => EntryKind::Dir,
+        1 => EntryKind::File,
+        2 => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    }
+}
+
+fn secs(ns: i64) -> u32 {
+    ns.div_euclid(1_000_000_000).clamp(0, u32::MAX as i64) as u32
+}
+
+/// A directory: its children (inode numbers sorted by name) and when it was
+/// last listed in full, if ever.
 #[derive(Debug, Default)]
-struct DirState {
-    /// Children inode numbers, sorted by name.
-    children: Vec<u64>,
-    /// When the directory was last listed in full, if ever.
+struct Dir {
+    children: Vec<u32>,
     listed_ms: Option<u64>,
 }
+
+/// (mode, uid, gid, nlink, rdev): shared by most entries of a data set.
+type Class = [u32; 5];
 
 #[derive(Debug)]
 struct Inner {
     /// Node of inode `i` at index `i - 1`.
     nodes: Vec<Node>,
+    /// Every name, back to back.
+    names: Vec<u8>,
+    /// Bytes of `names` no node uses any more.
+    dead_names: usize,
+    /// Entries that left the tree since the last sweep.
+    unlinked: u64,
+    dirs: Vec<Dir>,
+    /// Directories of gone nodes, free for the next directory.
+    free_dirs: Vec<u32>,
+    classes: Vec<Class>,
+    class_ids: HashMap<Class, u32>,
     known_bytes: u64,
     /// Where `known_bytes` is published (the cache policy reads it).
     known_sink: Arc<AtomicU64>,
@@ -58,21 +136,117 @@ struct Inner {
     changes: u64,
 }
 
+fn too_many() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::OutOfMemory,
+        "namespace full (2^32 inodes or 4 GiB of names)",
+    )
+}
+
 impl Inner {
+    fn new(known_sink: Arc<AtomicU64>, capacity: usize) -> Self {
+        Inner {
+            nodes: Vec::with_capacity(capacity),
+            names: Vec::new(),
+            dead_names: 0,
+            unlinked: 0,
+            dirs: Vec::new(),
+            free_dirs: Vec::new(),
+            classes: Vec::new(),
+            class_ids: HashMap::new(),
+            known_bytes: 0,
+            known_sink,
+            changes: 0,
+        }
+    }
+
+    /// The node of `ino`; None if there is none or it is gone.
     fn node(&self, ino: u64) -> Option<&Node> {
-        self.nodes.get(ino.checked_sub(1)? as usize)
+        let i = usize::try_from(ino.checked_sub(1)?).ok()?;
+        self.nodes.get(i).filter(|n| n.flags & GONE == 0)
     }
 
     fn node_mut(&mut self, ino: u64) -> Option<&mut Node> {
-        self.nodes.get_mut(ino.checked_sub(1)? as usize)
+        let i = usize::try_from(ino.checked_sub(1)?).ok()?;
+        self.nodes.get_mut(i).filter(|n| n.flags & GONE == 0)
+    }
+
+    fn name(&self, n: &Node) -> &[u8] {
+        let at = n.name_off as usize;
+        self.names.get(at..at + n.name_len as usize).unwrap_or(&[])
+    }
+
+    fn name_of(&self, ino: u64) -> &[u8] {
+        self.node(ino).map(|n| self.name(n)).unwrap_or(&[])
+    }
+
+    fn dir(&self, n: &Node) -> Option<&Dir> {
+        self.dirs.get(n.dir as usize)
+    }
+
+    fn dir_of(&self, ino: u64) -> Option<&Dir> {
+        self.dir(self.node(ino)?)
+    }
+
+    fn dir_mut(&mut self, ino: u64) -> Option<&mut Dir> {
+        let d = self.node(ino)?.dir;
+        self.dirs.get_mut(d as usize)
+    }
+
+    fn attr(&self, n: &Node) -> SourceAttr {
+        let [mode, uid, gid, nlink, rdev] = self.classes[n.class as usize];
+        SourceAttr {
+            kind: kind_of(n.kind),
+            size: n.size,
+            blocks: n.blocks as u64,
+            mode,
+            nlink,
+            uid,
+            gid,
+            rdev,
+            ino: n.src_ino,
+            atime_ns: n.atime_s as i64 * 1_000_000_000,
+            mtime_ns: n.mtime_ns,
+            ctime_ns: n.ctime_s as i64 * 1_000_000_000,
+        }
+    }
+
+    fn attr_of(&self, ino: u64) -> Option<SourceAttr> {
+        Some(self.attr(self.node(ino)?))
+    }
+
+    fn class(&mut self, a: &SourceAttr) -> u32 {
+        let key = [a.mode, a.uid, a.gid, a.nlink, a.rdev];
+        if let Some(id) = self.class_ids.get(&key) {
+            return *id;
+        }
+        let id = self.classes.len() as u32;
+        self.classes.push(key);
+        self.class_ids.insert(key, id);
+        id
+    }
+
+    /// Stores `a` as the attributes of `ino`, checked at `now` (ms).
+    fn set_attr(&mut self, ino: u64, a: &SourceAttr, now: u64) {
+        let class = self.class(a);
+        if let Some(n) = self.node_mut(ino) {
+            n.size = a.size;
+            n.mtime_ns = a.mtime_ns;
+            n.src_ino = a.ino;
+            n.class = class;
+            n.atime_s = secs(a.atime_ns);
+            n.ctime_s = secs(a.ctime_ns);
+            n.blocks = a.blocks.min(u32::MAX as u64) as u32;
+            n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
+        }
     }
 
     fn path(&self, mut ino: u64) -> Option<PathBuf> {
         let mut parts: Vec<&[u8]> = Vec::new();
         while ino != ROOT {
             let n = self.node(ino)?;
-            parts.push(&n.name);
-            ino = n.parent;
+            parts.push(self.name(n));
+            ino = n.parent as u64;
         }
         let mut p = PathBuf::new();
         for part in parts.iter().rev() {
@@ -81,9 +255,9 @@ impl Inner {
         Some(p)
     }
 
-    fn find_child(&self, dir: &DirState, name: &[u8]) -> Result<usize, usize> {
+    fn find_child(&self, dir: &Dir, name: &[u8]) -> Result<usize, usize> {
         dir.children
-            .binary_search_by(|c| self.node(*c).map(|n| &*n.name).unwrap_or(&[]).cmp(name))
+            .binary_search_by(|c| self.name_of(*c as u64).cmp(name))
     }
 
     fn account(&mut self, old: Option<&SourceAttr>, new: Option<&SourceAttr>) {
@@ -96,16 +270,50 @@ impl Inner {
         self.known_sink.store(self.known_bytes, Ordering::Relaxed);
     }
 
-    fn push(&mut self, parent: u64, name: &[u8], attr: SourceAttr, now: u64) -> u64 {
+    /// A new inode `name` under `parent` (not linked into its listing).
+    fn push(&mut self, parent: u64, name: &[u8], attr: SourceAttr, now: u64) -> io::Result<u64> {
+        let name_len = u8::try_from(name.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENAMETOOLONG))?;
+        let name_off = u32::try_from(self.names.len()).map_err(|_| too_many())?;
+        if self.names.len() + name.len() > u32::MAX as usize
+            || self.nodes.len() >= u32::MAX as usize - 1
+        {
+            return Err(too_many());
+        }
+        let parent = u32::try_from(parent).map_err(|_| too_many())?;
         self.account(None, Some(&attr));
+        self.names.extend_from_slice(name);
+        let dir = if attr.kind == EntryKind::Dir {
+            match self.free_dirs.pop() {
+                Some(d) => d,
+                None => {
+                    self.dirs.push(Dir::default());
+                    (self.dirs.len() - 1) as u32
+                }
+            }
+        } else {
+            NO_DIR
+        };
         self.nodes.push(Node {
+            size: 0,
+            mtime_ns: 0,
+            src_ino: 0,
             parent,
-            name: name.into(),
-            attr,
-            checked_ms: now,
-            dir: (attr.kind == EntryKind::Dir).then(Box::default),
+            name_off,
+            checked: 0,
+            lookups: AtomicU32::new(0),
+            class: 0,
+            dir,
+            atime_s: 0,
+            ctime_s: 0,
+            blocks: 0,
+            name_len,
+            kind: kind_code(attr.kind),
+            flags: 0,
         });
-        self.nodes.len() as u64
+        let ino = self.nodes.len() as u64;
+        self.set_attr(ino, &attr, now);
+        Ok(ino)
     }
 
     /// Updates or replaces the child `name` of `parent` with a fresh `attr`;
@@ -116,35 +324,37 @@ impl Inner {
         name: &[u8],
         attr: SourceAttr,
         now: u64,
-    ) -> Option<u64> {
+    ) -> io::Result<u64> {
         let pos = {
-            let dir = self.node(parent)?.dir.as_deref()?;
+            let dir = self.dir_of(parent).ok_or_else(enoent)?;
             self.find_child(dir, name)
+                .map(|i| (i, dir.children[i] as u64))
         };
         match pos {
-            Ok(i) => {
-                let ino = self.node(parent)?.dir.as_ref()?.children[i];
-                let old = self.node(ino)?.attr;
+            Ok((i, ino)) => {
+                let old = self.attr_of(ino).ok_or_else(enoent)?;
                 if (old.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
                     && old.ino == attr.ino
                 {
                     self.account(Some(&old), Some(&attr));
-                    let n = self.node_mut(ino)?;
-                    n.attr = attr;
-                    n.checked_ms = now;
-                    Some(ino)
+                    self.set_attr(ino, &attr, now);
+                    Ok(ino)
                 } else {
                     // Replaced by another object: a new inode.
                     self.account(Some(&old), None);
-                    let new = self.push(parent, name, attr, now);
-                    self.node_mut(parent)?.dir.as_mut()?.children[i] = new;
-                    Some(new)
+                    let new = self.push(parent, name, attr, now)?;
+                    self.dir_mut(parent).ok_or_else(enoent)?.children[i] = new as u32;
+                    self.unlinked(ino);
+                    Ok(new)
                 }
             }
             Err(i) => {
-                let new = self.push(parent, name, attr, now);
-                self.node_mut(parent)?.dir.as_mut()?.children.insert(i, new);
-                Some(new)
+                let new = self.push(parent, name, attr, now)?;
+                self.dir_mut(parent)
+                    .ok_or_else(enoent)?
+                    .children
+                    .insert(i, new as u32);
+                Ok(new)
             }
         }
     }
@@ -166,40 +376,65 @@ impl Inner {
         let mut stack: Vec<(u64, u64, usize)> = vec![(ROOT, ROOT, 0)];
         while let Some(top) = stack.last_mut() {
             let (dir, number, next) = *top;
-            let child = self
-                .node(dir)
-                .and_then(|n| n.dir.as_deref())
-                .and_then(|d| d.children.get(next).copied());
+            let child = self.dir_of(dir).and_then(|d| d.children.get(next).copied());
             let Some(c) = child else {
                 stack.pop();
                 continue;
             };
+            let c = c as u64;
             top.2 += 1;
             // A child is always a younger inode than its parent, which
             // also rules out cycles.
-            let Some(n) = self.node(c).filter(|n| c > dir && n.parent == dir) else {
+            let Some(n) = self.node(c).filter(|n| c > dir && n.parent as u64 == dir) else {
                 continue;
             };
             numbered += 1;
             f(number, n);
-            if n.dir.is_some() {
+            if n.dir != NO_DIR {
                 stack.push((c, numbered, 0));
             }
         }
     }
 
+    /// Calls `f(ino)` for every inode of the tree (as
+    /// [`Inner::for_each_in_tree`] finds them).
+    fn for_each_in_tree_ino(&self, mut f: impl FnMut(u64)) {
+        if self.node(ROOT).is_none() {
+            return;
+        }
+        f(ROOT);
+        let mut stack: Vec<(u64, usize)> = vec![(ROOT, 0)];
+        while let Some(top) = stack.last_mut() {
+            let (dir, next) = *top;
+            let Some(c) = self.dir_of(dir).and_then(|d| d.children.get(next).copied()) else {
+                stack.pop();
+                continue;
+            };
+            let c = c as u64;
+            top.1 += 1;
+            let Some(n) = self.node(c).filter(|n| c > dir && n.parent as u64 == dir) else {
+                continue;
+            };
+            f(c);
+            if n.dir != NO_DIR {
+                stack.push((c, 0));
+            }
+        }
+    }
+
     fn remove_child(&mut self, parent: u64, name: &[u8]) {
-        let pos = match self.node(parent).and_then(|p| p.dir.as_deref()) {
+        let pos = match self.dir_of(parent) {
             Some(dir) => self.find_child(dir, name),
             None => return,
         };
         if let Ok(i) = pos {
-            let Some(dir) = self.node_mut(parent).and_then(|p| p.dir.as_mut()) else {
+            let Some(dir) = self.dir_mut(parent) else {
                 return;
             };
             let ino = dir.children.remove(i);
-            let old = self.node(ino).map(|n| n.attr);
+            let old = self.attr_of(ino as u64);
             self.account(old.as_ref(), None);
+            self.unlinked(ino as u64);
         }
     }
 
@@ -207,14 +442,113 @@ impl Inner {
     /// the source no longer has it at its path.
     fn unlink(&mut self, ino: u64) {
         let Some(n) = self.node(ino) else { return };
-        let (parent, name) = (n.parent, n.name.clone());
+        let parent = n.parent as u64;
+        let name = self.name(n).to_vec();
         let here = self
-            .node(parent)
-            .and_then(|p| p.dir.as_deref())
-            .and_then(|d| self.find_child(d, &name).ok().map(|i| d.children[i]));
+            .dir_of(parent)
+            .and_then(|d| self.find_child(d, &name).ok().map(|i| d.children[i] as u64));
         if ino != ROOT && here == Some(ino) {
             self.remove_child(parent, &name);
         }
+    }
+
+    /// Whether `ino` is in the tree: each node up to the root is the child
+    /// its parent lists under its name.
+    fn reachable(&self, mut ino: u64) -> bool {
+        while ino != ROOT {
+            let Some(n) = self.node(ino) else {
+                return false;
+            };
+            let parent = n.parent as u64;
+            let here = self
+                .dir_of(parent)
+                .and_then(|d| self.find_child(d, self.name(n)).ok().map(|i| d.children[i]));
+            if here != Some(ino as u32) {
+                return false;
+            }
+            ino = parent;
+        }
+        true
+    }
+
+    /// The kernel took back `n` lookups of `ino`. An entry out of the tree
+    /// that the kernel no longer knows is gone for good: its name (and a
+    /// directory's listing) is dropped.
+    fn forget(&mut self, ino: u64, n: u64) {
+        let Some(node) = self.node_mut(ino) else {
+            return;
+        };
+        let left = node.lookups.get_mut();
+        *left = left.saturating_sub(n.min(u32::MAX as u64) as u32);
+        if *left > 0 || ino == ROOT || self.reachable(ino) {
+            return;
+        }
+        self.mark_gone(ino);
+    }
+
+    /// `ino` just left the tree: gone at once if the kernel does not hold
+    /// it (else when it forgets it).
+    fn unlinked(&mut self, ino: u64) {
+        self.unlinked += 1;
+        let unused = self
+            .node(ino)
+            .is_some_and(|n| n.lookups.load(Ordering::Relaxed) == 0);
+        if unused && ino != ROOT {
+            self.mark_gone(ino);
+        }
+    }
+
+    /// Every node out of the tree that the kernel does not hold is gone (a
+    /// deleted directory's subtree, whose entries the kernel forgot before
+    /// it left the tree). One pass over the table.
+    fn sweep(&mut self) {
+        let mut reachable = crate::epoch::BitSet::default();
+        self.for_each_in_tree_ino(|ino| {
+            reachable.insert(ino);
+        });
+        for ino in 2..=self.nodes.len() as u64 {
+            let unused = self
+                .node(ino)
+                .is_some_and(|n| n.lookups.load(Ordering::Relaxed) == 0);
+            if unused && !reachable.contains(ino) {
+                self.mark_gone(ino);
+            }
+        }
+        self.unlinked = 0;
+    }
+
+    /// Drops all of `ino` but its inode number.
+    fn mark_gone(&mut self, ino: u64) {
+        let Some(i) = ino.checked_sub(1).map(|i| i as usize) else {
+            return;
+        };
+        let Some(node) = self.nodes.get_mut(i).filter(|n| n.flags & GONE == 0) else {
+            return;
+        };
+        node.flags |= GONE;
+        self.dead_names += node.name_len as usize;
+        node.name_len = 0;
+        let d = std::mem::replace(&mut node.dir, NO_DIR);
+        if let Some(dir) = self.dirs.get_mut(d as usize) {
+            *dir = Dir::default();
+            self.free_dirs.push(d);
+        }
+        if self.dead_names >= COMPACT_MIN && self.dead_names * 2 >= self.names.len() {
+            self.compact_names();
+        }
+    }
+
+    /// Rewrites the name arena without the names of gone nodes.
+    fn compact_names(&mut self) {
+        let mut names = Vec::with_capacity(self.names.len() - self.dead_names);
+        for n in self.nodes.iter_mut().filter(|n| n.flags & GONE == 0) {
+            let at = n.name_off as usize;
+            let off = names.len() as u32;
+            names.extend_from_slice(&self.names[at..at + n.name_len as usize]);
+            n.name_off = off;
+        }
+        self.names = names;
+        self.dead_names = 0;
     }
 }
 
@@ -284,16 +618,11 @@ impl Namespace {
             source,
             revalidate,
             started: Instant::now(),
-            inner: RwLock::new(Inner {
-                nodes: Vec::new(),
-                known_bytes: 0,
-                known_sink,
-                changes: 0,
-            }),
+            inner: RwLock::new(Inner::new(known_sink, 0)),
             last_known: Mutex::default(),
             stats: None,
         };
-        ns.inner.write().push(ROOT, b"", root, 0);
+        ns.inner.write().push(ROOT, b"", root, 0)?;
         Ok(ns)
     }
 
@@ -315,40 +644,35 @@ impl Namespace {
         if revalidate.is_some_and(|r| age >= r) {
             return None;
         }
-        let mut inner = Inner {
-            nodes: Vec::with_capacity(manifest.records.len()),
-            known_bytes: 0,
-            known_sink,
-            changes: 0,
-        };
-        for r in &manifest.records {
-            let ino = inner.push(r.parent, &r.name, r.attr, 0);
+        let mut inner = Inner::new(known_sink, manifest.len());
+        let mut records = 0;
+        for r in manifest.records() {
+            records += 1;
+            let ino = inner.push(r.parent, r.name, r.attr, 0).ok()?;
             if ino != ROOT {
-                let name = &r.name[..];
+                let name = r.name;
                 if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
                     return None;
                 }
-                let parent = inner.node_mut(r.parent)?;
-                parent.dir.as_mut()?.children.push(ino);
+                inner.dir_mut(r.parent)?.children.push(ino as u32);
             }
             if r.listed {
-                inner.node_mut(ino)?.dir.as_mut()?.listed_ms = Some(0);
+                inner.dir_mut(ino)?.listed_ms = Some(0);
             }
         }
-        if inner.nodes.first()?.attr.kind != EntryKind::Dir {
+        if records != manifest.len() || inner.nodes.first()?.kind != kind_code(EntryKind::Dir) {
             return None;
         }
         // Children sorted by name, as lookups expect; one entry per name.
-        for i in 0..inner.nodes.len() {
-            if let Some(mut dir) = inner.nodes[i].dir.take() {
-                let name = |x: &u64| inner.node(*x).map(|n| &n.name[..]).unwrap_or(&[]);
-                dir.children.sort_by(|a, b| name(a).cmp(name(b)));
-                if dir.children.windows(2).any(|w| name(&w[0]) == name(&w[1])) {
-                    return None;
-                }
-                inner.nodes[i].dir = Some(dir);
+        let mut dirs = std::mem::take(&mut inner.dirs);
+        for dir in &mut dirs {
+            let name = |x: &u32| inner.name_of(*x as u64);
+            dir.children.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+            if dir.children.windows(2).any(|w| name(&w[0]) == name(&w[1])) {
+                return None;
             }
         }
+        inner.dirs = dirs;
         inner.changes = 0;
         Some(Namespace {
             source,
@@ -388,13 +712,113 @@ impl Namespace {
     /// kernel may still hold them, but are not saved; the saved entries are
     /// numbered afresh (the next mount's inode numbers).
     pub fn save(&self, source_label: &[u8], saved_unix_s: u64) -> Vec<u8> {
+        let len = self.manifest_len(source_label);
+        let out = Vec::with_capacity(len as usize);
+        match self.save_to(out, source_label, saved_unix_s) {
+            Ok((bytes, _)) => bytes,
+            Err(_) => Vec::new(), // not for a Vec
+        }
+    }
+
+    /// [`Namespace::save`] streamed to `out` as the tree is walked (no copy
+    /// of the tree in memory); returns `out` and the bytes written. Holds
+    /// the read lock while it writes (lookups and listings that change the
+    /// tree wait; answers do not): call it off the FUSE threads.
+    pub fn save_to<W: std::io::Write>(
+        &self,
+        out: W,
+        source_label: &[u8],
+        saved_unix_s: u64,
+    ) -> io::Result<(W, u64)> {
         let inner = self.inner.read();
-        let mut e = crate::manifest::Encoder::new(source_label, saved_unix_s);
+        let mut count = 0;
+        inner.for_each_in_tree(|_, _| count += 1);
+        let mut e = crate::manifest::StreamEncoder::new(out, source_label, saved_unix_s, count);
+        let mut r = Ok(());
         inner.for_each_in_tree(|parent, n| {
-            let listed = n.dir.as_ref().is_some_and(|d| d.listed_ms.is_some());
-            e.push(parent, &n.name, &n.attr, listed);
+            if r.is_ok() {
+                let listed = inner.dir(n).is_some_and(|d| d.listed_ms.is_some());
+                r = e.push(parent, inner.name(n), &inner.attr(n), listed);
+            }
         });
-        e.finish(source_label.len())
+        r?;
+        e.finish()
+    }
+
+    /// The size of the manifest [`Namespace::save`] would write now.
+    pub fn manifest_len(&self, source_label: &[u8]) -> u64 {
+        let inner = self.inner.read();
+        let (mut count, mut names) = (0, 0);
+        inner.for_each_in_tree(|_, n| {
+            count += 1;
+            names += n.name_len as u64;
+        });
+        crate::manifest::manifest_len(source_label.len(), count, names)
+    }
+
+    /// The kernel was handed `ino` (a lookup's or a READDIRPLUS entry's
+    /// reply): one more lookup to take back with [`Namespace::forget`].
+    pub fn looked_up(&self, ino: u64) {
+        if let Some(n) = self.inner.read().node(ino) {
+            bump(&n.lookups);
+        }
+    }
+
+    /// Several [`Namespace::looked_up`] under one lock.
+    pub fn looked_up_all(&self, inos: &[u64]) {
+        if inos.is_empty() {
+            return;
+        }
+        let inner = self.inner.read();
+        for ino in inos {
+            if let Some(n) = inner.node(*ino) {
+                bump(&n.lookups);
+            }
+        }
+    }
+
+    /// The kernel forgot `n` lookups of each inode (FORGET, BATCH_FORGET).
+    /// Returns the inodes the kernel no longer knows at all (their lookup
+    /// count is 0): what hangs off them elsewhere can go. An entry that
+    /// also left the tree is dropped but for its inode number.
+    pub fn forget(&self, nodes: &[(u64, u64)]) -> Vec<u64> {
+        let mut inner = self.inner.write();
+        let mut dropped = Vec::new();
+        for &(ino, n) in nodes {
+            inner.forget(ino, n);
+            if inner
+                .node(ino)
+                .is_none_or(|x| x.lookups.load(Ordering::Relaxed) == 0)
+            {
+                dropped.push(ino);
+            }
+        }
+        dropped
+    }
+
+    /// Drops what entries out of the tree still hold, unless the kernel
+    /// holds them (one pass over the table under the write lock, only if
+    /// an entry left the tree since the last time): called before a save.
+    pub fn sweep(&self) {
+        if self.inner.read().unlinked == 0 {
+            return;
+        }
+        self.inner.write().sweep();
+    }
+
+    /// The kernel's lookup count of `ino` (0 for an unknown inode).
+    pub fn lookups(&self, ino: u64) -> u32 {
+        self.inner
+            .read()
+            .node(ino)
+            .map_or(0, |n| n.lookups.load(Ordering::Relaxed))
+    }
+
+    /// Bytes of names held, and of them the bytes of dropped entries not
+    /// yet compacted away (for tests and memory reporting).
+    pub fn name_bytes(&self) -> (usize, usize) {
+        let inner = self.inner.read();
+        (inner.names.len(), inner.dead_names)
     }
 
     /// A counter that moves whenever the namespace changes.
@@ -418,6 +842,11 @@ impl Namespace {
             None => false,
             Some(d) => self.now_ms().saturating_sub(checked_ms) >= d.as_millis() as u64,
         }
+    }
+
+    /// Whether a node's attributes are stale.
+    fn stale_node(&self, n: &Node) -> bool {
+        self.stale(n.checked as u64 * TICK_MS)
     }
 
     /// Total size of the regular files seen so far.
@@ -478,16 +907,16 @@ impl Namespace {
         let Some(p) = inner.node(parent) else {
             return Step::Done(Err(enoent()));
         };
-        let Some(dir) = p.dir.as_deref() else {
+        let Some(dir) = inner.dir(p) else {
             return Step::Done(Err(io::Error::from_raw_os_error(libc::ENOTDIR)));
         };
         let listed_fresh = dir.listed_ms.is_some_and(|t| !self.stale(t));
         match inner.find_child(dir, name) {
             Ok(i) => {
-                let ino = dir.children[i];
+                let ino = dir.children[i] as u64;
                 if let Some(n) = inner.node(ino) {
-                    if !self.stale(n.checked_ms) {
-                        return Step::Done(Ok((ino, n.attr)));
+                    if !self.stale_node(n) {
+                        return Step::Done(Ok((ino, inner.attr(n))));
                     }
                 }
             }
@@ -503,8 +932,8 @@ impl Namespace {
             let known = inner
                 .find_child(dir, name)
                 .ok()
-                .map(|i| dir.children[i])
-                .and_then(|ino| Some((ino, inner.node(ino)?.attr)));
+                .map(|i| dir.children[i] as u64)
+                .and_then(|ino| Some((ino, inner.attr_of(ino)?)));
             drop(inner);
             return Step::Done(match known {
                 Some(k) => {
@@ -530,9 +959,7 @@ impl Namespace {
         match r {
             Ok(attr) => {
                 let mut inner = self.inner.write();
-                let ino = inner
-                    .upsert_child(parent, name, attr, ask.at_ms)
-                    .ok_or_else(enoent)?;
+                let ino = inner.upsert_child(parent, name, attr, ask.at_ms)?;
                 Ok((ino, attr))
             }
             Err(e) if is_timeout(&e) => {
@@ -540,10 +967,9 @@ impl Namespace {
                 // cannot be.
                 let inner = self.inner.read();
                 let known = inner
-                    .node(parent)
-                    .and_then(|p| p.dir.as_deref())
-                    .and_then(|d| inner.find_child(d, name).ok().map(|i| d.children[i]))
-                    .and_then(|ino| Some((ino, inner.node(ino)?.attr)));
+                    .dir_of(parent)
+                    .and_then(|d| inner.find_child(d, name).ok().map(|i| d.children[i] as u64))
+                    .and_then(|ino| Some((ino, inner.attr_of(ino)?)));
                 drop(inner);
                 match known {
                     Some(k) => {
@@ -591,10 +1017,10 @@ impl Namespace {
         let Some(n) = inner.node(ino) else {
             return Step::Done(Err(enoent()));
         };
-        if !self.stale(n.checked_ms) {
-            return Step::Done(Ok(n.attr));
+        let attr = inner.attr(n);
+        if !self.stale_node(n) {
+            return Step::Done(Ok(attr));
         }
-        let attr = n.attr;
         let Some(path) = inner.path(ino) else {
             return Step::Done(Err(enoent()));
         };
@@ -618,7 +1044,7 @@ impl Namespace {
         let attr = match r {
             Ok(a) => a,
             Err(e) if is_timeout(&e) => {
-                let known = self.inner.read().node(ino).map(|n| n.attr);
+                let known = self.inner.read().attr_of(ino);
                 let Some(known) = known else { return Err(e) };
                 self.stale_answer("stat", &ask.path);
                 return Ok(known);
@@ -633,7 +1059,7 @@ impl Namespace {
             }
         };
         let mut inner = self.inner.write();
-        let old = inner.node(ino).ok_or_else(enoent)?.attr;
+        let old = inner.attr_of(ino).ok_or_else(enoent)?;
         if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir) || old.ino != attr.ino {
             // Another object now lives at this path: this inode is gone
             // (the next lookup or listing finds the new one).
@@ -641,9 +1067,7 @@ impl Namespace {
             return Err(enoent());
         }
         inner.account(Some(&old), Some(&attr));
-        let n = inner.node_mut(ino).ok_or_else(enoent)?;
-        n.attr = attr;
-        n.checked_ms = ask.at_ms;
+        inner.set_attr(ino, &attr, ask.at_ms);
         Ok(attr)
     }
 
@@ -678,7 +1102,7 @@ impl Namespace {
         let Some(n) = inner.node(ino) else {
             return Step::Done(Err(enoent()));
         };
-        let Some(dir) = n.dir.as_deref() else {
+        let Some(dir) = inner.dir(n) else {
             return Step::Done(Err(io::Error::from_raw_os_error(libc::ENOTDIR)));
         };
         if dir.listed_ms.is_some_and(|t| !self.stale(t)) {
@@ -718,8 +1142,7 @@ impl Namespace {
                 let listed = self
                     .inner
                     .read()
-                    .node(ino)
-                    .and_then(|n| n.dir.as_deref())
+                    .dir_of(ino)
                     .is_some_and(|d| d.listed_ms.is_some());
                 if !listed {
                     return Err(e);
@@ -729,61 +1152,60 @@ impl Namespace {
             }
             Err(e) => return Err(e),
         };
-        entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        entries.dedup_by(|a, b| a.0 == b.0);
         let mut inner = self.inner.write();
-        let old: Vec<(Box<[u8]>, u64)> = {
-            let dir = inner
-                .node(ino)
-                .and_then(|n| n.dir.as_deref())
-                .ok_or_else(enoent)?;
-            dir.children
-                .iter()
-                .filter_map(|c| inner.node(*c).map(|n| (n.name.clone(), *c)))
-                .collect()
-        };
+        // The old listing, sorted by name (taken out; put back below).
+        let old = std::mem::take(&mut inner.dir_mut(ino).ok_or_else(enoent)?.children);
         // Merge the sorted old and new listings, keeping inodes of entries
-        // that are still the same object.
+        // that are still the same object: linear in the two listings.
         let mut children = Vec::with_capacity(entries.len());
         let mut oi = 0;
         for (name, attr) in &entries {
             let nb = name.as_bytes();
-            while oi < old.len() && &*old[oi].0 < nb {
-                let gone = inner.node(old[oi].1).map(|n| n.attr);
+            while oi < old.len() && inner.name_of(old[oi] as u64) < nb {
+                let gone = inner.attr_of(old[oi] as u64);
                 inner.account(gone.as_ref(), None);
+                inner.unlinked(old[oi] as u64);
                 oi += 1;
             }
             let mut reuse = None;
-            if oi < old.len() && &*old[oi].0 == nb {
-                let c = old[oi].1;
+            if oi < old.len() && inner.name_of(old[oi] as u64) == nb {
+                let c = old[oi] as u64;
                 oi += 1;
-                if let Some(n) = inner.node(c) {
-                    let prev = n.attr;
+                if let Some(prev) = inner.attr_of(c) {
                     if (prev.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
                         && prev.ino == attr.ino
                     {
                         inner.account(Some(&prev), Some(attr));
-                        if let Some(n) = inner.node_mut(c) {
-                            n.attr = *attr;
-                            n.checked_ms = now;
-                        }
+                        inner.set_attr(c, attr, now);
                         reuse = Some(c);
                     } else {
                         inner.account(Some(&prev), None);
+                        inner.unlinked(c);
                     }
                 }
             }
             let c = match reuse {
                 Some(c) => c,
-                None => inner.push(ino, nb, *attr, now),
+                None => match inner.push(ino, nb, *attr, now) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!("{:?}: entry {name:?} left out: {e}", path);
+                        continue;
+                    }
+                },
             };
-            children.push(c);
+            children.push(c as u32);
         }
         while oi < old.len() {
-            let gone = inner.node(old[oi].1).map(|n| n.attr);
+            let gone = inner.attr_of(old[oi] as u64);
             inner.account(gone.as_ref(), None);
+            inner.unlinked(old[oi] as u64);
             oi += 1;
         }
-        if let Some(dir) = inner.node_mut(ino).and_then(|n| n.dir.as_mut()) {
+        children.shrink_to_fit();
+        if let Some(dir) = inner.dir_mut(ino) {
             dir.children = children;
             dir.listed_ms = Some(now);
         }
@@ -801,20 +1223,23 @@ impl Namespace {
     ) -> io::Result<()> {
         let inner = self.inner.read();
         let n = inner.node(ino).ok_or_else(enoent)?;
-        let dir = n
-            .dir
-            .as_deref()
+        let dir = inner
+            .dir(n)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
-        for (i, c) in dir.children.iter().enumerate().skip(offset as usize) {
-            let Some(child) = inner.node(*c) else {
+        // A resume starts at its index: no cost for the entries before.
+        let from = usize::try_from(offset).unwrap_or(usize::MAX);
+        let rest = dir.children.get(from..).unwrap_or(&[]);
+        for (i, c) in rest.iter().enumerate() {
+            let Some(child) = inner.node(*c as u64) else {
                 continue;
             };
+            let attr = inner.attr(child);
             let e = DirEntry {
-                ino: *c,
-                name: OsStr::from_bytes(&child.name),
-                attr: &child.attr,
+                ino: *c as u64,
+                name: OsStr::from_bytes(inner.name(child)),
+                attr: &attr,
             };
-            if f(e, i as u64 + 1) {
+            if f(e, (from + i) as u64 + 1) {
                 break;
             }
         }
@@ -826,7 +1251,7 @@ impl Namespace {
         self.inner
             .read()
             .node(ino)
-            .map(|n| n.parent)
+            .map(|n| n.parent as u64)
             .unwrap_or(ROOT)
     }
 
@@ -901,6 +1326,11 @@ impl Namespace {
         }
         Ok((Arc::from(self.path(ino)?), attr))
     }
+}
+
+/// One more kernel lookup (saturating).
+fn bump(c: &AtomicU32) {
+    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_add(1));
 }
 
 fn enoent() -> io::Error {

@@ -155,11 +155,12 @@ pub struct ReadAheadStats {
 struct EngineState {
     epoch: EpochTracker,
     plan: Option<Plan>,
-    /// Regular files of the data set in walk order (inode, size).
-    files: Vec<(u64, u64)>,
+    /// Regular files of the data set: one bit per inode number.
+    files: crate::epoch::BitSet,
     walked: bool,
-    /// Background prefetch position in `files` for this epoch.
-    cursor: usize,
+    /// Background prefetch position (an inode number) in `files` for this
+    /// epoch.
+    cursor: u64,
 }
 
 /// The read-ahead engine of one mount.
@@ -198,7 +199,7 @@ impl ReadAhead {
             state: Mutex::new(EngineState {
                 epoch: EpochTracker::new(),
                 plan: None,
-                files: Vec::new(),
+                files: Default::default(),
                 walked: false,
                 cursor: 0,
             }),
@@ -219,7 +220,7 @@ impl ReadAhead {
         ReadAheadSnapshot {
             epoch: st.epoch.epoch(),
             epoch_files_read: st.epoch.files_read(),
-            epoch_files_total: st.files.len() as u64,
+            epoch_files_total: st.files.len(),
             plan_active: st.plan.is_some(),
             plan_position: st.plan.as_ref().map_or(0, |p| p.position as u64),
             plan_length: st.plan.as_ref().map_or(0, |p| p.order.len() as u64),
@@ -408,14 +409,14 @@ impl ReadAhead {
     /// unread files are known.
     async fn walk(self: &Arc<Self>) {
         let mut stack = vec![crate::namespace::ROOT];
-        let mut files = Vec::new();
+        let mut files = crate::epoch::BitSet::default();
         while let Some(dir) = stack.pop() {
             let ns = Arc::clone(&self.ns);
             let listed = tokio::task::spawn_blocking(move || {
                 let mut out = Vec::new();
                 if ns.refresh_dir(dir).is_ok() {
                     let _ = ns.read_dir(dir, 0, |e, _| {
-                        out.push((e.ino, e.attr.kind, e.attr.size));
+                        out.push((e.ino, e.attr.kind));
                         false
                     });
                 }
@@ -423,10 +424,12 @@ impl ReadAhead {
             })
             .await
             .unwrap_or_default();
-            for (ino, kind, size) in listed {
+            for (ino, kind) in listed {
                 match kind {
                     EntryKind::Dir => stack.push(ino),
-                    EntryKind::File => files.push((ino, size)),
+                    EntryKind::File => {
+                        files.insert(ino);
+                    }
                     _ => {}
                 }
             }
@@ -458,9 +461,8 @@ impl ReadAhead {
         if st.epoch.files_read() == 0 {
             return None;
         }
-        while st.cursor < st.files.len() {
-            let (ino, _) = st.files[st.cursor];
-            st.cursor += 1;
+        while let Some(ino) = st.files.next_from(st.cursor) {
+            st.cursor = ino + 1;
             if !st.epoch.was_read(ino) {
                 return Some((ino, false));
             }

@@ -154,7 +154,7 @@ fn save_restore(
     refresh: bool,
 ) -> Result<Namespace, TestCaseError> {
     let bytes = ns.save(b"src", 1);
-    let decode = || locafs::manifest::decode(&bytes).expect("the saved manifest decodes");
+    let decode = || locafs::manifest::decode(&bytes[..]).expect("the saved manifest decodes");
     let dead = Arc::new(NoSource::default());
     let frozen = Namespace::restore(dead.clone(), None, Arc::default(), decode(), Duration::ZERO)
         .expect("the saved manifest restores");
@@ -336,7 +336,7 @@ fn a_manifest_that_is_not_one_tree_is_not_restored() {
         for (parent, name, a) in records {
             e.push(*parent, name, a, false);
         }
-        let m = locafs::manifest::decode(&e.finish(3)).expect("decodes");
+        let m = locafs::manifest::decode(e.finish(3)).expect("decodes");
         let source: Arc<dyn Source> = Arc::new(NoSource::default());
         Namespace::restore(source, None, Arc::default(), m, Duration::ZERO)
     };
