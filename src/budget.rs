@@ -546,6 +546,29 @@ pub struct Share {
     pub grant: u64,
     /// Data sets deleted by this booking to make room.
     pub deleted: Vec<String>,
+    /// Every data set: (id, used, grant; 0 when not mounted).
+    pub datasets: Vec<(String, u64, u64)>,
+}
+
+impl Share {
+    /// The part of `stats` this fills.
+    pub fn snapshot(&self) -> crate::stats::BudgetSnapshot {
+        crate::stats::BudgetSnapshot {
+            cache_budget_bytes: self.limit,
+            cache_budget_effective_bytes: self.effective,
+            cache_dir_used_bytes: self.used_all,
+            cache_grant_bytes: self.grant,
+            cache_shares: self
+                .datasets
+                .iter()
+                .map(|(id, used, grant)| crate::stats::DatasetShare {
+                    dataset: id.clone(),
+                    used_bytes: *used,
+                    grant_bytes: *grant,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Booking {
@@ -636,6 +659,15 @@ impl Booking {
                 used_all: ledger.used(),
                 grant,
                 deleted,
+                datasets: ledger
+                    .datasets
+                    .iter()
+                    .map(|(id, r)| {
+                        let mounted =
+                            id == &self.id || mounted_by(&self.cache_dir.join(id)).is_some();
+                        (id.clone(), r.used, if mounted { r.grant } else { 0 })
+                    })
+                    .collect(),
             }
         };
         for t in trash {

@@ -71,6 +71,33 @@ pub struct Stats {
     pub cache: ViewSlot<CacheUsage>,
     /// Bytes of blocks in the reader's memory tier.
     pub memory_cache: ViewSlot<u64>,
+    /// The shared budget of the cache directory.
+    pub budget: ViewSlot<BudgetSnapshot>,
+}
+
+/// The budget that every mount of one cache directory shares (filled from
+/// the mount's last booking, `budget.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct BudgetSnapshot {
+    /// The directory's budget, and the one in force (lower while the disk's
+    /// free space is at the floor).
+    pub cache_budget_bytes: u64,
+    pub cache_budget_effective_bytes: u64,
+    /// What every data set in the directory holds together.
+    pub cache_dir_used_bytes: u64,
+    /// What this mount's cache may hold now.
+    pub cache_grant_bytes: u64,
+    /// Each data set's share.
+    pub cache_shares: Vec<DatasetShare>,
+}
+
+/// One data set's share of a cache directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct DatasetShare {
+    pub dataset: String,
+    pub used_bytes: u64,
+    /// 0 when it is not mounted.
+    pub grant_bytes: u64,
 }
 
 /// Produces one part of a snapshot.
@@ -192,6 +219,7 @@ impl Default for Stats {
             read_ahead: ViewSlot::default(),
             cache: ViewSlot::default(),
             memory_cache: ViewSlot::default(),
+            budget: ViewSlot::default(),
         }
     }
 }
@@ -266,6 +294,9 @@ pub struct StatsSnapshot {
     /// Read-ahead and epoch state.
     #[serde(flatten, default)]
     pub read_ahead: ReadAheadSnapshot,
+    /// The cache directory's shared budget.
+    #[serde(flatten, default)]
+    pub budget: BudgetSnapshot,
     /// Bytes of blocks in the memory tier: for the exporter, not part of
     /// the JSON schema (always 0 in a snapshot read from a mount).
     #[serde(skip)]
@@ -318,6 +349,7 @@ impl Stats {
             source_threads_peak: self.source_threads_peak.load(Relaxed),
             peers: self.peers.get(),
             read_ahead: self.read_ahead.get(),
+            budget: self.budget.get(),
             memory_cache_bytes: self.memory_cache.get(),
         }
     }
@@ -333,6 +365,30 @@ impl StatsSnapshot {
         } else {
             self.cache_hit_bytes as f64 / total as f64
         }
+    }
+
+    fn budget_line(&self) -> String {
+        let b = &self.budget;
+        if b.cache_budget_bytes == 0 {
+            return "none".into();
+        }
+        let mounted = b.cache_shares.iter().filter(|d| d.grant_bytes > 0).count();
+        format!(
+            "{} used of {}{} by {} data sets ({} mounted); this mount may hold {}",
+            format_size(b.cache_dir_used_bytes),
+            format_size(b.cache_budget_bytes),
+            if b.cache_budget_effective_bytes < b.cache_budget_bytes {
+                format!(
+                    " (now {}: the disk is at its free-space floor)",
+                    format_size(b.cache_budget_effective_bytes)
+                )
+            } else {
+                String::new()
+            },
+            b.cache_shares.len(),
+            mounted,
+            format_size(b.cache_grant_bytes)
+        )
     }
 
     fn epoch_line(&self) -> String {
@@ -388,6 +444,7 @@ impl StatsSnapshot {
                 ),
             ),
             ("from peers", format_size(self.peer_bytes)),
+            ("shared budget", self.budget_line()),
             (
                 "opens",
                 format!(

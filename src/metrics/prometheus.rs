@@ -103,6 +103,15 @@ fn update(s: &StatsSnapshot) {
     gauge!("locafs_cache_used_bytes").set(s.cache_used_bytes as f64);
     gauge!("locafs_cache_capacity_bytes").set(s.cache_capacity_bytes as f64);
     gauge!("locafs_cache_files_complete").set(s.files_cached as f64);
+    let b = &s.budget;
+    gauge!("locafs_cache_budget_bytes").set(b.cache_budget_bytes as f64);
+    gauge!("locafs_cache_budget_effective_bytes").set(b.cache_budget_effective_bytes as f64);
+    gauge!("locafs_cache_dir_used_bytes").set(b.cache_dir_used_bytes as f64);
+    gauge!("locafs_cache_grant_bytes").set(b.cache_grant_bytes as f64);
+    for d in &b.cache_shares {
+        gauge!("locafs_cache_dataset_used_bytes", "dataset" => d.dataset.clone())
+            .set(d.used_bytes as f64);
+    }
     gauge!("locafs_cache_writable").set(if s.cache_writable { 1.0 } else { 0.0 });
     counter!("locafs_cache_evictions_total").absolute(s.cache_evictions);
     counter!("locafs_cache_corrupt_blocks_total").absolute(s.corrupt_blocks);
@@ -183,6 +192,31 @@ fn describe() {
         "locafs_cache_capacity_bytes",
         Unit::Bytes,
         "The cache's size limit."
+    );
+    describe_gauge!(
+        "locafs_cache_budget_bytes",
+        Unit::Bytes,
+        "The budget that all mounts of this cache directory share."
+    );
+    describe_gauge!(
+        "locafs_cache_budget_effective_bytes",
+        Unit::Bytes,
+        "The budget in force: lower than locafs_cache_budget_bytes while the cache disk is at its free-space floor."
+    );
+    describe_gauge!(
+        "locafs_cache_dir_used_bytes",
+        Unit::Bytes,
+        "What all data sets in this cache directory hold together."
+    );
+    describe_gauge!(
+        "locafs_cache_grant_bytes",
+        Unit::Bytes,
+        "What this mount's cache may hold now, out of the shared budget."
+    );
+    describe_gauge!(
+        "locafs_cache_dataset_used_bytes",
+        Unit::Bytes,
+        "What each data set in this cache directory holds (its share of the budget)."
     );
     describe_gauge!(
         "locafs_cache_files_complete",
