@@ -136,16 +136,22 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
             unmounted.push((id, r));
         }
     }
-    // The fair level: the mounted data sets' wants, water-filled into the
-    // budget. A mount asks for its data set up to that level (or what it
-    // holds already), so that mounts filling at once share the disk.
-    let mut wants: Vec<u64> = neighbours.iter().map(|(_, r)| r.want.max(r.used)).collect();
-    wants.push(mine.want.max(mine.used));
-    let level = water_level(effective, &mut wants);
-    let target = mine
-        .want
+    // Fair shares: the mounted data sets' wants water-filled into the
+    // budget; when they all fit, the spare room is split evenly on top (a
+    // want is an estimate: small files cost more than their bytes). A mount
+    // asks for its fair share (or what it holds already), so that mounts
+    // filling at once share the disk.
+    let wants: Vec<u64> = neighbours
+        .iter()
+        .map(|(_, r)| r.want.max(r.used))
+        .chain([mine.want.max(mine.used)])
+        .collect();
+    let (fair, spare) = fair_shares(effective, &wants);
+    // What is taken from others is only what the data set needs; spare
+    // room is taken only where it is free.
+    let need = fair[neighbours.len()].max(mine.used).min(effective);
+    let target = (fair[neighbours.len()] + spare)
         .max(mine.used)
-        .min(level.max(mine.used))
         .min(effective);
 
     let held = |r: &Record| r.grant.max(r.used);
@@ -161,7 +167,7 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
     // 1. Data sets nobody mounts, least recently mounted first, whole.
     unmounted.sort_by_key(|(id, r)| (r.last_mount, id.as_str()));
     for (id, r) in unmounted {
-        if room(&new, unmounted_held) >= target as i128 {
+        if room(&new, unmounted_held) >= need as i128 {
             break;
         }
         unmounted_held -= r.used;
@@ -173,11 +179,15 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
     // has shrunk (at its next booking): until then they count as held.
     for pass in 0..2 {
         for (k, (_, r)) in neighbours.iter().enumerate() {
-            let short = target as i128 - room(&new, unmounted_held);
+            let short = need as i128 - room(&new, unmounted_held);
             if short <= 0 {
                 break;
             }
-            let keep = if pass == 0 { r.used.max(level) } else { r.hot };
+            let keep = if pass == 0 {
+                r.used.max(fair[k] + spare)
+            } else {
+                r.hot
+            };
             let take = (new[k].saturating_sub(keep) as i128).min(short) as u64;
             new[k] -= take;
         }
@@ -200,20 +210,30 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
     out
 }
 
-/// The level L such that the sum of min(want, L) over `wants` is `budget`
-/// (or the largest want, if they all fit).
-fn water_level(budget: u64, wants: &mut [u64]) -> u64 {
-    wants.sort_unstable();
+/// Each want's fair share of `budget`, and the spare room each may take on
+/// top: min(want, L) with L such that the shares fill the budget when the
+/// wants do not all fit (no spare); each want, and an even part of what is
+/// left, when they do.
+fn fair_shares(budget: u64, wants: &[u64]) -> (Vec<u64>, u64) {
+    let total: u128 = wants.iter().map(|&w| w as u128).sum();
+    if total <= budget as u128 {
+        let spare = (budget as u128 - total) as u64 / (wants.len() as u64).max(1);
+        return (wants.to_vec(), spare);
+    }
+    let mut sorted = wants.to_vec();
+    sorted.sort_unstable();
     let mut left = budget;
-    let n = wants.len() as u64;
-    for (i, &w) in wants.iter().enumerate() {
+    let n = sorted.len() as u64;
+    let mut level = budget;
+    for (i, &w) in sorted.iter().enumerate() {
         let rest = n - i as u64;
         if w.saturating_mul(rest) >= left {
-            return left / rest;
+            level = left / rest;
+            break;
         }
         left -= w;
     }
-    wants.last().copied().unwrap_or(budget)
+    (wants.iter().map(|&w| w.min(level)).collect(), 0)
 }
 
 /// Now, in unix seconds.
@@ -846,8 +866,9 @@ mod tests {
     #[test]
     fn a_lone_mount_gets_its_data_set_within_the_budget() {
         let l = ledger(100 * G, &[("a", rec(0, 0, 0, 30 * G, 1))]);
+        // Its data set and the spare room (a want is an estimate).
         let p = plan(&l, "a", &|_| true, disk_free(500 * G));
-        assert_eq!((p.grant, p.effective), (30 * G, 100 * G));
+        assert_eq!((p.grant, p.effective), (100 * G, 100 * G));
         let l = ledger(100 * G, &[("a", rec(0, 0, 0, 300 * G, 1))]);
         assert_eq!(plan(&l, "a", &|_| true, disk_free(500 * G)).grant, 100 * G);
     }
@@ -878,10 +899,17 @@ mod tests {
         );
         let mounted = |id: &str| id == "me" || id == "b";
         let p = plan(&l, "me", &mounted, disk_free(500 * G));
-        // 10 G free; 40 G more needed: "older" (30 G), then "old".
+        // 10 G free; 40 G more needed: "older" (30 G), then "old"; the
+        // spare room that leaves (10 G, split with b) comes on top.
         assert_eq!(p.delete, vec!["older".to_string(), "old".to_string()]);
         assert!(p.lower.is_empty(), "{p:?}");
-        assert_eq!(p.grant, 50 * G);
+        assert_eq!(p.grant, 60 * G);
+        // Only what is needed is deleted: with 20 G more free, "old" stays.
+        let mut l2 = l.clone();
+        l2.datasets.get_mut("older").unwrap().used = 60 * G;
+        l2.limit = 160 * G;
+        let p = plan(&l2, "me", &mounted, disk_free(500 * G));
+        assert_eq!(p.delete, vec!["older".to_string()], "{p:?}");
     }
 
     #[test]

@@ -180,7 +180,77 @@ pub struct Mount {
     readahead: Arc<ReadAhead>,
     stats: Arc<Stats>,
     rt: Option<tokio::runtime::Runtime>,
+    /// Books the cache's use in the shared budget; dropped (booked out)
+    /// before the lock, so that no neighbour takes this data set for an
+    /// unmounted one while it is still booked in.
+    budget: Option<crate::budget::BudgetKeeper>,
     _lock: crate::lock::DatasetLock,
+}
+
+/// The cache's bound before its first booking.
+const UNBOOKED: u64 = u64::MAX / 4;
+
+/// Books the cache in its directory's shared budget and keeps it booked:
+/// the grant is applied before this returns, then once a second.
+fn start_budget(
+    cfg: &MountConfig,
+    disk: &Arc<DiskCache>,
+    stats: &Arc<Stats>,
+) -> Result<crate::budget::BudgetKeeper, (u8, String)> {
+    use crate::budget::{Booking, BudgetKeeper, Usage};
+    let booking = Booking {
+        cache_dir: cfg.cache_dir.clone(),
+        id: cfg.dataset_name.clone(),
+        source: cfg.source.display().to_string(),
+        asked: cfg.cache_size,
+        floor_percent: cfg.cache_free_floor,
+    };
+    let (u, a) = (Arc::downgrade(disk), Arc::downgrade(disk));
+    let known = disk.dataset_bytes_handle();
+    // What it booked last stays booked when the cache is gone (the mount
+    // dropping its parts before it books out).
+    let last = parking_lot::Mutex::new(Usage::default());
+    let usage = move || {
+        let Some(d) = u.upgrade() else {
+            return *last.lock();
+        };
+        let us = d.usage();
+        let size = known.load(std::sync::atomic::Ordering::Relaxed);
+        let now = Usage {
+            used: us.used_bytes,
+            files: us.files_cached,
+            hot: d.hot_bytes(),
+            // Until the tree is known, as much as it can get; then the data
+            // set with some allocation overhead (the spare room of the
+            // budget covers more: `budget::plan`).
+            want: if size == 0 {
+                UNBOOKED
+            } else {
+                size + size / 16 + crate::cache::disk::FIXED_OVERHEAD
+            },
+        };
+        *last.lock() = now;
+        now
+    };
+    let apply = move |grant: u64| {
+        if let Some(d) = a.upgrade() {
+            d.set_capacity(grant);
+        }
+    };
+    let keeper = BudgetKeeper::start(booking, Box::new(usage), Box::new(apply)).map_err(|e| {
+        (
+            2,
+            format!(
+                "cache dir {}: its budget ({}): {}",
+                cfg.cache_dir.display(),
+                crate::budget::LEDGER,
+                short_io(&e)
+            ),
+        )
+    })?;
+    let share = keeper.share_handle();
+    stats.budget.set(Arc::new(move || share.lock().snapshot()));
+    Ok(keeper)
 }
 
 impl Mount {
@@ -214,9 +284,11 @@ impl Mount {
             GuardConfig::new(cfg.metadata_timeout, cfg.source_timeout),
             Arc::clone(&stats),
         ));
+        // Unbounded until the shared budget of the cache directory gives
+        // this mount its grant (below, before anything is served).
         let (cache, rec) = DiskCache::open(
             &cfg.dataset_dir,
-            cfg.cache_size,
+            Some(UNBOOKED),
             cfg.block_size,
             Arc::clone(&stats),
         )
@@ -227,14 +299,8 @@ impl Mount {
             )
         })?;
         info!(
-            "cache {} limit {}{}; recovered {} files ({}), discarded {} bad entries",
+            "cache {}: recovered {} files ({}), discarded {} bad entries",
             cfg.dataset_dir.display(),
-            format_size(cache.capacity()),
-            if cfg.cache_size.is_none() {
-                " (80% of the disk's free space; set --cache-size to change)"
-            } else {
-                ""
-            },
             rec.files,
             format_size(rec.bytes),
             rec.discarded
@@ -266,8 +332,23 @@ impl Mount {
             })?,
         };
         let ns = Arc::new(ns.with_stats(Arc::clone(&stats)));
-        let cache_capacity = cache.capacity();
         let disk = Arc::new(cache);
+        let budget = start_budget(cfg, &disk, &stats)?;
+        let share = budget.share();
+        info!(
+            "cache {}: may hold {} of the budget {} that {} shares with {} other data sets (they hold {}){}",
+            cfg.dataset_dir.display(),
+            format_size(share.grant),
+            format_size(share.limit),
+            cfg.cache_dir.display(),
+            share.datasets.len().saturating_sub(1),
+            format_size(share.used_all),
+            if cfg.cache_size.is_none() {
+                "; set --cache-size to change the budget"
+            } else {
+                ""
+            }
+        );
         let cache: Arc<dyn BlockCache> = Arc::clone(&disk) as Arc<dyn BlockCache>;
         let peer_node = match &cfg.peer {
             None => None,
@@ -401,11 +482,12 @@ impl Mount {
             }
         }
         let summary = format!(
-            "mounted {} on {} (read-only); cache {} limit {}",
+            "mounted {} on {} (read-only); cache {} may hold {} of the budget {}",
             cfg.source.display(),
             cfg.mountpoint.display(),
             cfg.dataset_dir.display(),
-            format_size(cache_capacity),
+            format_size(share.grant),
+            format_size(share.limit),
         );
         info!("{summary}");
 
@@ -437,6 +519,7 @@ impl Mount {
             readahead,
             stats,
             rt: Some(rt),
+            budget: Some(budget),
             _lock: lock,
         })
     }
@@ -514,6 +597,9 @@ impl Mount {
         }
         info!("unmounted {}", self.mountpoint.display());
         self.saver.save();
+        // Booked out with what the cache holds now (it stays for the next
+        // mount), while the cache is still here to say so.
+        drop(self.budget.take());
         if let Some(node) = &self.peer_node {
             node.close();
         }

@@ -463,7 +463,30 @@ impl Core {
 
     /// The bound on disk use, in bytes.
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.state.lock().policy.capacity() + FIXED_OVERHEAD
+    }
+
+    /// Sets the bound on disk use (the grant of the shared budget,
+    /// `budget.rs`); a lower one evicts down to it at once, in the policy's
+    /// order (stale versions, guests, abandoned entries, then the oldest).
+    pub fn set_capacity(&self, bytes: u64) {
+        let cap = bytes.max(FIXED_OVERHEAD * 2);
+        let work = {
+            let mut st = self.state.lock();
+            if st.policy.capacity() == cap - FIXED_OVERHEAD {
+                return;
+            }
+            st.policy.set_capacity(cap - FIXED_OVERHEAD);
+            let victims = st.policy.shrink_to_capacity();
+            self.plan_evictions(&mut st, &victims)
+        };
+        self.evict(work);
+    }
+
+    /// Bytes of entries read within the last two passes (the policy's
+    /// horizon), counted with the fixed overhead.
+    pub fn hot_bytes(&self) -> u64 {
+        self.state.lock().policy.hot_bytes() + FIXED_OVERHEAD
     }
 
     pub fn block_size(&self) -> u64 {
@@ -1701,7 +1724,7 @@ impl BlockCache for DiskCache {
         let st = self.state.lock();
         CacheUsage {
             used_bytes: st.policy.used() + FIXED_OVERHEAD,
-            capacity_bytes: self.capacity,
+            capacity_bytes: st.policy.capacity() + FIXED_OVERHEAD,
             files_cached: st.files_complete,
             evictions: st.policy.evictions(),
             writable: self.writes_off_until.lock().is_none(),

@@ -125,6 +125,36 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         2 * self.dataset_bytes.max(self.capacity)
     }
 
+    /// Bytes of entries read within the horizon (two passes over the data
+    /// set): what a neighbouring data set may never take (`budget.rs`).
+    /// Stale versions, guests and abandoned entries are not counted. Costs
+    /// the number of those, not of all entries.
+    pub fn hot_bytes(&self) -> u64 {
+        let cold_before = self.clock.saturating_sub(self.horizon());
+        let mut cold = 0;
+        for (last, k) in &self.by_last {
+            if *last >= cold_before || self.clock <= self.horizon() {
+                break;
+            }
+            if let Some(e) = self.entries.get(k) {
+                if !e.stale && e.tier == Tier::Own {
+                    cold += e.bytes;
+                }
+            }
+        }
+        for k in &self.stale {
+            cold += self.entries.get(k).map_or(0, |e| e.bytes);
+        }
+        for (_, k) in &self.guests {
+            if let Some(e) = self.entries.get(k) {
+                if !e.stale {
+                    cold += e.bytes;
+                }
+            }
+        }
+        self.used.saturating_sub(cold)
+    }
+
     /// Advances the read clock by bytes the loader read.
     pub fn record_read(&mut self, bytes: u64) {
         self.clock = self.clock.saturating_add(bytes);

@@ -1,0 +1,346 @@
+//! One cache disk shared by many data sets (real mounts over a small
+//! tmpfs): one budget for the directory, unmounted data sets evicted first,
+//! a data set being read never churned by a neighbour, `locafs cache
+//! ls/rm/gc`, and the budget after a `kill -9`.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const MIB: usize = 1 << 20;
+
+/// `n` files of `size` bytes under `src/name/`, distinct per data set.
+fn data_set(root: &Path, name: &str, n: usize, size: usize) -> (PathBuf, Vec<(PathBuf, Vec<u8>)>) {
+    let src = root.join(name);
+    let mut files = Vec::new();
+    for i in 0..n {
+        let rel = PathBuf::from(format!("f{i:03}.bin"));
+        let bytes = pattern(seed(name) ^ i as u64, size);
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join(&rel), &bytes).unwrap();
+        files.push((rel, bytes));
+    }
+    (src, files)
+}
+
+fn read_all(mnt: &Path, files: &[(PathBuf, Vec<u8>)]) {
+    for (rel, want) in files {
+        let got = fs::read(mnt.join(rel)).unwrap_or_else(|e| panic!("{}: {e}", rel.display()));
+        assert!(
+            got == *want,
+            "{}: wrong bytes through the mount",
+            rel.display()
+        );
+    }
+}
+
+fn cache_ls(cache: &Path) -> Value {
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "ls".as_ref(),
+        "--json".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "cache ls: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("cache ls --json")
+}
+
+fn used_of(ls: &Value, id: &str) -> Option<u64> {
+    ls["datasets"]
+        .as_array()?
+        .iter()
+        .find(|d| d["id"] == id)
+        .and_then(|d| d["used"].as_u64())
+}
+
+/// Watches a file system's free space until stopped: the least seen.
+struct FreeWatch {
+    stop: Arc<AtomicBool>,
+    least: Arc<AtomicU64>,
+    t: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FreeWatch {
+    fn start(p: &Path) -> FreeWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let least = Arc::new(AtomicU64::new(u64::MAX));
+        let (s, l, p) = (stop.clone(), least.clone(), p.to_owned());
+        let t = std::thread::spawn(move || {
+            while !s.load(Relaxed) {
+                if let Ok(st) = rustix::fs::statvfs(&p) {
+                    l.fetch_min(st.f_bavail * st.f_frsize, Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        FreeWatch {
+            stop,
+            least,
+            t: Some(t),
+        }
+    }
+
+    fn least(mut self) -> u64 {
+        self.stop.store(true, Relaxed);
+        let _ = self.t.take().map(|t| t.join());
+        self.least.load(Relaxed)
+    }
+}
+
+#[test]
+fn three_data_sets_filling_one_small_disk_at_once_never_fill_it() {
+    require_fuse!();
+    let s = Scratch::new();
+    let tcache = s.path().join("tcache");
+    let _disk = Tmpfs::mount(&tcache, "48M");
+    // Three data sets of 24 MiB each on a 48 MiB disk, budget derived from
+    // it (80 % of free, minus the 5 % floor).
+    let sets: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| data_set(&s.src, n, 24, MIB))
+        .collect();
+    let watch = FreeWatch::start(&tcache);
+    let mounts: Vec<Mount> = sets
+        .iter()
+        .enumerate()
+        .map(|(i, (src, _))| {
+            let mnt = s.path().join(format!("mnt{i}"));
+            fs::create_dir_all(&mnt).unwrap();
+            Mount::start(src, &mnt, &tcache, &[])
+        })
+        .collect();
+    std::thread::scope(|sc| {
+        for (m, (_, files)) in mounts.iter().zip(&sets) {
+            sc.spawn(move || {
+                for _ in 0..2 {
+                    read_all(&m.mnt, files);
+                }
+            });
+        }
+    });
+    // Two bookings, so that every mount has seen the others.
+    std::thread::sleep(Duration::from_millis(2500));
+    let ls = cache_ls(&tcache);
+    let least = watch.least();
+    let budget = ls["budget_bytes"].as_u64().unwrap();
+    let used = ls["used_bytes"].as_u64().unwrap();
+    eprintln!("budget {budget}, used {used}, least free {least}");
+    assert!(budget > 0 && budget < 48 * MIB as u64, "{ls}");
+    assert!(
+        used <= budget,
+        "the data sets hold {used}, over the budget {budget}: {ls}"
+    );
+    assert!(least > 0, "the cache disk was full");
+    // Every mount cached something and reports the shared figures.
+    for m in &mounts {
+        let st = m.stats();
+        assert_eq!(st["cache_budget_bytes"].as_u64(), Some(budget), "{st}");
+        assert_eq!(st["cache_shares"].as_array().map(Vec::len), Some(3), "{st}");
+        assert_eq!(st["read_errors"].as_u64(), Some(0), "{st}");
+    }
+}
+
+#[test]
+fn a_new_data_set_evicts_the_unmounted_one_not_the_one_being_read() {
+    require_fuse!();
+    let s = Scratch::new();
+    let tcache = s.path().join("tcache");
+    let _disk = Tmpfs::mount(&tcache, "64M");
+    let (src_a, files_a) = data_set(&s.src, "a", 20, MIB);
+    let (src_b, files_b) = data_set(&s.src, "b", 20, MIB);
+    let (src_c, files_c) = data_set(&s.src, "c", 20, MIB);
+    let mk = |n: &str| {
+        let p = s.path().join(n);
+        fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let (ma, mb, mc) = (mk("ma"), mk("mb"), mk("mc"));
+    // A budget for two data sets and a half.
+    let size = ["--cache-size", "50M"];
+    let mut a = Mount::start(&src_a, &ma, &tcache, &size);
+    let b = Mount::start(&src_b, &mb, &tcache, &size);
+    // Epochs until both are cached (the second mount's first booking may
+    // find the budget taken by the first until its next booking).
+    wait_until("both cached", Duration::from_secs(30), || {
+        read_all(&ma, &files_a);
+        read_all(&mb, &files_b);
+        a.stat("files_cached") >= 20 && b.stat("files_cached") >= 20
+    });
+    a.unmount();
+    let b_before = used_of(&cache_ls(&tcache), "b").unwrap();
+    // B goes on reading in epochs while C fills.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Relaxed) {
+                read_all(&mb, &files_b);
+            }
+        });
+        let c = Mount::start(&src_c, &mc, &tcache, &size);
+        read_all(&mc, &files_c);
+        wait_until("C cached", Duration::from_secs(30), || {
+            c.stat("files_cached") >= 20
+        });
+        stop.store(true, Relaxed);
+        let ls = cache_ls(&tcache);
+        assert!(
+            used_of(&ls, "a").unwrap_or(0) < 20 * MIB as u64,
+            "A (unmounted) kept its cache: {ls}"
+        );
+        let b_after = used_of(&ls, "b").unwrap();
+        assert!(
+            b_after >= b_before,
+            "B (mounted, read) lost {} bytes: {ls}",
+            b_before - b_after
+        );
+        assert!(ls["used_bytes"].as_u64().unwrap() <= 50 << 20, "{ls}");
+    });
+    assert_eq!(b.stat("read_errors"), 0);
+}
+
+#[test]
+fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
+    require_fuse!();
+    let s = Scratch::new();
+    let (src_a, files_a) = data_set(&s.src, "a", 4, 64 << 10);
+    let (src_b, files_b) = data_set(&s.src, "b", 4, 64 << 10);
+    let ma = s.path().join("ma");
+    let mb = s.path().join("mb");
+    fs::create_dir_all(&ma).unwrap();
+    fs::create_dir_all(&mb).unwrap();
+    let mut a = Mount::start(&src_a, &ma, &s.cache, &[]);
+    let b = Mount::start(&src_b, &mb, &s.cache, &[]);
+    read_all(&ma, &files_a);
+    read_all(&mb, &files_b);
+    wait_until("cached", Duration::from_secs(20), || {
+        a.stat("files_cached") >= 4 && b.stat("files_cached") >= 4
+    });
+    a.unmount();
+    std::thread::sleep(Duration::from_millis(1500));
+    let ls = cache_ls(&s.cache);
+    let sets = ls["datasets"].as_array().unwrap();
+    assert_eq!(sets.len(), 2, "{ls}");
+    let a_id = sets.iter().find(|d| d["mounted"] == false).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b_id = sets.iter().find(|d| d["mounted"] == true).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        sets.iter()
+            .all(|d| d["used"].as_u64().unwrap() > 0 && d["files"].as_u64().unwrap() > 0),
+        "{ls}"
+    );
+    // The table form names both.
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "ls".as_ref(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&a_id) && text.contains(&b_id) && text.contains("mounted ("),
+        "{text}"
+    );
+    // rm of the mounted one is refused, and changes nothing.
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "rm".as_ref(),
+        b_id.as_ref(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is mounted"),
+        "{out:?}"
+    );
+    read_all(&mb, &files_b);
+    // gc down to nothing removes only the unmounted one.
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "gc".as_ref(),
+        "--to".as_ref(),
+        "0".as_ref(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("removed {a_id}")),
+        "{out:?}"
+    );
+    let ls = cache_ls(&s.cache);
+    assert_eq!(ls["datasets"].as_array().unwrap().len(), 1, "{ls}");
+    assert!(s.cache.join(&b_id).is_dir() && !s.cache.join(&a_id).exists());
+    assert_eq!(b.stat("read_errors"), 0);
+    read_all(&mb, &files_b);
+    // A again: cold, and correct.
+    let a = Mount::start(&src_a, &ma, &s.cache, &[]);
+    read_all(&ma, &files_a);
+    drop(a);
+    // rm of an unknown name is a clear error.
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "rm".as_ref(),
+        "nope".as_ref(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no data set"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_kill_9_while_another_fills_leaves_the_budget_right() {
+    require_fuse!();
+    let s = Scratch::new();
+    let tcache = s.path().join("tcache");
+    let _disk = Tmpfs::mount(&tcache, "48M");
+    let (src_a, files_a) = data_set(&s.src, "a", 24, MIB);
+    let (src_b, files_b) = data_set(&s.src, "b", 24, MIB);
+    let ma = s.path().join("ma");
+    let mb = s.path().join("mb");
+    fs::create_dir_all(&ma).unwrap();
+    fs::create_dir_all(&mb).unwrap();
+    let mut a = Mount::start(&src_a, &ma, &tcache, &[]);
+    let b = Mount::start(&src_b, &mb, &tcache, &[]);
+    let budget = cache_ls(&tcache)["budget_bytes"].as_u64().unwrap();
+    let watch = FreeWatch::start(&tcache);
+    std::thread::scope(|sc| {
+        sc.spawn(|| read_all(&mb, &files_b));
+        read_all(&ma, &files_a[..12]);
+        a.kill9_and_detach();
+    });
+    read_all(&mb, &files_b);
+    let a = Mount::start(&src_a, &ma, &tcache, &[]);
+    read_all(&ma, &files_a);
+    read_all(&mb, &files_b);
+    std::thread::sleep(Duration::from_millis(2500));
+    let ls = cache_ls(&tcache);
+    assert_eq!(
+        ls["budget_bytes"].as_u64(),
+        Some(budget),
+        "the budget changed: {ls}"
+    );
+    assert!(ls["used_bytes"].as_u64().unwrap() <= budget, "{ls}");
+    assert!(watch.least() > 0, "the cache disk was full");
+    assert_eq!(a.stat("read_errors") + b.stat("read_errors"), 0);
+}
