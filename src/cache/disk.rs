@@ -13,8 +13,11 @@
 //! block is written data first, slot second, so
 //! a crash at any point leaves either an absent block or a slot whose
 //! checksum will not match: both are misses, never wrong bytes. At start-up
-//! the slots are read back; every block is verified when it is served (and a
-//! whole file before its first passthrough open).
+//! the index (`recover`: a snapshot and a journal, appended after a block's
+//! data and meta are written, before anything is deleted) is read instead
+//! of every file's meta; a cache without one is scanned once and converted.
+//! Every block is verified when it is served (and a whole file before its
+//! first passthrough open).
 //!
 //! A block owned by another node (fetched from a peer) carries a different
 //! presence marker: it is a guest. The policy keeps the guests of each file
