@@ -1383,6 +1383,11 @@ impl Core {
     /// A file in use by passthrough is not modified: it is dropped whole.
     fn drop_block(&self, file: &FileVersion, index: u64, corrupt: bool) {
         let len = file.block_len(index, self.block_size) as u64;
+        if corrupt && self.good_again(file, index) {
+            // Two reads found the same bad block; the other dropped it and
+            // it was written again since: the new bytes stay.
+            return;
+        }
         if corrupt {
             self.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
             warn!(file = %file.rel.display(), block = index, "cache: corrupt block dropped; refetching from the source");
@@ -1436,6 +1441,26 @@ impl Core {
         let (table, _) = self.meta_layout(&file.rel, nblocks);
         self.punch_blocks(&file.key, table, &[(index, len)], meta_in_xattr);
         self.punched(&file.key, gen, &[(index, len)]);
+    }
+
+    /// Whether a block reported bad is present and good now (read afresh
+    /// from its file: dropped by another reader and written again).
+    fn good_again(&self, file: &FileVersion, index: u64) -> bool {
+        let sum = {
+            let st = self.state.lock();
+            match st
+                .entries
+                .get(&file.key)
+                .and_then(|e| e.slots.get(index as usize))
+            {
+                Some(Slot::Present(s)) => *s,
+                _ => return false,
+            }
+        };
+        let Ok(f) = File::open(self.paths(&file.key).0) else {
+            return false;
+        };
+        matches!(self.read_checked(&f, file, index, &sum), Checked::Good(_))
     }
 
     /// The holes of dropped blocks are punched: their slots (held at
