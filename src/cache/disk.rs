@@ -2587,6 +2587,27 @@ mod tests {
     }
 
     #[test]
+    fn a_late_report_of_a_block_written_again_since_keeps_the_new_bytes() {
+        // Two reads find the same rotten block; the first drops it and the
+        // refetch writes it again before the second reports it.
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let f = file("late", 2);
+        assert!(c.put(&f, 0, &block(&f, 0)) && c.put(&f, 1, &block(&f, 1)));
+        let w = OpenOptions::new()
+            .write(true)
+            .open(c.paths(&f.key).0)
+            .unwrap();
+        w.write_all_at(b"rot", 10).unwrap();
+        assert!(c.get(&f, 0).is_none(), "a rotten block served");
+        assert!(c.put(&f, 0, &block(&f, 0)));
+        c.drop_block(&f, 0, true);
+        assert_eq!(c.get(&f, 0).unwrap().data(), block(&f, 0).data());
+        assert!(c.is_complete(&f));
+        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
     fn a_cache_dir_that_refuses_direct_io_at_open_still_caches() {
         // ramfs creates the file, then refuses O_DIRECT: new data files are
         // created with O_EXCL, and the buffered retry finds it in the way
