@@ -712,9 +712,9 @@ impl Core {
         }
     }
 
-    /// Folds the journal into a new snapshot: written under the state lock
-    /// (appends move to a new journal at the same moment), synced and
-    /// installed outside it. One at a time; a failure leaves the old
+    /// Folds the journal into a new snapshot: encoded in memory under the
+    /// state lock (appends move to a new journal at the same moment),
+    /// written, synced and installed outside it. One at a time; a failure leaves the old
     /// snapshot and both journals, which start-up replays.
     fn checkpoint(&self) {
         if self.checkpointing.swap(true, Ordering::AcqRel) {

@@ -15,7 +15,9 @@
 //! records whose data never reached the disk, and every block is verified
 //! against its checksum when it is first served (a whole file before its
 //! first passthrough open), so either way it is a miss, never a wrong byte.
-//! A checkpoint writes the new snapshot beside the old one, syncs it,
+//! A checkpoint encodes the new snapshot in memory under the caller's lock
+//! (64 bytes per cached block, while appends move to a new journal), then
+//! writes it beside the old one, syncs it,
 //! renames it over, syncs the directory, and only then deletes the journals
 //! it replaces; until the rename, the old snapshot and both journals are
 //! replayed.
@@ -25,7 +27,7 @@
 //! bad bytes.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::{Buf, BufMut};
@@ -258,7 +260,9 @@ pub struct Index {
 /// [`Index::begin_checkpoint`]).
 pub struct Pending {
     dir: PathBuf,
-    tmp: PathBuf,
+    /// The whole snapshot, encoded (64 bytes per cached block): made under
+    /// the caller's lock, written outside it.
+    bytes: Vec<u8>,
     gen: u64,
 }
 
@@ -369,11 +373,11 @@ impl Index {
         let dir = index_dir(cache_dir);
         fs::create_dir_all(&dir)?;
         let gen = journal_gens(&dir).last().map_or(1, |g| g + 1);
-        let (tmp, n) = write_snapshot(&dir, block_size, gen, puts)?;
+        let (bytes, n) = encode_snapshot(block_size, gen, puts);
         let journal = new_journal(&dir, block_size, gen)?;
         let pending = Pending {
             dir: dir.clone(),
-            tmp,
+            bytes,
             gen,
         };
         pending.install()?;
@@ -413,19 +417,14 @@ impl Index {
         (self.snapshot_records + self.records + 2) * REC as u64
     }
 
-    /// First half of a checkpoint, under the caller's lock: writes the new
-    /// snapshot (not synced) and moves appends to a new journal. The caller
-    /// then releases its lock and calls [`Pending::install`].
+    /// First half of a checkpoint, under the caller's lock: encodes the
+    /// new snapshot in memory (no I/O but the new journal's creation) and
+    /// moves appends to a new journal. The caller then releases its lock
+    /// and calls [`Pending::install`], which writes it.
     pub fn begin_checkpoint(&mut self, puts: impl Iterator<Item = Put>) -> io::Result<Pending> {
         let gen = self.gen + 1;
-        let (tmp, n) = write_snapshot(&self.dir, self.block_size, gen, puts)?;
-        let journal = match new_journal(&self.dir, self.block_size, gen) {
-            Ok(j) => j,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
+        let (bytes, n) = encode_snapshot(self.block_size, gen, puts);
+        let journal = new_journal(&self.dir, self.block_size, gen)?;
         self.journal = journal;
         self.gen = gen;
         self.records = 0;
@@ -433,19 +432,27 @@ impl Index {
         self.failed = false;
         Ok(Pending {
             dir: self.dir.clone(),
-            tmp,
+            bytes,
             gen,
         })
     }
 }
 
 impl Pending {
-    /// Second half of a checkpoint, outside the caller's lock: syncs the
-    /// snapshot, renames it over the old one, syncs the directory, then
-    /// deletes the journals it replaces.
+    /// Second half of a checkpoint, outside the caller's lock: writes the
+    /// snapshot beside the old one, syncs it, renames it over, syncs the
+    /// directory, then deletes the journals it replaces.
     pub fn install(self) -> io::Result<()> {
-        File::open(&self.tmp)?.sync_all()?;
-        fs::rename(&self.tmp, snapshot_path(&self.dir))?;
+        let tmp = self.dir.join("snapshot.tmp");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(&self.bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, snapshot_path(&self.dir))?;
         sync_dir(&self.dir)?;
         for g in journal_gens(&self.dir)
             .into_iter()
@@ -469,33 +476,16 @@ fn new_journal(dir: &Path, block_size: u64, gen: u64) -> io::Result<File> {
     OpenOptions::new().append(true).open(&p)
 }
 
-/// Writes `snapshot.tmp` of generation `gen`; returns its path and count.
-fn write_snapshot(
-    dir: &Path,
-    block_size: u64,
-    gen: u64,
-    puts: impl Iterator<Item = Put>,
-) -> io::Result<(PathBuf, u64)> {
-    let tmp = dir.join("snapshot.tmp");
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
-    let mut w = BufWriter::with_capacity(1 << 20, &f);
-    w.write_all(&[0u8; REC])?;
+/// A snapshot of generation `gen` holding `puts`, and its record count.
+fn encode_snapshot(block_size: u64, gen: u64, puts: impl Iterator<Item = Put>) -> (Vec<u8>, u64) {
+    let mut out = vec![0u8; REC];
     let mut n = 0u64;
     for p in puts {
-        w.write_all(&encode(&Op::Put(p), gen))?;
+        out.extend_from_slice(&encode(&Op::Put(p), gen));
         n += 1;
     }
-    w.flush()?;
-    drop(w);
-    // The header last: a snapshot cut short never claims its count.
-    use std::os::unix::fs::FileExt;
-    f.write_all_at(&header(SNAP_MAGIC, block_size, gen, n), 0)?;
-    Ok((tmp, n))
+    out[..REC].copy_from_slice(&header(SNAP_MAGIC, block_size, gen, n));
+    (out, n)
 }
 
 #[cfg(test)]
