@@ -8,6 +8,7 @@
 
 pub mod disk;
 pub mod policy;
+pub mod recover;
 
 use std::fs::File;
 use std::path::Path;
