@@ -22,7 +22,10 @@ fn data_set(root: &Path, name: &str, n: usize, size: usize) -> (PathBuf, Vec<(Pa
     let mut files = Vec::new();
     for i in 0..n {
         let rel = PathBuf::from(format!("f{i:03}.bin"));
-        let bytes = pattern(seed(name) ^ i as u64, size);
+        let tag = name
+            .bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(131) ^ b as u64);
+        let bytes = pattern(tag ^ i as u64, size);
         fs::create_dir_all(&src).unwrap();
         fs::write(src.join(&rel), &bytes).unwrap();
         files.push((rel, bytes));
@@ -61,7 +64,11 @@ fn used_of(ls: &Value, id: &str) -> Option<u64> {
     ls["datasets"]
         .as_array()?
         .iter()
-        .find(|d| d["id"] == id)
+        .find(|d| {
+            d["id"]
+                .as_str()
+                .is_some_and(|s| s == id || s.starts_with(&format!("{id}-")))
+        })
         .and_then(|d| d["used"].as_u64())
 }
 
@@ -167,33 +174,68 @@ fn a_new_data_set_evicts_the_unmounted_one_not_the_one_being_read() {
         p
     };
     let (ma, mb, mc) = (mk("ma"), mk("mb"), mk("mc"));
-    // A budget for two data sets and a half.
-    let size = ["--cache-size", "50M"];
+    // A budget for two data sets and a half. A small memory tier, so that
+    // an epoch's blocks come from the cache or the source, where the
+    // budget decides (a block turned away while the budget was taken would
+    // otherwise be served from memory until evicted there).
+    let size = ["--cache-size", "50M", "--prefetch-memory", "16M"];
     let mut a = Mount::start(&src_a, &ma, &tcache, &size);
     let b = Mount::start(&src_b, &mb, &tcache, &size);
-    // Epochs until both are cached (the second mount's first booking may
-    // find the budget taken by the first until its next booking).
+    // Both booked, and B's grant taken from A's spare room.
+    wait_until("B's grant", Duration::from_secs(10), || {
+        b.stat("cache_grant_bytes") >= 22 << 20
+    });
+    // Epochs (each from the cache or the source, not the page cache) until
+    // both are cached: the second mount's first booking may find the budget
+    // taken by the first until its next booking.
     wait_until("both cached", Duration::from_secs(30), || {
+        drop_page_cache();
         read_all(&ma, &files_a);
         read_all(&mb, &files_b);
-        a.stat("files_cached") >= 20 && b.stat("files_cached") >= 20
+        let (sa, sb) = (a.stats(), b.stats());
+        eprintln!(
+            "a: {} files, grant {}, used {}; b: {} files, grant {}, used {}",
+            sa["files_cached"],
+            sa["cache_grant_bytes"],
+            sa["cache_used_bytes"],
+            sb["files_cached"],
+            sb["cache_grant_bytes"],
+            sb["cache_used_bytes"]
+        );
+        sa["files_cached"].as_u64() >= Some(20) && sb["files_cached"].as_u64() >= Some(20)
     });
     a.unmount();
     let b_before = used_of(&cache_ls(&tcache), "b").unwrap();
     // B goes on reading in epochs while C fills.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
+        let _stop = StopOnDrop(&stop);
         sc.spawn(|| {
             while !stop.load(Relaxed) {
                 read_all(&mb, &files_b);
             }
         });
         let c = Mount::start(&src_c, &mc, &tcache, &size);
-        read_all(&mc, &files_c);
-        wait_until("C cached", Duration::from_secs(30), || {
-            c.stat("files_cached") >= 20
+        // C's room comes from A's cache (deleted at C's first booking).
+        wait_until("C's grant", Duration::from_secs(10), || {
+            c.stat("cache_grant_bytes") >= 22 << 20
         });
-        stop.store(true, Relaxed);
+        wait_until("C cached", Duration::from_secs(30), || {
+            drop_page_cache();
+            read_all(&mc, &files_c);
+            let sc = c.stats();
+            eprintln!(
+                "c: {} files, grant {}, used {}",
+                sc["files_cached"], sc["cache_grant_bytes"], sc["cache_used_bytes"]
+            );
+            sc["files_cached"].as_u64() >= Some(20)
+        });
         let ls = cache_ls(&tcache);
         assert!(
             used_of(&ls, "a").unwrap_or(0) < 20 * MIB as u64,
