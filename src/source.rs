@@ -140,6 +140,19 @@ pub trait Source: Send + Sync + 'static {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr>;
     /// Every entry of a directory with its attributes (no "." or "..").
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>>;
+    /// [`Source::list`] that calls `progress` as it goes (after each entry,
+    /// or at least every few thousand), so that a caller waiting with a
+    /// deadline can tell a long listing that advances from a source that
+    /// stopped answering. The default lists in one piece, with no progress
+    /// before the end.
+    fn list_with_progress(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        let _ = progress;
+        self.list(rel)
+    }
     /// The target of a symlink.
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
     /// Exactly `len` bytes at `offset` of version `version` of a file, or an
@@ -335,9 +348,18 @@ impl Source for DirSource {
     }
 
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        self.list_with_progress(rel, &|| {})
+    }
+
+    fn list_with_progress(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
         let dir = self.full(rel);
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
+            progress();
             let entry = entry?;
             // An entry deleted between readdir and lstat is simply skipped.
             match entry.metadata() {
