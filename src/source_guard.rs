@@ -36,7 +36,7 @@ use futures::future::BoxFuture;
 use parking_lot::{Condvar, Mutex};
 use tracing::{info, warn};
 
-use crate::source::{Source, SourceAttr, SourceError, SourceVersion};
+use crate::source::{DirName, Source, SourceAttr, SourceError, SourceVersion};
 use crate::stats::Stats;
 
 /// Deadlines and thread bounds of the guard.
@@ -547,6 +547,11 @@ impl Source for SourceGuard {
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
         let rel = rel.to_owned();
         self.meta("list", move |s, p| s.list_with_progress(&rel, &|| p.tick()))
+    }
+
+    fn list_names(&self, rel: &Path, _: &dyn Fn()) -> io::Result<Vec<DirName>> {
+        let rel = rel.to_owned();
+        self.meta("list", move |s, p| s.list_names(&rel, &|| p.tick()))
     }
 
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {

@@ -95,6 +95,18 @@ impl<H: Hook> Source for Hooked<H> {
             self.inner.list_with_progress(rel, &entry)
         })
     }
+    fn list_names(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<locafs::source::DirName>> {
+        let entry = || {
+            self.hook.around(Call::ListEntry(rel), || ());
+            progress()
+        };
+        self.hook
+            .around(Call::List(rel), || self.inner.list_names(rel, &entry))
+    }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.hook
             .around(Call::ReadLink(rel), || self.inner.read_link(rel))
