@@ -13,7 +13,9 @@
 //! its name lives in one byte arena, the attributes many entries share
 //! (mode, uid, gid, nlink, rdev) are interned, and a directory's children
 //! are one sorted run of u32 ids (a lookup is a binary search, a readdir
-//! resume an index). The kernel's lookup counts are kept (FORGET): an
+//! resume an index), plus a small side run for names found by lookups
+//! since the last listing (merged at about the square root of the run, so
+//! that lookups in a flat directory never listed are not quadratic). The kernel's lookup counts are kept (FORGET): an
 //! entry that left the tree and that the kernel has forgotten loses its
 //! name too (the arena is compacted when half of it is dead).
 //! docs/cache.md ("Per-file memory: the namespace") has the layout.
@@ -105,10 +107,70 @@ fn secs(ns: i64) -> u32 {
 
 /// A directory: its children (inode numbers sorted by name) and when it was
 /// last listed in full, if ever.
+///
+/// A listing sets `children` in one piece. A name found by a lookup in a
+/// directory not listed since goes into `side`, a second sorted run, which
+/// is merged into `children` once it passes about the square root of their
+/// number: n lookups of new names in a flat directory move O(n sqrt n)
+/// entries, not O(n^2). A lookup searches both runs; `readdir` positions
+/// count `children` first, then `side`.
 #[derive(Debug, Default)]
 struct Dir {
     children: Vec<u32>,
+    side: Vec<u32>,
     listed_ms: Option<u64>,
+}
+
+/// Where a child is in its directory's runs.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    Main(usize),
+    Side(usize),
+}
+
+/// The side run is merged when it has more entries than this or than the
+/// square root of the main run's.
+const SIDE_MIN: usize = 32;
+
+impl Dir {
+    /// The child at readdir position `i` (`children`, then `side`).
+    fn get(&self, i: usize) -> Option<u32> {
+        match i.checked_sub(self.children.len()) {
+            None => self.children.get(i).copied(),
+            Some(j) => self.side.get(j).copied(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.children.len() + self.side.len()
+    }
+
+    fn at(&self, slot: Slot) -> u32 {
+        match slot {
+            Slot::Main(i) => self.children[i],
+            Slot::Side(i) => self.side[i],
+        }
+    }
+
+    fn set(&mut self, slot: Slot, ino: u32) {
+        match slot {
+            Slot::Main(i) => self.children[i] = ino,
+            Slot::Side(i) => self.side[i] = ino,
+        }
+    }
+
+    fn remove(&mut self, slot: Slot) -> u32 {
+        match slot {
+            Slot::Main(i) => self.children.remove(i),
+            Slot::Side(i) => self.side.remove(i),
+        }
+    }
+
+    /// Whether the side run is due to be merged.
+    fn side_full(&self) -> bool {
+        let n = self.children.len();
+        self.side.len() > SIDE_MIN && self.side.len() * self.side.len() > n
+    }
 }
 
 /// (mode, uid, gid, nlink, rdev): shared by most entries of a data set.
@@ -134,6 +196,9 @@ struct Inner {
     known_sink: Arc<AtomicU64>,
     /// Bumped on every change (so the manifest is saved only when needed).
     changes: u64,
+    /// Child entries moved by inserts into, and merges of, directory runs
+    /// (tests check that lookups are not quadratic).
+    moves: u64,
 }
 
 fn too_many() -> io::Error {
@@ -157,6 +222,7 @@ impl Inner {
             known_bytes: 0,
             known_sink,
             changes: 0,
+            moves: 0,
         }
     }
 
@@ -255,9 +321,42 @@ impl Inner {
         Some(p)
     }
 
-    fn find_child(&self, dir: &Dir, name: &[u8]) -> Result<usize, usize> {
-        dir.children
-            .binary_search_by(|c| self.name_of(*c as u64).cmp(name))
+    /// Where `name` is among `dir`'s children, if it is; else the position
+    /// in the side run where it would go.
+    fn find_child(&self, dir: &Dir, name: &[u8]) -> Result<Slot, usize> {
+        let by_name = |c: &u32| self.name_of(*c as u64).cmp(name);
+        if let Ok(i) = dir.children.binary_search_by(by_name) {
+            return Ok(Slot::Main(i));
+        }
+        dir.side.binary_search_by(by_name).map(Slot::Side)
+    }
+
+    /// The inode of child `name` of `dir`, if there is one.
+    fn child(&self, dir: &Dir, name: &[u8]) -> Option<u64> {
+        self.find_child(dir, name).ok().map(|s| dir.at(s) as u64)
+    }
+
+    /// Merges directory `ino`'s side run into its main run: a binary
+    /// search per side entry and one copy of the main run.
+    fn merge_side(&mut self, ino: u64) {
+        let Some(dir) = self.dir_mut(ino) else { return };
+        let side = std::mem::take(&mut dir.side);
+        let main = std::mem::take(&mut dir.children);
+        let mut merged = Vec::with_capacity(main.len() + side.len());
+        let mut from = 0;
+        for s in &side {
+            let name = self.name_of(*s as u64);
+            let rest = &main[from..];
+            let at = from + rest.partition_point(|c| self.name_of(*c as u64) < name);
+            merged.extend_from_slice(&main[from..at]);
+            merged.push(*s);
+            from = at;
+        }
+        merged.extend_from_slice(&main[from..]);
+        self.moves += merged.len() as u64;
+        if let Some(dir) = self.dir_mut(ino) {
+            dir.children = merged;
+        }
     }
 
     fn account(&mut self, old: Option<&SourceAttr>, new: Option<&SourceAttr>) {
@@ -327,11 +426,10 @@ impl Inner {
     ) -> io::Result<u64> {
         let pos = {
             let dir = self.dir_of(parent).ok_or_else(enoent)?;
-            self.find_child(dir, name)
-                .map(|i| (i, dir.children[i] as u64))
+            self.find_child(dir, name).map(|s| (s, dir.at(s) as u64))
         };
         match pos {
-            Ok((i, ino)) => {
+            Ok((slot, ino)) => {
                 let old = self.attr_of(ino).ok_or_else(enoent)?;
                 if (old.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
                     && old.ino == attr.ino
@@ -343,17 +441,23 @@ impl Inner {
                     // Replaced by another object: a new inode.
                     self.account(Some(&old), None);
                     let new = self.push(parent, name, attr, now)?;
-                    self.dir_mut(parent).ok_or_else(enoent)?.children[i] = new as u32;
+                    self.dir_mut(parent)
+                        .ok_or_else(enoent)?
+                        .set(slot, new as u32);
                     self.unlinked(ino);
                     Ok(new)
                 }
             }
             Err(i) => {
                 let new = self.push(parent, name, attr, now)?;
-                self.dir_mut(parent)
-                    .ok_or_else(enoent)?
-                    .children
-                    .insert(i, new as u32);
+                let dir = self.dir_mut(parent).ok_or_else(enoent)?;
+                let moved = dir.side.len() - i;
+                dir.side.insert(i, new as u32);
+                let full = dir.side_full();
+                self.moves += moved as u64;
+                if full {
+                    self.merge_side(parent);
+                }
                 Ok(new)
             }
         }
@@ -361,7 +465,7 @@ impl Inner {
 
     /// Calls `f(parent, node)` for every node of the tree, that is every
     /// node reachable from the root through its parents' child lists:
-    /// parents before their children, children in name order, the root
+    /// parents before their children, children in readdir order, the root
     /// first (as its own parent). Nodes are numbered 1, 2, ... in that
     /// order, and `parent` is the parent's number, not its inode. A node
     /// unlinked from its parent (deleted, or replaced by another object),
@@ -376,7 +480,7 @@ impl Inner {
         let mut stack: Vec<(u64, u64, usize)> = vec![(ROOT, ROOT, 0)];
         while let Some(top) = stack.last_mut() {
             let (dir, number, next) = *top;
-            let child = self.dir_of(dir).and_then(|d| d.children.get(next).copied());
+            let child = self.dir_of(dir).and_then(|d| d.get(next));
             let Some(c) = child else {
                 stack.pop();
                 continue;
@@ -406,7 +510,7 @@ impl Inner {
         let mut stack: Vec<(u64, usize)> = vec![(ROOT, 0)];
         while let Some(top) = stack.last_mut() {
             let (dir, next) = *top;
-            let Some(c) = self.dir_of(dir).and_then(|d| d.children.get(next).copied()) else {
+            let Some(c) = self.dir_of(dir).and_then(|d| d.get(next)) else {
                 stack.pop();
                 continue;
             };
@@ -427,11 +531,11 @@ impl Inner {
             Some(dir) => self.find_child(dir, name),
             None => return,
         };
-        if let Ok(i) = pos {
+        if let Ok(slot) = pos {
             let Some(dir) = self.dir_mut(parent) else {
                 return;
             };
-            let ino = dir.children.remove(i);
+            let ino = dir.remove(slot);
             let old = self.attr_of(ino as u64);
             self.account(old.as_ref(), None);
             self.unlinked(ino as u64);
@@ -444,9 +548,7 @@ impl Inner {
         let Some(n) = self.node(ino) else { return };
         let parent = n.parent as u64;
         let name = self.name(n).to_vec();
-        let here = self
-            .dir_of(parent)
-            .and_then(|d| self.find_child(d, &name).ok().map(|i| d.children[i] as u64));
+        let here = self.dir_of(parent).and_then(|d| self.child(d, &name));
         if ino != ROOT && here == Some(ino) {
             self.remove_child(parent, &name);
         }
@@ -462,8 +564,8 @@ impl Inner {
             let parent = n.parent as u64;
             let here = self
                 .dir_of(parent)
-                .and_then(|d| self.find_child(d, self.name(n)).ok().map(|i| d.children[i]));
-            if here != Some(ino as u32) {
+                .and_then(|d| self.child(d, self.name(n)));
+            if here != Some(ino) {
                 return false;
             }
             ino = parent;
@@ -912,8 +1014,8 @@ impl Namespace {
         };
         let listed_fresh = dir.listed_ms.is_some_and(|t| !self.stale(t));
         match inner.find_child(dir, name) {
-            Ok(i) => {
-                let ino = dir.children[i] as u64;
+            Ok(slot) => {
+                let ino = dir.at(slot) as u64;
                 if let Some(n) = inner.node(ino) {
                     if !self.stale_node(n) {
                         return Step::Done(Ok((ino, inner.attr(n))));
@@ -930,9 +1032,7 @@ impl Namespace {
         if self.source.stalled() {
             // No point asking: the last known answer now, or none.
             let known = inner
-                .find_child(dir, name)
-                .ok()
-                .map(|i| dir.children[i] as u64)
+                .child(dir, name)
                 .and_then(|ino| Some((ino, inner.attr_of(ino)?)));
             drop(inner);
             return Step::Done(match known {
@@ -968,7 +1068,7 @@ impl Namespace {
                 let inner = self.inner.read();
                 let known = inner
                     .dir_of(parent)
-                    .and_then(|d| inner.find_child(d, name).ok().map(|i| d.children[i] as u64))
+                    .and_then(|d| inner.child(d, name))
                     .and_then(|ino| Some((ino, inner.attr_of(ino)?)));
                 drop(inner);
                 match known {
@@ -1156,6 +1256,11 @@ impl Namespace {
         entries.dedup_by(|a, b| a.0 == b.0);
         let mut inner = self.inner.write();
         // The old listing, sorted by name (taken out; put back below).
+        // (the side run merged in first: names found by lookups since the
+        // last listing)
+        if inner.dir_of(ino).is_some_and(|d| !d.side.is_empty()) {
+            inner.merge_side(ino);
+        }
         let old = std::mem::take(&mut inner.dir_mut(ino).ok_or_else(enoent)?.children);
         // Merge the sorted old and new listings, keeping inodes of entries
         // that are still the same object: linear in the two listings.
@@ -1228,18 +1333,18 @@ impl Namespace {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))?;
         // A resume starts at its index: no cost for the entries before.
         let from = usize::try_from(offset).unwrap_or(usize::MAX);
-        let rest = dir.children.get(from..).unwrap_or(&[]);
-        for (i, c) in rest.iter().enumerate() {
-            let Some(child) = inner.node(*c as u64) else {
+        for i in from..dir.len() {
+            let Some(c) = dir.get(i) else { break };
+            let Some(child) = inner.node(c as u64) else {
                 continue;
             };
             let attr = inner.attr(child);
             let e = DirEntry {
-                ino: *c as u64,
+                ino: c as u64,
                 name: OsStr::from_bytes(inner.name(child)),
                 attr: &attr,
             };
-            if f(e, (from + i) as u64 + 1) {
+            if f(e, i as u64 + 1) {
                 break;
             }
         }
@@ -1335,4 +1440,137 @@ fn bump(c: &AtomicU32) {
 
 fn enoent() -> io::Error {
     io::Error::from_raw_os_error(libc::ENOENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(kind: EntryKind, ino: u64) -> SourceAttr {
+        SourceAttr {
+            kind,
+            size: 0,
+            blocks: 0,
+            mode: if kind == EntryKind::Dir {
+                0o40755
+            } else {
+                0o100644
+            },
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            ino,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+        }
+    }
+
+    /// The children of `ino` in readdir order.
+    fn run(inner: &Inner, ino: u64) -> Vec<u32> {
+        let d = inner.dir_of(ino).unwrap();
+        (0..d.len()).map(|i| d.get(i).unwrap()).collect()
+    }
+
+    #[test]
+    fn lookups_of_new_names_in_a_directory_never_listed_are_not_quadratic() {
+        let mut inner = Inner::new(Arc::default(), 0);
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let n: u64 = 20_000;
+        // Every name once, in a scrambled order (7919 is prime to n).
+        let mut inos = HashMap::new();
+        for k in 0..n {
+            let i = k * 7919 % n;
+            let name = format!("n{i:06}.JPEG");
+            let ino = inner
+                .upsert_child(ROOT, name.as_bytes(), attr(EntryKind::File, 100 + i), 0)
+                .unwrap();
+            inos.insert(name, ino);
+        }
+        // Moving the tail on each insert would be about n^2/4 = 1e8 moves.
+        let bound = 4 * n * (n as f64).sqrt() as u64;
+        eprintln!("{} moves for {n} lookups", inner.moves);
+        assert!(
+            inner.moves < bound,
+            "{} moves for {n} lookups (bound {bound})",
+            inner.moves
+        );
+        // Every name is found where it was put, and listed once.
+        let dir = inner.dir_of(ROOT).unwrap();
+        for (name, ino) in &inos {
+            assert_eq!(inner.child(dir, name.as_bytes()), Some(*ino), "{name}");
+        }
+        let mut listed = run(&inner, ROOT);
+        assert_eq!(listed.len() as u64, n);
+        listed.sort_unstable();
+        listed.dedup();
+        assert_eq!(listed.len() as u64, n);
+        // A lookup of a known name adds nothing.
+        let again = inner
+            .upsert_child(ROOT, b"n000007.JPEG", attr(EntryKind::File, 107), 0)
+            .unwrap();
+        assert_eq!(Some(&again), inos.get("n000007.JPEG"));
+        assert_eq!(run(&inner, ROOT).len() as u64, n);
+    }
+
+    #[test]
+    fn a_listing_after_lookups_keeps_their_inodes_and_resumes_at_stable_offsets() {
+        let src = tempfile::tempdir().unwrap();
+        let n = 500;
+        for i in 0..n {
+            std::fs::write(src.path().join(format!("f{i:04}")), b"x").unwrap();
+        }
+        let source = Arc::new(crate::source::DirSource::new(src.path().to_owned()));
+        let ns = Namespace::new(source, None, Arc::default()).unwrap();
+        // Lookups of every third name, scrambled: more than the side run
+        // holds, so it is merged on the way.
+        let mut looked = Vec::new();
+        for k in 0..n {
+            let i = k * 13 % n;
+            if i % 3 == 0 {
+                let name = format!("f{i:04}");
+                let (ino, _) = ns.lookup(ROOT, name.as_ref()).unwrap();
+                looked.push((name, ino));
+            }
+        }
+        let entries = |from: u64| {
+            let mut v = Vec::new();
+            ns.read_dir(ROOT, from, |e, next| {
+                v.push((e.name.to_string_lossy().into_owned(), e.ino, next));
+                false
+            })
+            .unwrap();
+            v
+        };
+        // Before any listing: the names looked up, each once.
+        let known = entries(0);
+        assert_eq!(known.len(), looked.len());
+        for (name, ino) in &looked {
+            assert!(
+                known.iter().any(|(n, i, _)| n == name && i == ino),
+                "{name}"
+            );
+        }
+        // A resume at any position gives the rest, as the whole listing
+        // does.
+        for (k, (_, _, next)) in known.iter().enumerate() {
+            assert_eq!(entries(*next)[..], known[k + 1..]);
+        }
+        // The listing: every name, in order, the looked-up ones with their
+        // inodes.
+        ns.refresh_dir(ROOT).unwrap();
+        let all = entries(0);
+        let names: Vec<String> = (0..n).map(|i| format!("f{i:04}")).collect();
+        assert_eq!(all.iter().map(|e| e.0.clone()).collect::<Vec<_>>(), names);
+        for (name, ino) in &looked {
+            assert!(all.iter().any(|(n, i, _)| n == name && i == ino), "{name}");
+        }
+        for (k, (_, _, next)) in all.iter().enumerate().step_by(37) {
+            assert_eq!(entries(*next)[..], all[k + 1..]);
+        }
+        for (name, ino) in &looked {
+            assert_eq!(ns.lookup(ROOT, name.as_ref()).unwrap().0, *ino);
+        }
+    }
 }

@@ -93,6 +93,15 @@ impl SourceAttr {
     }
 }
 
+/// One entry of a directory as `getdents` gives it: no attributes beyond
+/// its kind and source inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirName {
+    pub name: OsString,
+    pub kind: EntryKind,
+    pub ino: u64,
+}
+
 /// Why a read from the source failed; each maps to one errno for the reader.
 #[derive(Debug, Error)]
 pub enum SourceError {
@@ -140,6 +149,35 @@ pub trait Source: Send + Sync + 'static {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr>;
     /// Every entry of a directory with its attributes (no "." or "..").
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>>;
+    /// [`Source::list`] that calls `progress` as it goes (after each entry,
+    /// or at least every few thousand), so that a caller waiting with a
+    /// deadline can tell a long listing that advances from a source that
+    /// stopped answering. The default lists in one piece, with no progress
+    /// before the end.
+    fn list_with_progress(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        let _ = progress;
+        self.list(rel)
+    }
+    /// The names of a directory's entries with their kind and source inode
+    /// only, as `getdents` gives them (no `lstat` of each entry: a cold walk
+    /// of the source reads only its directories), calling `progress` as
+    /// [`Source::list_with_progress`] does. The default takes them from
+    /// [`Source::list_with_progress`].
+    fn list_names(&self, rel: &Path, progress: &dyn Fn()) -> io::Result<Vec<DirName>> {
+        Ok(self
+            .list_with_progress(rel, progress)?
+            .into_iter()
+            .map(|(name, a)| DirName {
+                name,
+                kind: a.kind,
+                ino: a.ino,
+            })
+            .collect())
+    }
     /// The target of a symlink.
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf>;
     /// Exactly `len` bytes at `offset` of version `version` of a file, or an
@@ -335,9 +373,18 @@ impl Source for DirSource {
     }
 
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        self.list_with_progress(rel, &|| {})
+    }
+
+    fn list_with_progress(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
         let dir = self.full(rel);
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
+            progress();
             let entry = entry?;
             // An entry deleted between readdir and lstat is simply skipped.
             match entry.metadata() {
@@ -345,6 +392,31 @@ impl Source for DirSource {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             }
+        }
+        Ok(out)
+    }
+
+    fn list_names(&self, rel: &Path, progress: &dyn Fn()) -> io::Result<Vec<DirName>> {
+        use std::os::unix::fs::DirEntryExt;
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(self.full(rel))? {
+            progress();
+            let entry = entry?;
+            // d_type; a file system that does not fill it in costs an
+            // lstat here (as `find` does).
+            let kind = match entry.file_type() {
+                Ok(t) if t.is_dir() => EntryKind::Dir,
+                Ok(t) if t.is_file() => EntryKind::File,
+                Ok(t) if t.is_symlink() => EntryKind::Symlink,
+                Ok(_) => EntryKind::Other,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            out.push(DirName {
+                name: entry.file_name(),
+                kind,
+                ino: entry.ino(),
+            });
         }
         Ok(out)
     }
@@ -408,6 +480,35 @@ impl Source for DirSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dir_source_names_match_its_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        std::os::unix::fs::symlink("f", dir.path().join("l")).unwrap();
+        let src = DirSource::new(dir.path().to_owned());
+        let calls = std::sync::atomic::AtomicU64::new(0);
+        let tick = || {
+            calls.fetch_add(1, Ordering::Relaxed);
+        };
+        let mut names = src.list_names(Path::new(""), &tick).unwrap();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut full: Vec<DirName> = src
+            .list(Path::new(""))
+            .unwrap()
+            .into_iter()
+            .map(|(name, a)| DirName {
+                name,
+                kind: a.kind,
+                ino: a.ino,
+            })
+            .collect();
+        full.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(names, full);
+        assert_eq!(names.len(), 3);
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+    }
 
     #[test]
     fn dir_source_reads_exact_bytes_of_the_asked_version() {

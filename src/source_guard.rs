@@ -2,7 +2,11 @@
 //! runs on a bounded pool of worker threads owned by the guard, and its
 //! caller waits at most a deadline: `--metadata-timeout` for `stat`, `list`,
 //! `read_link` and `statvfs`, `--source-timeout` for data. Async callers (the
-//! reader) hold no thread at all while they wait.
+//! reader) hold no thread at all while they wait. A listing reports its
+//! progress entry by entry, and its deadline runs from its last progress:
+//! a directory of a million entries lists however long that takes, while a
+//! listing that stops advancing times out a deadline after it stopped (and
+//! nothing of it is returned).
 //!
 //! A call into a hung NFS server cannot be cancelled: its thread sleeps
 //! uninterruptibly until the server answers. So the guard also watches the
@@ -22,7 +26,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,7 +36,7 @@ use futures::future::BoxFuture;
 use parking_lot::{Condvar, Mutex};
 use tracing::{info, warn};
 
-use crate::source::{Source, SourceAttr, SourceError, SourceVersion};
+use crate::source::{DirName, Source, SourceAttr, SourceError, SourceVersion};
 use crate::stats::Stats;
 
 /// Deadlines and thread bounds of the guard.
@@ -328,6 +332,50 @@ impl Health {
     }
 }
 
+/// How far one call has come: a listing reports each entry, and its caller
+/// waits until the deadline has passed since the last one, not since the
+/// start (a long listing that advances is not a stall; one that stops is).
+struct Progress {
+    base: Instant,
+    /// When the call last advanced, in ms since `base`.
+    last_ms: AtomicU64,
+    /// When the source's health last heard of it, in ms since `base`.
+    told_ms: AtomicU64,
+    health: Arc<Health>,
+}
+
+/// How often a call's progress counts as an answer of the source (its
+/// health is behind a lock: not taken for every entry).
+const PROGRESS_TELL_MS: u64 = 20;
+
+impl Progress {
+    fn new(health: &Arc<Health>) -> Arc<Self> {
+        Arc::new(Progress {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            told_ms: AtomicU64::new(0),
+            health: Arc::clone(health),
+        })
+    }
+
+    /// The call advanced: its caller waits a deadline from now, and the
+    /// source counts as answering.
+    fn tick(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Relaxed);
+        if ms >= self.told_ms.load(Relaxed) + PROGRESS_TELL_MS {
+            self.told_ms.store(ms, Relaxed);
+            let mut st = self.health.state.lock();
+            self.health.answered(&mut st);
+        }
+    }
+
+    /// The end of a caller's wait: `deadline` after the last progress.
+    fn end(&self, deadline: Duration) -> Instant {
+        self.base + Duration::from_millis(self.last_ms.load(Relaxed)) + deadline
+    }
+}
+
 /// A [`Source`] behind deadlines, bounded threads and stall detection; see
 /// the module's documentation.
 pub struct SourceGuard {
@@ -380,7 +428,8 @@ impl SourceGuard {
         &self,
         what: &'static str,
         reply: Reply<T>,
-        f: impl FnOnce(&dyn Source) -> T + Send + 'static,
+        progress: Arc<Progress>,
+        f: impl FnOnce(&dyn Source, &Progress) -> T + Send + 'static,
     ) -> Job {
         let inner = Arc::clone(&self.inner);
         let health = Arc::clone(&self.health);
@@ -389,28 +438,32 @@ impl SourceGuard {
                 return;
             }
             let id = health.begin(what);
-            let v = f(&*inner);
+            let v = f(&*inner, &progress);
             health.end(id);
             reply.send(v);
         })
     }
 
-    /// Runs `f` on a worker of `pool` and waits for it at most `deadline`,
-    /// holding the calling thread.
+    /// Runs `f` on a worker of `pool` and waits for it at most `deadline`
+    /// (from its last progress, if it reports any), holding the calling
+    /// thread.
     fn call<T: Send + 'static>(
         &self,
         pool: &Arc<Pool>,
         deadline: Duration,
         what: &'static str,
-        f: impl FnOnce(&dyn Source) -> io::Result<T> + Send + 'static,
+        f: impl FnOnce(&dyn Source, &Progress) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
         self.admit()?;
         let (tx, rx) = mpsc::sync_channel(1);
         let gave_up = Arc::new(AtomicBool::new(false));
-        pool.submit(self.job(what, Reply::Blocking(tx, Arc::clone(&gave_up)), f));
-        let end = Instant::now() + deadline;
+        let progress = Progress::new(&self.health);
+        let reply = Reply::Blocking(tx, Arc::clone(&gave_up));
+        pool.submit(self.job(what, reply, Arc::clone(&progress), f));
         loop {
-            let left = end.saturating_duration_since(Instant::now());
+            let left = progress
+                .end(deadline)
+                .saturating_duration_since(Instant::now());
             match rx.recv_timeout(self.slice(left)) {
                 Ok(v) => return v,
                 Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() && !self.is_stalled() => {}
@@ -433,21 +486,24 @@ impl SourceGuard {
     }
 
     /// Runs `f` on a worker of `pool` and waits for it at most `deadline`
-    /// without holding a thread.
+    /// (from its last progress, if it reports any) without holding a
+    /// thread.
     async fn call_async<T: Send + 'static>(
         &self,
         pool: &Arc<Pool>,
         deadline: Duration,
         what: &'static str,
-        f: impl FnOnce(&dyn Source) -> T + Send + 'static,
+        f: impl FnOnce(&dyn Source, &Progress) -> T + Send + 'static,
     ) -> io::Result<T> {
         self.admit()?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        pool.submit(self.job(what, Reply::Async(tx), f));
-        let end = Instant::now() + deadline;
+        let progress = Progress::new(&self.health);
+        pool.submit(self.job(what, Reply::Async(tx), Arc::clone(&progress), f));
         tokio::pin!(rx);
         loop {
-            let left = end.saturating_duration_since(Instant::now());
+            let left = progress
+                .end(deadline)
+                .saturating_duration_since(Instant::now());
             match tokio::time::timeout(self.slice(left), &mut rx).await {
                 Ok(Ok(v)) => return Ok(v),
                 Err(_) if !left.is_zero() && !self.is_stalled() => {}
@@ -462,7 +518,7 @@ impl SourceGuard {
     fn meta<T: Send + 'static>(
         &self,
         what: &'static str,
-        f: impl FnOnce(&dyn Source) -> io::Result<T> + Send + 'static,
+        f: impl FnOnce(&dyn Source, &Progress) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
         self.call(&self.metadata, self.cfg.metadata_timeout, what, f)
     }
@@ -485,21 +541,26 @@ fn source_timeout(rel: &Path) -> SourceError {
 impl Source for SourceGuard {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
         let rel = rel.to_owned();
-        self.meta("stat", move |s| s.stat(&rel))
+        self.meta("stat", move |s, _| s.stat(&rel))
     }
 
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
         let rel = rel.to_owned();
-        self.meta("list", move |s| s.list(&rel))
+        self.meta("list", move |s, p| s.list_with_progress(&rel, &|| p.tick()))
+    }
+
+    fn list_names(&self, rel: &Path, _: &dyn Fn()) -> io::Result<Vec<DirName>> {
+        let rel = rel.to_owned();
+        self.meta("list", move |s, p| s.list_names(&rel, &|| p.tick()))
     }
 
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         let rel = rel.to_owned();
-        self.meta("readlink", move |s| s.read_link(&rel))
+        self.meta("readlink", move |s, _| s.read_link(&rel))
     }
 
     fn statvfs(&self) -> io::Result<libc::statvfs> {
-        self.meta("statvfs", |s| s.statvfs())
+        self.meta("statvfs", |s, _| s.statvfs())
     }
 
     fn read_at(
@@ -510,7 +571,7 @@ impl Source for SourceGuard {
         len: usize,
     ) -> Result<Bytes, SourceError> {
         let (owned, version) = (rel.to_owned(), *version);
-        let r = self.call(&self.data, self.cfg.data_timeout, "read", move |s| {
+        let r = self.call(&self.data, self.cfg.data_timeout, "read", move |s, _| {
             Ok(s.read_at(&owned, &version, offset, len))
         });
         match r {
@@ -528,7 +589,7 @@ impl Source for SourceGuard {
     ) -> BoxFuture<'static, Result<Bytes, SourceError>> {
         Box::pin(async move {
             let r = Arc::clone(&rel);
-            let read = move |s: &dyn Source| s.read_at(&r, &version, offset, len);
+            let read = move |s: &dyn Source, _: &Progress| s.read_at(&r, &version, offset, len);
             match self
                 .call_async(&self.data, self.cfg.data_timeout, "read", read)
                 .await
@@ -541,7 +602,7 @@ impl Source for SourceGuard {
 
     fn stat_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<SourceAttr>> {
         Box::pin(async move {
-            let f = move |s: &dyn Source| s.stat(&rel);
+            let f = move |s: &dyn Source, _: &Progress| s.stat(&rel);
             self.call_async(&self.metadata, self.cfg.metadata_timeout, "stat", f)
                 .await?
         })
@@ -552,7 +613,7 @@ impl Source for SourceGuard {
         rel: PathBuf,
     ) -> BoxFuture<'static, io::Result<Vec<(OsString, SourceAttr)>>> {
         Box::pin(async move {
-            let f = move |s: &dyn Source| s.list(&rel);
+            let f = move |s: &dyn Source, p: &Progress| s.list_with_progress(&rel, &|| p.tick());
             self.call_async(&self.metadata, self.cfg.metadata_timeout, "list", f)
                 .await?
         })

@@ -35,6 +35,8 @@ use locafs::source::{DirSource, EntryKind, Source, SourceAttr, SourceError, Sour
 pub enum Call<'a> {
     Stat(&'a Path),
     List(&'a Path),
+    /// One more entry of a listing of this directory (inside its `List`).
+    ListEntry(&'a Path),
     ReadLink(&'a Path),
     Read {
         path: &'a Path,
@@ -78,7 +80,32 @@ impl<H: Hook> Source for Hooked<H> {
         self.hook.around(Call::Stat(rel), || self.inner.stat(rel))
     }
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        self.hook.around(Call::List(rel), || self.inner.list(rel))
+        self.list_with_progress(rel, &|| {})
+    }
+    fn list_with_progress(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        let entry = || {
+            self.hook.around(Call::ListEntry(rel), || ());
+            progress()
+        };
+        self.hook.around(Call::List(rel), || {
+            self.inner.list_with_progress(rel, &entry)
+        })
+    }
+    fn list_names(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<locafs::source::DirName>> {
+        let entry = || {
+            self.hook.around(Call::ListEntry(rel), || ());
+            progress()
+        };
+        self.hook
+            .around(Call::List(rel), || self.inner.list_names(rel, &entry))
     }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.hook
@@ -192,7 +219,7 @@ impl Hook for Slow {
                 self.inflight_bytes.fetch_sub(len as u64, SeqCst);
                 r
             }
-            Call::Statvfs => real(),
+            Call::Statvfs | Call::ListEntry(_) => real(),
             Call::Stat(_) | Call::List(_) | Call::ReadLink(_) => {
                 self.metadata_ops.fetch_add(1, SeqCst);
                 real()
