@@ -76,6 +76,8 @@ fn used_of(ls: &Value, id: &str) -> Option<u64> {
 struct FreeWatch {
     stop: Arc<AtomicBool>,
     least: Arc<AtomicU64>,
+    /// (ms since start, bytes used on the file system), every 250 ms.
+    series: Arc<parking_lot::Mutex<Vec<(u64, u64)>>>,
     t: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -83,11 +85,20 @@ impl FreeWatch {
     fn start(p: &Path) -> FreeWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let least = Arc::new(AtomicU64::new(u64::MAX));
-        let (s, l, p) = (stop.clone(), least.clone(), p.to_owned());
+        let series = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (s, l, p, v) = (stop.clone(), least.clone(), p.to_owned(), series.clone());
         let t = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut next = 0;
             while !s.load(Relaxed) {
                 if let Ok(st) = rustix::fs::statvfs(&p) {
                     l.fetch_min(st.f_bavail * st.f_frsize, Relaxed);
+                    let ms = t0.elapsed().as_millis() as u64;
+                    if ms >= next {
+                        v.lock()
+                            .push((ms, (st.f_blocks - st.f_bfree) * st.f_frsize));
+                        next = ms + 250;
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -95,8 +106,25 @@ impl FreeWatch {
         FreeWatch {
             stop,
             least,
+            series,
             t: Some(t),
         }
+    }
+
+    /// The disk use over time, as "t=0.25s 12.0MiB ...".
+    fn series(&self) -> String {
+        self.series
+            .lock()
+            .iter()
+            .map(|(ms, b)| {
+                format!(
+                    "t={:.2}s {:.1}MiB",
+                    *ms as f64 / 1000.0,
+                    *b as f64 / 1048576.0
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn least(mut self) -> u64 {
@@ -140,6 +168,10 @@ fn three_data_sets_filling_one_small_disk_at_once_never_fill_it() {
     // Two bookings, so that every mount has seen the others.
     std::thread::sleep(Duration::from_millis(2500));
     let ls = cache_ls(&tcache);
+    eprintln!(
+        "disk use of the 48 MiB cache disk over time: {}",
+        watch.series()
+    );
     let least = watch.least();
     let budget = ls["budget_bytes"].as_u64().unwrap();
     let used = ls["used_bytes"].as_u64().unwrap();
@@ -385,4 +417,41 @@ fn a_kill_9_while_another_fills_leaves_the_budget_right() {
     assert!(ls["used_bytes"].as_u64().unwrap() <= budget, "{ls}");
     assert!(watch.least() > 0, "the cache disk was full");
     assert_eq!(a.stat("read_errors") + b.stat("read_errors"), 0);
+}
+
+#[test]
+fn when_another_program_fills_the_disk_the_cache_gives_space_back() {
+    require_fuse!();
+    let s = Scratch::new();
+    let tcache = s.path().join("tcache");
+    let _disk = Tmpfs::mount(&tcache, "48M");
+    let (src, files) = data_set(&s.src, "a", 24, MIB);
+    let m = Mount::start(&src, &s.mnt, &tcache, &[]);
+    wait_until("cached", Duration::from_secs(30), || {
+        drop_page_cache();
+        read_all(&s.mnt, &files);
+        m.stat("files_cached") >= 24
+    });
+    let before = m.stat("cache_used_bytes");
+    // Another program fills the cache disk to 1 MiB of free space, under
+    // the floor (5 % of 48 MiB = 2.4 MiB): the cache gives space back.
+    let st = rustix::fs::statvfs(&tcache).unwrap();
+    let free = (st.f_bavail * st.f_frsize) as usize;
+    let filler = tcache.join("someone-else.bin");
+    fs::write(&filler, vec![1u8; free - MIB]).expect("the filler fits in the free space");
+    let floor = (st.f_blocks * st.f_frsize) / 20;
+    wait_until("space given back", Duration::from_secs(10), || {
+        let st = rustix::fs::statvfs(&tcache).unwrap();
+        st.f_bavail * st.f_frsize >= floor
+    });
+    let after = m.stat("cache_used_bytes");
+    assert!(
+        after + floor - MIB as u64 <= before,
+        "cache {before} -> {after}"
+    );
+    assert!(m.stat("cache_budget_effective_bytes") < m.stat("cache_budget_bytes"));
+    // Everything still reads right, from the cache or the source.
+    drop_page_cache();
+    read_all(&s.mnt, &files);
+    assert_eq!(m.stat("read_errors"), 0);
 }
