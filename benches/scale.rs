@@ -233,8 +233,12 @@ fn dataset(root: &Path, pool: &Path, n: usize, largest: usize) -> io::Result<Pat
 fn flat_dataset(root: &Path, pool: &Path, n: usize) -> io::Result<PathBuf> {
     let ds = root.join("ds-flat");
     let done = ds.join(".complete");
-    if done.exists() {
+    if fs::read_to_string(&done).is_ok_and(|s| s.trim() == n.to_string()) {
         return Ok(ds);
+    }
+    if done.exists() {
+        // Made for another size: start again.
+        fs::remove_dir_all(&ds)?;
     }
     fs::create_dir_all(ds.join("flat"))?;
     for k in 0..n {

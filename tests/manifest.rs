@@ -63,12 +63,12 @@ fn remount_uses_the_manifest_instead_of_walking_the_source() {
     drop(m);
 
     // A corrupt manifest is ignored: the source is walked again, same tree.
+    // The data set's directory (the cache dir also holds the budget).
     let ds = std::fs::read_dir(&d.cache)
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
     let man = ds.join("manifest");
     let mut bytes = std::fs::read(&man).unwrap();
     let mid = bytes.len() / 2;

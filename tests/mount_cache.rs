@@ -381,6 +381,12 @@ fn full_then_read_only_cache_disk_only_turns_caching_off() {
     let tmp = Tmpfs::mount(&tcache, "6M");
     let files = make_files(&s.src, "f", 15, |i| 2 * MIB + i * 333);
     let more = make_files(&s.src, "g", 6, |i| MIB + i * 777);
+    // Another program has filled the disk (the shared budget keeps locafs
+    // itself from filling it): what is left is the cache's minimum, which
+    // it cannot write.
+    let st = rustix::fs::statvfs(&tcache).unwrap();
+    let free = (st.f_bavail * st.f_frsize) as usize;
+    fs::write(tcache.join("filler"), vec![0u8; free - (512 << 10)]).unwrap();
     let m = Mount::start(
         &s.src,
         &s.mnt,

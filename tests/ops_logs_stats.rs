@@ -75,6 +75,10 @@ fn stats_json_schema_and_watch() {
         "prefetch_background_bytes",
         "prefetch_memory_used",
         "prefetch_memory_limit",
+        "cache_budget_bytes",
+        "cache_budget_effective_bytes",
+        "cache_dir_used_bytes",
+        "cache_grant_bytes",
     ];
     for k in strings {
         assert!(obj[k].is_string(), "{k}: {v}");
@@ -87,10 +91,12 @@ fn stats_json_schema_and_watch() {
     assert!(obj["cache_writable"].is_boolean());
     assert!(obj["plan_active"].is_boolean());
     assert!(obj["peers"].as_array().is_some_and(|p| p.is_empty()));
+    // This mount's own share of the cache directory.
+    assert!(obj["cache_shares"].as_array().is_some_and(|p| p.len() == 1));
     assert!(obj["uptime_s"].is_f64());
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 5,
+        strings.len() + counts.len() + 6,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();
