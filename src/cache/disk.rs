@@ -259,13 +259,6 @@ impl Entries {
         self.recs.len()
     }
 
-    fn reserve(&mut self, n: usize) {
-        self.recs.reserve(n);
-        let recs = &self.recs;
-        self.by_key.reserve(n, |&i| key_hash(&recs[i as usize].0));
-        self.by_path.reserve(n, |&i| recs[i as usize].1.path_hash);
-    }
-
     fn find(&self, key: &VersionKey) -> Option<u32> {
         let recs = &self.recs;
         self.by_key
@@ -339,12 +332,6 @@ impl Entries {
 
     fn iter(&self) -> impl Iterator<Item = (&VersionKey, &Entry)> + '_ {
         self.recs.iter().map(|(k, e)| (k, e))
-    }
-
-    fn drain(&mut self) -> impl Iterator<Item = (VersionKey, Entry)> + '_ {
-        self.by_key.clear();
-        self.by_path.clear();
-        self.recs.drain(..)
     }
 }
 
@@ -763,13 +750,13 @@ impl Core {
     fn recover(&self) -> io::Result<Recovery> {
         let mut rec = Recovery::default();
         let mut st = self.state.lock();
-        let mut found = Entries::default();
-        let loaded =
-            recover::Index::load(&self.dir, self.block_size, |op| self.replay(&mut found, op))
-                .unwrap_or_else(|e| {
-                    warn!("cache: the index cannot be read ({e}); scanning the cache directory");
-                    None
-                });
+        // Replayed straight into the books (no second table to copy from).
+        let found = &mut st.entries;
+        let loaded = recover::Index::load(&self.dir, self.block_size, |op| self.replay(found, op))
+            .unwrap_or_else(|e| {
+                warn!("cache: the index cannot be read ({e}); scanning the cache directory");
+                None
+            });
         match loaded {
             Some((index, l)) => {
                 rec.from_index = true;
@@ -781,14 +768,21 @@ impl Core {
                         l.torn_bytes
                     );
                 }
-                st.entries.reserve(found.len());
-                for (key, mut e) in found.drain() {
+                let n = st.entries.len();
+                st.policy.reserve(n);
+                let mut i = 0;
+                while i < st.entries.len() {
+                    let gen = st.next_gen();
+                    let (key, e) = &mut st.entries.recs[i];
+                    let key = *key;
                     e.present = e
                         .blocks
                         .iter()
                         .filter(|b| matches!(b.slot, Slot::Present(_)))
                         .count() as u32;
                     if e.present == 0 {
+                        // (The last record takes its place.)
+                        st.entries.remove(&key);
                         continue;
                     }
                     e.meta_on_guest = e
@@ -800,12 +794,15 @@ impl Core {
                     } else {
                         round_alloc(e.table as u64 + e.blocks.len() as u64 * SLOT) as u32
                     };
-                    self.book(&mut st, key, e, &mut rec);
+                    e.gen = gen;
+                    self.book_policy(&mut st, key, &mut rec);
+                    i += 1;
                 }
                 st.index = Some(index);
             }
             None => {
-                drop(found);
+                // (What a failed load replayed is dropped: scanned again.)
+                st.entries = Entries::default();
                 self.scan(&mut st, &mut rec);
                 if rec.files + rec.discarded > 0 {
                     info!(
@@ -878,8 +875,18 @@ impl Core {
     /// Takes a recovered entry onto the books.
     fn book(&self, st: &mut State, key: VersionKey, mut entry: Entry, rec: &mut Recovery) {
         entry.gen = st.next_gen();
-        let own = self.part_bytes(&entry, false);
-        let guest = self.part_bytes(&entry, true);
+        st.entries.insert(key, entry);
+        self.book_policy(st, key, rec);
+    }
+
+    /// Takes a recovered entry already in `st.entries` onto the policy's
+    /// books.
+    fn book_policy(&self, st: &mut State, key: VersionKey, rec: &mut Recovery) {
+        let Some(entry) = st.entries.get(&key) else {
+            return;
+        };
+        let own = self.part_bytes(entry, false);
+        let guest = self.part_bytes(entry, true);
         rec.files += 1;
         rec.blocks += entry.present as u64;
         rec.bytes += own + guest;
@@ -887,7 +894,6 @@ impl Core {
             st.files_complete += 1;
         }
         let meta_on_guest = entry.meta_on_guest;
-        st.entries.insert(key, entry);
         if !meta_on_guest || own > 0 {
             st.policy.insert_existing_as(Part::own(key), own, Tier::Own);
         }

@@ -152,6 +152,19 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
     }
 
+    /// Makes room for `n` more entries at once (a start-up that books a
+    /// known number).
+    pub fn reserve(&mut self, n: usize) {
+        self.entries.reserve_exact(n);
+        let Policy {
+            index,
+            entries,
+            hasher,
+            ..
+        } = self;
+        index.reserve(n, |&j| hasher.hash_one(entries[j as usize].key));
+    }
+
     fn find(&self, key: &K) -> Option<u32> {
         let h = self.hasher.hash_one(key);
         let entries = &self.entries;
