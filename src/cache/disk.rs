@@ -31,7 +31,6 @@
 //! with a warning; reads go on from the source. Nothing here may panic or
 //! fail a read.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -42,6 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
@@ -90,19 +90,19 @@ fn round_alloc(n: u64) -> u64 {
 }
 
 /// The index records of every cached block (for a snapshot).
-fn index_puts(entries: &HashMap<VersionKey, Entry>) -> impl Iterator<Item = Put> + '_ {
+fn index_puts(entries: &Entries) -> impl Iterator<Item = Put> + '_ {
     entries.iter().flat_map(|(key, e)| {
-        e.slots
+        e.blocks
             .iter()
             .enumerate()
-            .filter_map(move |(i, s)| match s {
+            .filter_map(move |(i, b)| match b.slot {
                 Slot::Present(sum) => Some(Put {
                     key: *key,
                     index: i as u32,
                     size: e.size,
                     path_hash: e.path_hash,
-                    sum: *sum,
-                    guest: e.guest[i],
+                    sum,
+                    guest: b.guest,
                     meta_in_xattr: e.meta_in_xattr,
                     table: e.table as u16,
                 }),
@@ -141,25 +141,73 @@ impl Part {
     }
 }
 
+/// One block of a cached file version: its slot and two bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Block {
+    slot: Slot,
+    /// A guest block (meaningful where the slot is present or being
+    /// written).
+    guest: bool,
+    /// Checked against its checksum in this mount.
+    verified: bool,
+}
+
+const NO_BLOCK: Block = Block {
+    slot: Slot::Empty,
+    guest: false,
+    verified: false,
+};
+
+/// The blocks of a file version: a one-block file (the bulk of a data set
+/// of small files) keeps its block inline in the record; a larger file's
+/// blocks are a side table of 19 bytes per block.
+#[derive(Debug)]
+enum Blocks {
+    One(Block),
+    Many(Box<[Block]>),
+}
+
+impl Blocks {
+    fn new(n: u64) -> Self {
+        if n == 1 {
+            Blocks::One(NO_BLOCK)
+        } else {
+            Blocks::Many(vec![NO_BLOCK; n as usize].into_boxed_slice())
+        }
+    }
+}
+
+impl std::ops::Deref for Blocks {
+    type Target = [Block];
+    fn deref(&self) -> &[Block] {
+        match self {
+            Blocks::One(b) => std::slice::from_ref(b),
+            Blocks::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Blocks {
+    fn deref_mut(&mut self) -> &mut [Block] {
+        match self {
+            Blocks::One(b) => std::slice::from_mut(b),
+            Blocks::Many(v) => v,
+        }
+    }
+}
+
+/// The record of one cached file version (see docs/cache.md, "Per-file
+/// memory: the cache index", for its bytes).
 #[derive(Debug)]
 struct Entry {
     path_hash: u64,
     size: u64,
-    slots: Vec<Slot>,
-    /// Which blocks are guests (meaningful where the slot is present or
-    /// being written).
-    guest: Vec<bool>,
-    /// Whether the meta file's bytes are charged to the guest part.
-    meta_on_guest: bool,
+    blocks: Blocks,
     /// Offset of the slot table in the meta file.
-    table: u64,
-    verified: Vec<bool>,
-    present: u64,
-    /// Whether the .meta and .data files exist on disk.
-    created: bool,
-    meta_bytes: u64,
-    /// The meta is in the data file's [`META_XATTR`], not in a `.meta` file.
-    meta_in_xattr: bool,
+    table: u32,
+    /// The meta file's bytes as booked (4 KiB for an xattr).
+    meta_bytes: u32,
+    present: u32,
     /// Passthrough pins (`open_complete`, `pin_complete`, less `unpin`):
     /// while any is held the kernel may read the data file without us, so
     /// it is never modified in place; it is dropped whole (unlinked) if it
@@ -167,31 +215,141 @@ struct Entry {
     pins: u32,
     /// Tells this entry from a later one of the same key (the entry was
     /// dropped and the version cached again while a write was under way).
-    gen: u64,
+    gen: u32,
+    /// Whether the meta file's bytes are charged to the guest part.
+    meta_on_guest: bool,
+    /// Whether the .meta and .data files exist on disk.
+    created: bool,
+    /// The meta is in the data file's [`META_XATTR`], not in a `.meta` file.
+    meta_in_xattr: bool,
 }
 
 impl Entry {
+    fn slot(&self, i: usize) -> Option<&Slot> {
+        self.blocks.get(i).map(|b| &b.slot)
+    }
+
+    fn slot_mut(&mut self, i: usize) -> Option<&mut Slot> {
+        self.blocks.get_mut(i).map(|b| &mut b.slot)
+    }
+
     fn complete(&self) -> bool {
-        !self.slots.is_empty() && self.present == self.slots.len() as u64
+        !self.blocks.is_empty() && self.present as usize == self.blocks.len()
+    }
+}
+
+/// The books: a dense table of records (no holes: a removed record's place
+/// is taken by the last one), found by version key and by path hash
+/// through hash tables of u32 record numbers (the keys are blake3 output:
+/// their first bytes are the hash).
+#[derive(Debug, Default)]
+struct Entries {
+    recs: Vec<(VersionKey, Entry)>,
+    by_key: HashTable<u32>,
+    /// Every record, by its path hash (a multiset: the versions of a path).
+    by_path: HashTable<u32>,
+}
+
+fn key_hash(k: &VersionKey) -> u64 {
+    u64::from_le_bytes(k.0[..8].try_into().unwrap_or_default())
+}
+
+impl Entries {
+    fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    fn find(&self, key: &VersionKey) -> Option<u32> {
+        let recs = &self.recs;
+        self.by_key
+            .find(key_hash(key), |&i| recs[i as usize].0 == *key)
+            .copied()
+    }
+
+    fn contains_key(&self, key: &VersionKey) -> bool {
+        self.find(key).is_some()
+    }
+
+    fn get(&self, key: &VersionKey) -> Option<&Entry> {
+        self.find(key).map(|i| &self.recs[i as usize].1)
+    }
+
+    fn get_mut(&mut self, key: &VersionKey) -> Option<&mut Entry> {
+        self.find(key).map(|i| &mut self.recs[i as usize].1)
+    }
+
+    /// Adds a record; the key must not be on the books.
+    fn insert(&mut self, key: VersionKey, e: Entry) -> &mut Entry {
+        let i = self.recs.len() as u32;
+        let ph = e.path_hash;
+        self.recs.push((key, e));
+        let recs = &self.recs;
+        self.by_key
+            .insert_unique(key_hash(&key), i, |&j| key_hash(&recs[j as usize].0));
+        self.by_path
+            .insert_unique(ph, i, |&j| recs[j as usize].1.path_hash);
+        &mut self.recs[i as usize].1
+    }
+
+    fn get_or_insert_with(&mut self, key: VersionKey, f: impl FnOnce() -> Entry) -> &mut Entry {
+        match self.find(&key) {
+            Some(i) => &mut self.recs[i as usize].1,
+            None => self.insert(key, f()),
+        }
+    }
+
+    fn remove(&mut self, key: &VersionKey) -> Option<Entry> {
+        let i = self.find(key)?;
+        let ph = self.recs[i as usize].1.path_hash;
+        if let Ok(o) = self.by_key.find_entry(key_hash(key), |&j| j == i) {
+            o.remove();
+        }
+        if let Ok(o) = self.by_path.find_entry(ph, |&j| j == i) {
+            o.remove();
+        }
+        let last = self.recs.len() as u32 - 1;
+        let (_, e) = self.recs.swap_remove(i as usize);
+        if i != last {
+            let (k, moved) = &self.recs[i as usize];
+            if let Some(j) = self.by_key.find_mut(key_hash(k), |&j| j == last) {
+                *j = i;
+            }
+            if let Some(j) = self.by_path.find_mut(moved.path_hash, |&j| j == last) {
+                *j = i;
+            }
+        }
+        Some(e)
+    }
+
+    /// The keys of the versions of a path.
+    fn versions_of(&self, path_hash: u64) -> impl Iterator<Item = VersionKey> + '_ {
+        self.by_path
+            .iter_hash(path_hash)
+            .map(|&i| &self.recs[i as usize])
+            .filter(move |(_, e)| e.path_hash == path_hash)
+            .map(|(k, _)| *k)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&VersionKey, &Entry)> + '_ {
+        self.recs.iter().map(|(k, e)| (k, e))
     }
 }
 
 #[derive(Debug)]
 struct State {
-    entries: HashMap<VersionKey, Entry>,
-    by_path: HashMap<u64, Vec<VersionKey>>,
+    entries: Entries,
     policy: Policy<Part>,
     files_complete: u64,
     /// The last [`Entry::gen`] given out.
-    gens: u64,
+    gens: u32,
     /// The index on disk (snapshot and journal); None if it could not be
     /// written (the next start-up scans the cache directory).
     index: Option<recover::Index>,
 }
 
 impl State {
-    fn next_gen(&mut self) -> u64 {
-        self.gens += 1;
+    fn next_gen(&mut self) -> u32 {
+        self.gens = self.gens.wrapping_add(1);
         self.gens
     }
 
@@ -208,12 +366,6 @@ impl State {
             self.log(Op::DropFile { key: *key });
             if e.complete() {
                 self.files_complete -= 1;
-            }
-            if let Some(v) = self.by_path.get_mut(&e.path_hash) {
-                v.retain(|k| k != key);
-                if v.is_empty() {
-                    self.by_path.remove(&e.path_hash);
-                }
             }
         }
         for p in Part::both(*key) {
@@ -240,7 +392,7 @@ enum Eviction {
         blocks: Vec<(u64, u64)>,
         meta_in_xattr: bool,
         /// The entry's generation (its slots stay `Writing` until punched).
-        gen: u64,
+        gen: u32,
     },
 }
 
@@ -443,8 +595,7 @@ impl DiskCache {
             block_size,
             capacity,
             state: Mutex::new(State {
-                entries: HashMap::new(),
-                by_path: HashMap::new(),
+                entries: Entries::default(),
                 policy: {
                     let mut p = Policy::new(capacity - FIXED_OVERHEAD);
                     p.set_grain(block_size);
@@ -599,13 +750,13 @@ impl Core {
     fn recover(&self) -> io::Result<Recovery> {
         let mut rec = Recovery::default();
         let mut st = self.state.lock();
-        let mut found: HashMap<VersionKey, Entry> = HashMap::new();
-        let loaded =
-            recover::Index::load(&self.dir, self.block_size, |op| self.replay(&mut found, op))
-                .unwrap_or_else(|e| {
-                    warn!("cache: the index cannot be read ({e}); scanning the cache directory");
-                    None
-                });
+        // Replayed straight into the books (no second table to copy from).
+        let found = &mut st.entries;
+        let loaded = recover::Index::load(&self.dir, self.block_size, |op| self.replay(found, op))
+            .unwrap_or_else(|e| {
+                warn!("cache: the index cannot be read ({e}); scanning the cache directory");
+                None
+            });
         match loaded {
             Some((index, l)) => {
                 rec.from_index = true;
@@ -617,31 +768,41 @@ impl Core {
                         l.torn_bytes
                     );
                 }
-                for (key, mut e) in found {
+                let n = st.entries.len();
+                st.policy.reserve(n);
+                let mut i = 0;
+                while i < st.entries.len() {
+                    let gen = st.next_gen();
+                    let (key, e) = &mut st.entries.recs[i];
+                    let key = *key;
                     e.present = e
-                        .slots
+                        .blocks
                         .iter()
-                        .filter(|s| matches!(s, Slot::Present(_)))
-                        .count() as u64;
+                        .filter(|b| matches!(b.slot, Slot::Present(_)))
+                        .count() as u32;
                     if e.present == 0 {
+                        // (The last record takes its place.)
+                        st.entries.remove(&key);
                         continue;
                     }
                     e.meta_on_guest = e
-                        .slots
+                        .blocks
                         .iter()
-                        .zip(&e.guest)
-                        .all(|(s, g)| !matches!(s, Slot::Present(_)) || *g);
+                        .all(|b| !matches!(b.slot, Slot::Present(_)) || b.guest);
                     e.meta_bytes = if e.meta_in_xattr {
-                        ALLOC
+                        ALLOC as u32
                     } else {
-                        round_alloc(e.table + e.slots.len() as u64 * SLOT)
+                        round_alloc(e.table as u64 + e.blocks.len() as u64 * SLOT) as u32
                     };
-                    self.book(&mut st, key, e, &mut rec);
+                    e.gen = gen;
+                    self.book_policy(&mut st, key, &mut rec);
+                    i += 1;
                 }
                 st.index = Some(index);
             }
             None => {
-                drop(found);
+                // (What a failed load replayed is dropped: scanned again.)
+                st.entries = Entries::default();
                 self.scan(&mut st, &mut rec);
                 if rec.files + rec.discarded > 0 {
                     info!(
@@ -668,21 +829,19 @@ impl Core {
     }
 
     /// Applies one index record to the entries being recovered.
-    fn replay(&self, found: &mut HashMap<VersionKey, Entry>, op: Op) {
+    fn replay(&self, found: &mut Entries, op: Op) {
         match op {
             Op::Put(p) => {
                 let n = p.size.div_ceil(self.block_size);
                 if p.index as u64 >= n || n > MAX_BLOCKS {
                     return;
                 }
-                let e = found.entry(p.key).or_insert_with(|| Entry {
+                let e = found.get_or_insert_with(p.key, || Entry {
                     path_hash: p.path_hash,
                     size: p.size,
-                    slots: vec![Slot::Empty; n as usize],
-                    guest: vec![false; n as usize],
+                    blocks: Blocks::new(n),
                     meta_on_guest: false,
-                    table: p.table as u64,
-                    verified: vec![false; n as usize],
+                    table: p.table as u32,
                     present: 0,
                     created: true,
                     meta_bytes: 0,
@@ -693,15 +852,16 @@ impl Core {
                 if e.size != p.size {
                     return;
                 }
-                e.slots[p.index as usize] = Slot::Present(p.sum);
-                e.guest[p.index as usize] = p.guest;
+                e.blocks[p.index as usize].slot = Slot::Present(p.sum);
+                e.blocks[p.index as usize].guest = p.guest;
                 e.meta_in_xattr = p.meta_in_xattr;
-                e.table = p.table as u64;
+                e.table = p.table as u32;
             }
             Op::DropBlock { key, index } => {
                 if let Some(s) = found
                     .get_mut(&key)
-                    .and_then(|e| e.slots.get_mut(index as usize))
+                    .and_then(|e| e.blocks.get_mut(index as usize))
+                    .map(|b| &mut b.slot)
                 {
                     *s = Slot::Empty;
                 }
@@ -715,17 +875,25 @@ impl Core {
     /// Takes a recovered entry onto the books.
     fn book(&self, st: &mut State, key: VersionKey, mut entry: Entry, rec: &mut Recovery) {
         entry.gen = st.next_gen();
-        let own = self.part_bytes(&entry, false);
-        let guest = self.part_bytes(&entry, true);
+        st.entries.insert(key, entry);
+        self.book_policy(st, key, rec);
+    }
+
+    /// Takes a recovered entry already in `st.entries` onto the policy's
+    /// books.
+    fn book_policy(&self, st: &mut State, key: VersionKey, rec: &mut Recovery) {
+        let Some(entry) = st.entries.get(&key) else {
+            return;
+        };
+        let own = self.part_bytes(entry, false);
+        let guest = self.part_bytes(entry, true);
         rec.files += 1;
-        rec.blocks += entry.present;
+        rec.blocks += entry.present as u64;
         rec.bytes += own + guest;
         if entry.complete() {
             st.files_complete += 1;
         }
-        st.by_path.entry(entry.path_hash).or_default().push(key);
         let meta_on_guest = entry.meta_on_guest;
-        st.entries.insert(key, entry);
         if !meta_on_guest || own > 0 {
             st.policy.insert_existing_as(Part::own(key), own, Tier::Own);
         }
@@ -865,8 +1033,8 @@ impl Core {
             };
             let was_complete = e.complete();
             let mut blocks = Vec::new();
-            for i in 0..e.slots.len() {
-                if matches!(e.slots[i], Slot::Present(_)) && e.guest[i] == v.guest {
+            for i in 0..e.blocks.len() {
+                if matches!(e.blocks[i].slot, Slot::Present(_)) && e.blocks[i].guest == v.guest {
                     if let Some(ix) = &mut st.index {
                         ix.append(&Op::DropBlock {
                             key: v.key,
@@ -874,8 +1042,8 @@ impl Core {
                         });
                     }
                     // Writing until punched (see `drop_block`).
-                    e.slots[i] = Slot::Writing;
-                    e.verified[i] = false;
+                    e.blocks[i].slot = Slot::Writing;
+                    e.blocks[i].verified = false;
                     e.present -= 1;
                     let len = e
                         .size
@@ -888,8 +1056,8 @@ impl Core {
             if moved_meta {
                 e.meta_on_guest = !v.guest;
             }
-            let meta = e.meta_bytes + PER_FILE_OVERHEAD;
-            let table = e.table;
+            let meta = e.meta_bytes as u64 + PER_FILE_OVERHEAD;
+            let table = e.table as u64;
             let meta_in_xattr = e.meta_in_xattr;
             let gen = e.gen;
             if was_complete && !e.complete() {
@@ -933,12 +1101,12 @@ impl Core {
     /// if it carries it.
     fn part_bytes(&self, e: &Entry, guest: bool) -> u64 {
         let mut b = if e.meta_on_guest == guest {
-            e.meta_bytes + PER_FILE_OVERHEAD
+            e.meta_bytes as u64 + PER_FILE_OVERHEAD
         } else {
             0
         };
-        for (i, s) in e.slots.iter().enumerate() {
-            if matches!(s, Slot::Present(_)) && e.guest[i] == guest {
+        for (i, blk) in e.blocks.iter().enumerate() {
+            if matches!(blk.slot, Slot::Present(_)) && blk.guest == guest {
                 let len = e
                     .size
                     .saturating_sub(i as u64 * self.block_size)
@@ -994,10 +1162,9 @@ impl Core {
         }
         let nblocks = version.size.div_ceil(self.block_size);
         let (table, meta_len) = self.meta_layout(rel, nblocks);
-        let mut slots = vec![Slot::Empty; nblocks as usize];
-        let mut guest = vec![false; nblocks as usize];
+        let mut blocks = Blocks::new(nblocks);
         let mut present = 0;
-        for (i, slot) in slots.iter_mut().enumerate() {
+        for (i, b) in blocks.iter_mut().enumerate() {
             let o = (table + i as u64 * SLOT) as usize;
             let Some(mut s) = raw.get(o..o + SLOT as usize) else {
                 break;
@@ -1011,30 +1178,27 @@ impl Core {
                 .saturating_sub(i as u64 * self.block_size)
                 .min(self.block_size);
             if (marker == PRESENT || marker == PRESENT_GUEST) && len == want {
-                guest[i] = marker == PRESENT_GUEST;
-                *slot = Slot::Present(sum);
+                b.guest = marker == PRESENT_GUEST;
+                b.slot = Slot::Present(sum);
                 present += 1;
             }
         }
         // The meta file goes with the own blocks if there are any.
         let meta_on_guest = present > 0
-            && slots
+            && blocks
                 .iter()
-                .zip(&guest)
-                .all(|(s, g)| !matches!(s, Slot::Present(_)) || *g);
+                .all(|b| !matches!(b.slot, Slot::Present(_)) || b.guest);
         Ok(Some((
             key,
             Entry {
                 path_hash: path_hash(rel),
                 size: version.size,
-                guest,
+                blocks,
                 meta_on_guest,
-                table,
-                verified: vec![false; slots.len()],
-                slots,
+                table: table as u32,
                 present,
                 created: true,
-                meta_bytes: round_alloc(meta_len),
+                meta_bytes: round_alloc(meta_len) as u32,
                 meta_in_xattr: false,
                 pins: 0,
                 gen: 0,
@@ -1066,14 +1230,16 @@ impl Core {
             Entry {
                 path_hash,
                 size,
-                slots: vec![Slot::Present(sum)],
-                guest: vec![guest],
+                blocks: Blocks::One(Block {
+                    slot: Slot::Present(sum),
+                    guest,
+                    verified: false,
+                }),
                 meta_on_guest: guest,
                 table: 0,
-                verified: vec![false],
                 present: 1,
                 created: true,
-                meta_bytes: ALLOC,
+                meta_bytes: ALLOC as u32,
                 meta_in_xattr: true,
                 pins: 0,
                 gen: 0,
@@ -1422,7 +1588,7 @@ impl Core {
                 return;
             };
             let was_complete = e.complete();
-            if !matches!(e.slots.get(index as usize), Some(Slot::Present(_))) {
+            if !matches!(e.slot(index as usize), Some(Slot::Present(_))) {
                 return;
             }
             if e.pins > 0 {
@@ -1433,14 +1599,14 @@ impl Core {
                 self.unlink(&file.key);
                 return;
             }
-            let Some(slot) = e.slots.get_mut(index as usize) else {
+            let Some(slot) = e.slot_mut(index as usize) else {
                 return;
             };
             // Writing until the hole is punched: a write of the same block
             // waits, so that the punch cannot land on its new bytes.
             *slot = Slot::Writing;
             let gen = e.gen;
-            e.verified[index as usize] = false;
+            e.blocks[index as usize].verified = false;
             e.present -= 1;
             if let Some(ix) = &mut st.index {
                 ix.append(&Op::DropBlock {
@@ -1450,7 +1616,7 @@ impl Core {
             }
             let part = Part {
                 key: file.key,
-                guest: e.guest[index as usize],
+                guest: e.blocks[index as usize].guest,
             };
             let meta_in_xattr = e.meta_in_xattr;
             if was_complete {
@@ -1474,7 +1640,7 @@ impl Core {
             match st
                 .entries
                 .get(&file.key)
-                .and_then(|e| e.slots.get(index as usize))
+                .and_then(|e| e.slot(index as usize))
             {
                 Some(Slot::Present(s)) => *s,
                 _ => return false,
@@ -1488,15 +1654,11 @@ impl Core {
 
     /// The holes of dropped blocks are punched: their slots (held at
     /// `Writing` meanwhile) are free for new writes.
-    fn punched(&self, key: &VersionKey, gen: u64, blocks: &[(u64, u64)]) {
+    fn punched(&self, key: &VersionKey, gen: u32, blocks: &[(u64, u64)]) {
         let mut st = self.state.lock();
         if let Some(e) = st.entries.get_mut(key).filter(|e| e.gen == gen) {
             for (i, _) in blocks {
-                if let Some(s) = e
-                    .slots
-                    .get_mut(*i as usize)
-                    .filter(|s| **s == Slot::Writing)
-                {
+                if let Some(s) = e.slot_mut(*i as usize).filter(|s| **s == Slot::Writing) {
                     *s = Slot::Empty;
                 }
             }
@@ -1544,7 +1706,11 @@ impl Core {
         loop {
             let writing = {
                 let st = self.state.lock();
-                match st.entries.get(&file.key).map(|e| e.slots[index as usize]) {
+                match st
+                    .entries
+                    .get(&file.key)
+                    .map(|e| e.blocks[index as usize].slot)
+                {
                     Some(Slot::Present(_)) => return true,
                     Some(Slot::Writing) => true,
                     _ => false,
@@ -1563,8 +1729,8 @@ impl Core {
                 .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
             let new = !st.entries.contains_key(&file.key);
             if let Some(e) = st.entries.get(&file.key) {
-                if e.slots[index as usize] != Slot::Empty {
-                    return matches!(e.slots[index as usize], Slot::Present(_));
+                if e.blocks[index as usize].slot != Slot::Empty {
+                    return matches!(e.blocks[index as usize].slot, Slot::Present(_));
                 }
             }
             let (table, meta_len) = self.meta_layout(&file.rel, nblocks);
@@ -1585,32 +1751,24 @@ impl Core {
             };
             let work = self.plan_evictions(st, &victims);
             let gen = if new { st.next_gen() } else { 0 };
-            let e = st.entries.entry(file.key).or_insert_with(|| Entry {
+            let e = st.entries.get_or_insert_with(file.key, || Entry {
                 path_hash: path_hash(&file.rel),
                 size: file.version.size,
-                slots: vec![Slot::Empty; nblocks as usize],
-                guest: vec![false; nblocks as usize],
+                blocks: Blocks::new(nblocks),
                 meta_on_guest: guest,
-                table,
-                verified: vec![false; nblocks as usize],
+                table: table as u32,
                 present: 0,
                 created: false,
-                meta_bytes,
+                meta_bytes: meta_bytes as u32,
                 meta_in_xattr: inline,
                 pins: 0,
                 gen,
             });
             let gen = e.gen;
-            e.slots[index as usize] = Slot::Writing;
-            e.guest[index as usize] = guest;
+            e.blocks[index as usize].slot = Slot::Writing;
+            e.blocks[index as usize].guest = guest;
             // Read once: only this write (the file's one block) changes it.
             let meta_in_xattr = e.meta_in_xattr;
-            if new {
-                st.by_path
-                    .entry(path_hash(&file.rel))
-                    .or_default()
-                    .push(file.key);
-            }
             // Writing entries are pinned: an eviction must not unlink files
             // that a write is about to recreate.
             st.policy.pin(&part);
@@ -1659,8 +1817,8 @@ impl Core {
                 let Some(e) = st.entries.get_mut(&file.key) else {
                     return false;
                 };
-                e.slots[index as usize] = Slot::Present(*block.checksum());
-                e.verified[index as usize] = true;
+                e.blocks[index as usize].slot = Slot::Present(*block.checksum());
+                e.blocks[index as usize].verified = true;
                 e.present += 1;
                 // Data and meta are written: now the index may say so.
                 let put = Put {
@@ -1691,7 +1849,7 @@ impl Core {
                     self.unlink(&file.key);
                 } else {
                     if let Some(e) = st.entries.get_mut(&file.key) {
-                        e.slots[index as usize] = Slot::Empty;
+                        e.blocks[index as usize].slot = Slot::Empty;
                     }
                     st.policy.shrink(&part, bytes);
                     drop(st);
@@ -1777,8 +1935,8 @@ impl Core {
         let mut st = self.state.lock();
         if let Some(e) = st.entries.get_mut(key) {
             for (i, sum) in blocks {
-                if e.slots.get(*i as usize) == Some(&Slot::Present(*sum)) {
-                    e.verified[*i as usize] = true;
+                if e.slot(*i as usize) == Some(&Slot::Present(*sum)) {
+                    e.blocks[*i as usize].verified = true;
                 }
             }
         }
@@ -1794,16 +1952,15 @@ impl Core {
         }
         // (Every block is usually verified already: opened before, or
         // written during this mount.)
-        if e.verified.iter().all(|v| *v) {
+        if e.blocks.iter().all(|b| b.verified) {
             return Some(Vec::new());
         }
         Some(
-            e.slots
+            e.blocks
                 .iter()
-                .zip(&e.verified)
                 .enumerate()
-                .filter_map(|(i, (s, v))| match s {
-                    Slot::Present(sum) if !v => Some((i as u64, *sum)),
+                .filter_map(|(i, b)| match b.slot {
+                    Slot::Present(sum) if !b.verified => Some((i as u64, sum)),
                     _ => None,
                 })
                 .collect(),
@@ -1897,7 +2054,7 @@ impl BlockCache for DiskCache {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         let sum = {
             let st = self.state.lock();
-            match st.entries.get(&file.key)?.slots.get(index as usize)? {
+            match st.entries.get(&file.key)?.slot(index as usize)? {
                 Slot::Present(s) => *s,
                 _ => return None,
             }
@@ -1939,7 +2096,7 @@ impl BlockCache for DiskCache {
         let st = self.state.lock();
         st.entries
             .get(&file.key)
-            .and_then(|e| e.slots.get(index as usize))
+            .and_then(|e| e.slot(index as usize))
             .is_some_and(|s| matches!(s, Slot::Present(_)))
     }
 
@@ -2020,7 +2177,7 @@ impl BlockCache for DiskCache {
     fn pin_complete(&self, file: &FileVersion) -> bool {
         let mut st = self.state.lock();
         match st.entries.get(&file.key) {
-            Some(e) if e.complete() && e.verified.iter().all(|v| *v) => {}
+            Some(e) if e.complete() && e.blocks.iter().all(|b| b.verified) => {}
             _ => return false,
         }
         if let Some(e) = st.entries.get_mut(&file.key) {
@@ -2048,12 +2205,11 @@ impl BlockCache for DiskCache {
     fn note_current(&self, file: &FileVersion) {
         let mut st = self.state.lock();
         let st = &mut *st;
-        if let Some(keys) = st.by_path.get(&path_hash(&file.rel)) {
-            for k in keys {
-                if *k != file.key {
-                    st.policy.mark_stale(&Part::own(*k));
-                    st.policy.mark_stale(&Part::guest(*k));
-                }
+        let ph = path_hash(&file.rel);
+        for k in st.entries.versions_of(ph) {
+            if k != file.key {
+                st.policy.mark_stale(&Part::own(k));
+                st.policy.mark_stale(&Part::guest(k));
             }
         }
     }
@@ -2097,6 +2253,76 @@ mod tests {
     const BS: u64 = 4096;
     /// Meta file and directory entries of a small new file.
     const NEW_FILE: u64 = 4096 + PER_FILE_OVERHEAD;
+
+    /// The books of a one-block file: one record of at most 80 bytes with
+    /// its block inline (no heap block of its own), plus a u32 in each of
+    /// the two lookup tables (before: a hash map bucket of about 144 bytes
+    /// and three vectors). The policy's record of its part is 56 bytes.
+    #[test]
+    fn the_record_of_a_one_block_file_is_small() {
+        let rec = std::mem::size_of::<(VersionKey, Entry)>();
+        assert!(rec <= 80, "a record is {rec} bytes");
+        assert!(matches!(Blocks::new(1), Blocks::One(_)));
+        let mut p: Policy<Part> = Policy::new(1 << 40);
+        for i in 0..1000u32 {
+            let mut k = [0u8; 16];
+            k[..4].copy_from_slice(&i.to_le_bytes());
+            p.insert_existing(Part::own(VersionKey(k)), 4096);
+        }
+        let per = p.heap_bytes() / 1000;
+        assert!(per <= 80, "the policy's books: {per} bytes per entry");
+    }
+
+    /// The dense table keeps its lookups right as records are removed (the
+    /// last record moves into the freed place), and finds every version of
+    /// a path.
+    #[test]
+    fn the_dense_table_finds_every_record_after_removals() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut t = Entries::default();
+        let mut model: std::collections::HashMap<VersionKey, u64> = Default::default();
+        let new = |ph: u64| Entry {
+            path_hash: ph,
+            size: ph,
+            blocks: Blocks::new(1),
+            table: 0,
+            meta_bytes: 0,
+            present: 0,
+            pins: 0,
+            gen: 0,
+            meta_on_guest: false,
+            created: false,
+            meta_in_xattr: true,
+        };
+        for _ in 0..5000 {
+            let i: u8 = rng.random_range(0..200);
+            let key = VersionKey(blake3::hash(&[i]).as_bytes()[..16].try_into().unwrap());
+            // Few paths, several versions each.
+            let ph = (i % 23) as u64;
+            if rng.random_bool(0.5) {
+                t.get_or_insert_with(key, || new(ph));
+                model.insert(key, ph);
+            } else {
+                assert_eq!(t.remove(&key).is_some(), model.remove(&key).is_some());
+            }
+            assert_eq!(t.len(), model.len());
+            for (k, ph) in &model {
+                assert_eq!(t.get(k).map(|e| e.path_hash), Some(*ph));
+            }
+            for ph in 0..23 {
+                let mut got: Vec<_> = t.versions_of(ph).collect();
+                let mut want: Vec<_> = model
+                    .iter()
+                    .filter(|(_, p)| **p == ph)
+                    .map(|(k, _)| *k)
+                    .collect();
+                got.sort();
+                want.sort();
+                assert_eq!(got, want);
+            }
+        }
+    }
 
     fn file(name: &str, blocks: u64) -> FileVersion {
         FileVersion::new(
@@ -2715,10 +2941,16 @@ mod tests {
         assert_eq!(key, f.key);
         assert_eq!(e.size, f.version.size);
         assert_eq!(e.present, 2);
-        assert_eq!(e.guest, vec![false, false, true]);
-        assert_eq!(e.slots[0], Slot::Present(*data(BS as usize, 3).checksum()));
-        assert_eq!(e.slots[1], Slot::Empty);
-        assert_eq!(e.slots[2], Slot::Present(*data(100, 5).checksum()));
+        assert_eq!(
+            e.blocks.iter().map(|b| b.guest).collect::<Vec<_>>(),
+            vec![false, false, true]
+        );
+        assert_eq!(
+            e.blocks[0].slot,
+            Slot::Present(*data(BS as usize, 3).checksum())
+        );
+        assert_eq!(e.blocks[1].slot, Slot::Empty);
+        assert_eq!(e.blocks[2].slot, Slot::Present(*data(100, 5).checksum()));
 
         // One block: the meta is an xattr of the data file (where the file
         // system has user xattrs): magic, size, path hash, checksum, marker.
@@ -2754,6 +2986,9 @@ mod tests {
             .expect("the pinned bytes load");
         assert_eq!(key, g.key);
         assert_eq!((e.size, e.path_hash), (1000, path_hash(Path::new("y"))));
-        assert_eq!(e.slots, vec![Slot::Present(*data(1000, 7).checksum())]);
+        assert_eq!(
+            e.blocks.iter().map(|b| b.slot).collect::<Vec<_>>(),
+            vec![Slot::Present(*data(1000, 7).checksum())]
+        );
     }
 }

@@ -17,8 +17,10 @@
 //! Pure bookkeeping: no I/O, no clocks, no threads. The caller owns the lock
 //! and does the unlinking; the simulation test drives this exact code.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::hash::Hash;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash};
+
+use hashbrown::HashTable;
 
 /// What the policy decided for a write.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,18 +40,45 @@ pub enum Tier {
     Guest,
 }
 
+/// No entry (the end of a list).
+const NIL: u32 = u32::MAX;
+/// The lists: every entry by last access; the guests (not stale) by last
+/// access; the stale entries, in the order they were marked.
+const BY_LAST: usize = 0;
+const GUESTS: usize = 1;
+const STALE: usize = 2;
+
+/// One entry of the dense table: its key, its books and its places in the
+/// lists (`links[0]` in [`BY_LAST`], `links[1]` in [`GUESTS`] or [`STALE`]).
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct Entry<K> {
+    key: K,
     bytes: u64,
-    tier: Tier,
     /// The read clock at the last access.
     last: u64,
     pins: u32,
+    tier: Tier,
     stale: bool,
+    /// [prev, next] record numbers in each list.
+    links: [[u32; 2]; 2],
+}
+
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
 }
 
 /// Epoch-aware accounting of what the cache holds, keyed by any entry id (the
-/// disk cache uses one entry per file version).
+/// disk cache uses one entry per part of a file version).
+///
+/// The books are one dense table (`Vec`, no holes: a removed entry's place
+/// is taken by the last one), a hash table of u32 record numbers to find an
+/// entry by key, and intrusive doubly linked lists through the table for
+/// the orders the policy walks (by last access, the guests, the stale
+/// entries). The read clock never goes back, so appending a touched entry
+/// at the tail keeps a list sorted by last access. About 40 bytes plus the
+/// key per entry.
 #[derive(Debug)]
 pub struct Policy<K: Copy + Ord + Hash> {
     capacity: u64,
@@ -62,11 +91,10 @@ pub struct Policy<K: Copy + Ord + Hash> {
     /// cache uses its block size).
     grain: u64,
     dataset_bytes: u64,
-    entries: HashMap<K, Entry>,
-    by_last: BTreeSet<(u64, K)>,
-    /// The guest entries, by last access.
-    guests: BTreeSet<(u64, K)>,
-    stale: HashSet<K>,
+    entries: Vec<Entry<K>>,
+    index: HashTable<u32>,
+    hasher: RandomState,
+    lists: [List; 3],
     evictions: u64,
 }
 
@@ -78,10 +106,13 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             clock: 0,
             grain: 1,
             dataset_bytes: 0,
-            entries: HashMap::new(),
-            by_last: BTreeSet::new(),
-            guests: BTreeSet::new(),
-            stale: HashSet::new(),
+            entries: Vec::new(),
+            index: HashTable::new(),
+            hasher: RandomState::new(),
+            lists: [List {
+                head: NIL,
+                tail: NIL,
+            }; 3],
             evictions: 0,
         }
     }
@@ -111,7 +142,98 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     }
 
     pub fn contains(&self, key: &K) -> bool {
-        self.entries.contains_key(key)
+        self.find(key).is_some()
+    }
+
+    /// Heap bytes the books hold (for the documentation of per-file
+    /// memory).
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry<K>>()
+            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+    }
+
+    /// Makes room for `n` more entries at once (a start-up that books a
+    /// known number).
+    pub fn reserve(&mut self, n: usize) {
+        self.entries.reserve_exact(n);
+        let Policy {
+            index,
+            entries,
+            hasher,
+            ..
+        } = self;
+        index.reserve(n, |&j| hasher.hash_one(entries[j as usize].key));
+    }
+
+    fn find(&self, key: &K) -> Option<u32> {
+        let h = self.hasher.hash_one(key);
+        let entries = &self.entries;
+        self.index
+            .find(h, |&i| entries[i as usize].key == *key)
+            .copied()
+    }
+
+    fn get(&self, key: &K) -> Option<&Entry<K>> {
+        self.find(key).map(|i| &self.entries[i as usize])
+    }
+
+    fn get_mut(&mut self, key: &K) -> Option<&mut Entry<K>> {
+        self.find(key).map(|i| &mut self.entries[i as usize])
+    }
+
+    /// Appends entry `i` at the tail of list `l`.
+    fn push_back(&mut self, l: usize, i: u32) {
+        let which = (l != BY_LAST) as usize;
+        let tail = self.lists[l].tail;
+        self.entries[i as usize].links[which] = [tail, NIL];
+        if tail == NIL {
+            self.lists[l].head = i;
+        } else {
+            self.entries[tail as usize].links[which][1] = i;
+        }
+        self.lists[l].tail = i;
+    }
+
+    /// Takes entry `i` out of list `l`.
+    fn unlink(&mut self, l: usize, i: u32) {
+        let which = (l != BY_LAST) as usize;
+        let [prev, next] = self.entries[i as usize].links[which];
+        if prev == NIL {
+            self.lists[l].head = next;
+        } else {
+            self.entries[prev as usize].links[which][1] = next;
+        }
+        if next == NIL {
+            self.lists[l].tail = prev;
+        } else {
+            self.entries[next as usize].links[which][0] = prev;
+        }
+        self.entries[i as usize].links[which] = [NIL, NIL];
+    }
+
+    /// The second list an entry is in, if any.
+    fn side(e: &Entry<K>) -> Option<usize> {
+        if e.stale {
+            Some(STALE)
+        } else if e.tier == Tier::Guest {
+            Some(GUESTS)
+        } else {
+            None
+        }
+    }
+
+    /// The record numbers of list `l`, head first.
+    fn iter(&self, l: usize) -> impl Iterator<Item = u32> + '_ {
+        let which = (l != BY_LAST) as usize;
+        let mut at = self.lists[l].head;
+        std::iter::from_fn(move || {
+            if at == NIL {
+                return None;
+            }
+            let i = at;
+            at = self.entries[i as usize].links[which][1];
+            Some(i)
+        })
     }
 
     /// The size of the data set as far as it is known; entries untouched for
@@ -132,25 +254,17 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     pub fn hot_bytes(&self) -> u64 {
         let cold_before = self.clock.saturating_sub(self.horizon());
         let mut cold = 0;
-        for (last, k) in &self.by_last {
-            if *last >= cold_before || self.clock <= self.horizon() {
+        for i in self.iter(BY_LAST) {
+            let e = &self.entries[i as usize];
+            if e.last >= cold_before || self.clock <= self.horizon() {
                 break;
             }
-            if let Some(e) = self.entries.get(k) {
-                if !e.stale && e.tier == Tier::Own {
-                    cold += e.bytes;
-                }
+            if !e.stale && e.tier == Tier::Own {
+                cold += e.bytes;
             }
         }
-        for k in &self.stale {
-            cold += self.entries.get(k).map_or(0, |e| e.bytes);
-        }
-        for (_, k) in &self.guests {
-            if let Some(e) = self.entries.get(k) {
-                if !e.stale {
-                    cold += e.bytes;
-                }
-            }
+        for i in self.iter(STALE).chain(self.iter(GUESTS)) {
+            cold += self.entries[i as usize].bytes;
         }
         self.used.saturating_sub(cold)
     }
@@ -170,32 +284,40 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         self.grain = bytes.max(1);
     }
 
-    /// The clock, down to its grain.
+    /// The clock, down to its grain (never before the newest access on the
+    /// books, so that the lists stay sorted if the grain is changed).
     fn now(&self) -> u64 {
-        self.clock / self.grain * self.grain
+        let tail = self.lists[BY_LAST].tail;
+        let newest = if tail == NIL {
+            0
+        } else {
+            self.entries[tail as usize].last
+        };
+        (self.clock / self.grain * self.grain).max(newest)
     }
 
     /// Notes an access to an entry (a hit or a write).
     pub fn touch(&mut self, key: K) {
+        let Some(i) = self.find(&key) else { return };
         let now = self.now();
-        if let Some(e) = self.entries.get_mut(&key) {
-            if e.last == now {
-                // Already in place: many small files are opened per grain.
-                return;
-            }
-            self.by_last.remove(&(e.last, key));
-            if e.tier == Tier::Guest {
-                self.guests.remove(&(e.last, key));
-                self.guests.insert((now, key));
-            }
-            e.last = now;
-            self.by_last.insert((e.last, key));
+        let e = &mut self.entries[i as usize];
+        if e.last == now {
+            // Already in place: many small files are opened per grain.
+            return;
+        }
+        e.last = now;
+        let guest = e.tier == Tier::Guest && !e.stale;
+        self.unlink(BY_LAST, i);
+        self.push_back(BY_LAST, i);
+        if guest {
+            self.unlink(GUESTS, i);
+            self.push_back(GUESTS, i);
         }
     }
 
     /// The tier of an entry, if it is on the books.
     pub fn tier(&self, key: &K) -> Option<Tier> {
-        self.entries.get(key).map(|e| e.tier)
+        self.get(key).map(|e| e.tier)
     }
 
     /// Takes an entry found on disk at start-up onto the books, as if last
@@ -213,21 +335,35 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     }
 
     fn grow(&mut self, key: K, bytes: u64, tier: Tier) {
-        let clock = self.now();
-        let e = self.entries.entry(key).or_insert_with(|| Entry {
-            bytes: 0,
-            tier,
-            last: clock,
-            pins: 0,
-            stale: false,
-        });
-        e.bytes += bytes;
-        let (last, tier) = (e.last, e.tier);
-        self.by_last.insert((last, key));
-        if tier == Tier::Guest {
-            self.guests.insert((last, key));
-        }
         self.used += bytes;
+        if let Some(e) = self.get_mut(&key) {
+            e.bytes += bytes;
+            return;
+        }
+        let last = self.now();
+        let i = self.entries.len() as u32;
+        self.entries.push(Entry {
+            key,
+            bytes,
+            last,
+            pins: 0,
+            tier,
+            stale: false,
+            links: [[NIL; 2]; 2],
+        });
+        let Policy {
+            index,
+            entries,
+            hasher,
+            ..
+        } = self;
+        index.insert_unique(hasher.hash_one(key), i, |&j| {
+            hasher.hash_one(entries[j as usize].key)
+        });
+        self.push_back(BY_LAST, i);
+        if tier == Tier::Guest {
+            self.push_back(GUESTS, i);
+        }
     }
 
     /// Asks to add `bytes` to own entry `key` (creating it if needed).
@@ -265,41 +401,41 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     fn victims(&self, need: u64, spare: Option<K>, force: bool, evict_guests: bool) -> Vec<K> {
         let mut out = Vec::new();
         let mut freed = 0;
-        let usable = |k: &K, e: &Entry| e.pins == 0 && Some(*k) != spare;
-        for k in &self.stale {
+        let usable = |e: &Entry<K>| e.pins == 0 && Some(e.key) != spare;
+        for i in self.iter(STALE) {
             if freed >= need {
                 break;
             }
-            let e = &self.entries[k];
-            if usable(k, e) {
-                out.push(*k);
+            let e = &self.entries[i as usize];
+            if usable(e) {
+                out.push(e.key);
                 freed += e.bytes;
             }
         }
         if evict_guests {
-            for (_, k) in &self.guests {
+            for i in self.iter(GUESTS) {
                 if freed >= need {
                     break;
                 }
-                let e = &self.entries[k];
-                if usable(k, e) && !e.stale {
-                    out.push(*k);
+                let e = &self.entries[i as usize];
+                if usable(e) {
+                    out.push(e.key);
                     freed += e.bytes;
                 }
             }
         }
         let horizon = self.horizon();
-        for (last, k) in &self.by_last {
+        for i in self.iter(BY_LAST) {
             if freed >= need {
                 break;
             }
-            if !force && self.clock.saturating_sub(*last) <= horizon {
+            let e = &self.entries[i as usize];
+            if !force && self.clock.saturating_sub(e.last) <= horizon {
                 break;
             }
-            let e = &self.entries[k];
             let taken = evict_guests && e.tier == Tier::Guest;
-            if usable(k, e) && !e.stale && !taken {
-                out.push(*k);
+            if usable(e) && !e.stale && !taken {
+                out.push(e.key);
                 freed += e.bytes;
             }
         }
@@ -327,21 +463,47 @@ impl<K: Copy + Ord + Hash> Policy<K> {
 
     /// Takes an entry off the books entirely; returns the bytes it held.
     pub fn remove(&mut self, key: &K) -> u64 {
-        match self.entries.remove(key) {
-            Some(e) => {
-                self.by_last.remove(&(e.last, *key));
-                self.guests.remove(&(e.last, *key));
-                self.stale.remove(key);
-                self.used -= e.bytes;
-                e.bytes
-            }
-            None => 0,
+        let Some(i) = self.find(key) else { return 0 };
+        let e = self.entries[i as usize];
+        self.unlink(BY_LAST, i);
+        if let Some(l) = Self::side(&e) {
+            self.unlink(l, i);
         }
+        let h = self.hasher.hash_one(key);
+        if let Ok(o) = self.index.find_entry(h, |&j| j == i) {
+            o.remove();
+        }
+        // The last entry takes the freed place.
+        let last = self.entries.len() as u32 - 1;
+        self.entries.swap_remove(i as usize);
+        if i != last {
+            let moved = self.entries[i as usize];
+            for (which, l) in [(0, Some(BY_LAST)), (1, Self::side(&moved))] {
+                let Some(l) = l else { continue };
+                let [prev, next] = moved.links[which];
+                if prev == NIL {
+                    self.lists[l].head = i;
+                } else {
+                    self.entries[prev as usize].links[which][1] = i;
+                }
+                if next == NIL {
+                    self.lists[l].tail = i;
+                } else {
+                    self.entries[next as usize].links[which][0] = i;
+                }
+            }
+            let h = self.hasher.hash_one(moved.key);
+            if let Some(j) = self.index.find_mut(h, |&j| j == last) {
+                *j = i;
+            }
+        }
+        self.used -= e.bytes;
+        e.bytes
     }
 
     /// Gives back `bytes` of an entry (a block found corrupt, a failed write).
     pub fn shrink(&mut self, key: &K, bytes: u64) {
-        if let Some(e) = self.entries.get_mut(key) {
+        if let Some(e) = self.get_mut(key) {
             let b = bytes.min(e.bytes);
             e.bytes -= b;
             self.used -= b;
@@ -351,21 +513,27 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     /// Marks an entry as a version that will never be read again (the file
     /// changed or vanished at the source): it goes first when room is needed.
     pub fn mark_stale(&mut self, key: &K) {
-        if let Some(e) = self.entries.get_mut(key) {
-            e.stale = true;
-            self.stale.insert(*key);
+        let Some(i) = self.find(key) else { return };
+        let e = self.entries[i as usize];
+        if e.stale {
+            return;
         }
+        if let Some(l) = Self::side(&e) {
+            self.unlink(l, i);
+        }
+        self.entries[i as usize].stale = true;
+        self.push_back(STALE, i);
     }
 
     /// Pinned entries are never evicted (a file open in passthrough mode).
     pub fn pin(&mut self, key: &K) {
-        if let Some(e) = self.entries.get_mut(key) {
+        if let Some(e) = self.get_mut(key) {
             e.pins += 1;
         }
     }
 
     pub fn unpin(&mut self, key: &K) {
-        if let Some(e) = self.entries.get_mut(key) {
+        if let Some(e) = self.get_mut(key) {
             e.pins = e.pins.saturating_sub(1);
         }
     }
@@ -376,7 +544,7 @@ mod tests {
     use super::*;
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
-    use std::collections::VecDeque;
+    use std::collections::{HashSet, VecDeque};
 
     /// Plain LRU, for comparison in the simulation.
     struct Lru {
@@ -448,18 +616,21 @@ mod tests {
         p.insert_existing(2, 10);
         p.record_read(50);
         p.touch(2);
-        assert_eq!(p.entries[&2].last, 0, "same grain: not moved");
+        assert_eq!(p.get(&2).unwrap().last, 0, "same grain: not moved");
         p.record_read(60);
         p.touch(1);
-        assert_eq!(p.entries[&1].last, 100, "next grain: moved");
-        let order: Vec<_> = p.by_last.iter().copied().collect();
+        assert_eq!(p.get(&1).unwrap().last, 100, "next grain: moved");
+        let order: Vec<_> = p
+            .iter(BY_LAST)
+            .map(|i| (p.entries[i as usize].last, p.entries[i as usize].key))
+            .collect();
         assert_eq!(order, vec![(0, 2), (100, 1)]);
         // Without a grain every read moves the clock.
         let mut q: Policy<u32> = Policy::new(1000);
         q.insert_existing(1, 10);
         q.record_read(7);
         q.touch(1);
-        assert_eq!(q.entries[&1].last, 7);
+        assert_eq!(q.get(&1).unwrap().last, 7);
     }
 
     #[test]
@@ -587,6 +758,64 @@ mod tests {
         let own = (0..n).filter(|k| k % 2 == 0 && p.contains(k)).count();
         assert_eq!(own, 500, "every own block is kept");
         assert!(p.used() <= p.capacity());
+    }
+
+    /// The lists and the index stay consistent through random operations
+    /// (removals move the last record into the freed place): every list is
+    /// sorted by last access (the stale one by marking order aside), holds
+    /// exactly its entries, and every key is found at its record.
+    #[test]
+    fn the_dense_books_stay_consistent() {
+        use rand::Rng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut p: Policy<u32> = Policy::new(200);
+        p.set_dataset_bytes(50);
+        for _ in 0..20_000 {
+            let k = rng.random_range(0..60u32);
+            match rng.random_range(0..7) {
+                0 => {
+                    let _ = p.admit(k, rng.random_range(1..8));
+                }
+                1 => {
+                    let _ = p.admit_as(k, rng.random_range(1..8), Tier::Guest);
+                }
+                2 => p.touch(k),
+                3 => {
+                    p.remove(&k);
+                }
+                4 => p.mark_stale(&k),
+                5 => p.record_read(rng.random_range(0..20)),
+                _ => {
+                    p.set_capacity(rng.random_range(50..200));
+                    let _ = p.shrink_to_capacity();
+                }
+            }
+            assert_eq!(p.index.len(), p.entries.len());
+            for (i, e) in p.entries.iter().enumerate() {
+                assert_eq!(p.find(&e.key), Some(i as u32));
+            }
+            let all: Vec<u32> = p.iter(BY_LAST).collect();
+            assert_eq!(all.len(), p.len());
+            assert!(all
+                .windows(2)
+                .all(|w| p.entries[w[0] as usize].last <= p.entries[w[1] as usize].last));
+            let guests: Vec<u32> = p.iter(GUESTS).collect();
+            let stale: Vec<u32> = p.iter(STALE).collect();
+            assert!(guests
+                .windows(2)
+                .all(|w| p.entries[w[0] as usize].last <= p.entries[w[1] as usize].last));
+            let want_g = p
+                .entries
+                .iter()
+                .filter(|e| e.tier == Tier::Guest && !e.stale);
+            assert_eq!(guests.len(), want_g.count());
+            assert_eq!(stale.len(), p.entries.iter().filter(|e| e.stale).count());
+            assert!(guests
+                .iter()
+                .all(|&i| p.entries[i as usize].tier == Tier::Guest));
+            assert!(stale.iter().all(|&i| p.entries[i as usize].stale));
+            assert_eq!(p.used(), p.entries.iter().map(|e| e.bytes).sum::<u64>());
+        }
     }
 
     #[test]
