@@ -25,6 +25,7 @@
 //! directory entries only); each size's cache is removed after its figures.
 //! The largest tree and its cache need about 2 inodes per file: the bench
 //! checks `df -i` and free space first and says SKIPPED if they do not fit.
+//! `LOCAFS_SCALE_PREPARE_ONLY=1` builds the trees and stops.
 //! It measures and asserts nothing. Root and /dev/fuse are needed.
 //! `LOCAFS_BENCH_LOCAFS_ARGS` adds `locafs mount` options (a figure for a
 //! flag).
@@ -93,6 +94,19 @@ fn main() {
         "tree of {largest} files ready in {:.0} s",
         t.elapsed().as_secs_f64()
     );
+    if std::env::var_os("LOCAFS_SCALE_PREPARE_ONLY").is_some() {
+        for &n in &sizes {
+            dataset(&root, &pool, n, largest).expect("data set of links");
+        }
+        if flat > 0 {
+            flat_dataset(&root, &pool, flat).expect("flat data set");
+        }
+        eprintln!(
+            "trees ready under {} (LOCAFS_SCALE_PREPARE_ONLY)",
+            root.display()
+        );
+        return;
+    }
     println!("# scale bench: locafs defaults{}", flag_note(&extra));
     println!("# {}", machine());
     let mut runs = Vec::new();

@@ -86,17 +86,22 @@ pub fn main(args: CacheArgs) -> ExitCode {
     }
 }
 
-fn ls(dir: &std::path::Path, json: bool) -> ExitCode {
-    let (ledger, list) = match budget::list(dir) {
-        Ok(x) => x,
-        Err(e) => {
+/// The ledger and the data sets of `dir`, or None after saying why.
+fn listed(dir: &std::path::Path) -> Option<(budget::Ledger, Vec<DatasetInfo>)> {
+    budget::list(dir)
+        .map_err(|e| {
             eprintln!(
                 "locafs: cache dir {}: {}",
                 dir.display(),
                 crate::logging::short_io(&e)
-            );
-            return ExitCode::from(1);
-        }
+            )
+        })
+        .ok()
+}
+
+fn ls(dir: &std::path::Path, json: bool) -> ExitCode {
+    let Some((ledger, list)) = listed(dir) else {
+        return ExitCode::from(1);
     };
     let used: u64 = list.iter().map(|d| d.used).sum();
     if json {
@@ -184,16 +189,8 @@ fn gc(dir: &std::path::Path, older_than: Option<u64>, to: Option<u64>, dry_run: 
         return ExitCode::from(2);
     }
     budget::sweep_trash(dir);
-    let (_, list) = match budget::list(dir) {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!(
-                "locafs: cache dir {}: {}",
-                dir.display(),
-                crate::logging::short_io(&e)
-            );
-            return ExitCode::from(1);
-        }
+    let Some((_, list)) = listed(dir) else {
+        return ExitCode::from(1);
     };
     let victims = budget::gc_victims(&list, budget::now(), older_than, to);
     let mut code = ExitCode::SUCCESS;
