@@ -636,9 +636,14 @@ impl Booking {
             if first {
                 rec.last_mount = t;
             }
-            let dir = &self.cache_dir;
-            let me = self.id.as_str();
-            let mounted = |id: &str| id == me || mounted_by(&dir.join(id)).is_some();
+            // Probed once per booking: a lock attempt per data set.
+            let live: std::collections::BTreeSet<String> = ledger
+                .datasets
+                .keys()
+                .filter(|id| **id == self.id || mounted_by(&self.cache_dir.join(id)).is_some())
+                .cloned()
+                .collect();
+            let mounted = |id: &str| live.contains(id);
             let p = plan(&ledger, &self.id, &mounted, disk);
             let mut deleted = Vec::new();
             for id in &p.delete {
@@ -686,9 +691,11 @@ impl Booking {
                     .datasets
                     .iter()
                     .map(|(id, r)| {
-                        let mounted =
-                            id == &self.id || mounted_by(&self.cache_dir.join(id)).is_some();
-                        (id.clone(), r.used, if mounted { r.grant } else { 0 })
+                        (
+                            id.clone(),
+                            r.used,
+                            if live.contains(id) { r.grant } else { 0 },
+                        )
                     })
                     .collect(),
             }
@@ -711,14 +718,6 @@ impl Booking {
             r.last_seen = now();
         }
         ledger.store(&self.cache_dir, &lock)
-    }
-
-    /// The grant the ledger holds for this mount now (a neighbour may have
-    /// lowered it since the last booking).
-    pub fn current_grant(&self) -> io::Result<Option<u64>> {
-        let lock = LedgerLock::acquire(&self.cache_dir)?;
-        let ledger = Ledger::load(&self.cache_dir, &lock)?;
-        Ok(ledger.datasets.get(&self.id).map(|r| r.grant))
     }
 }
 

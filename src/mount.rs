@@ -187,7 +187,7 @@ pub struct Mount {
     _lock: crate::lock::DatasetLock,
 }
 
-/// The cache's bound before its first booking.
+/// What a mount asks of the budget before it knows its data set's size.
 const UNBOOKED: u64 = u64::MAX / 4;
 
 /// Books the cache in its directory's shared budget and keeps it booked:
@@ -286,18 +286,15 @@ impl Mount {
         ));
         // Unbounded until the shared budget of the cache directory gives
         // this mount its grant (below, before anything is served).
-        let (cache, rec) = DiskCache::open(
-            &cfg.dataset_dir,
-            Some(UNBOOKED),
-            cfg.block_size,
-            Arc::clone(&stats),
-        )
-        .map_err(|e| {
-            (
-                2,
-                format!("cache dir {}: {}", cfg.dataset_dir.display(), short_io(&e)),
-            )
-        })?;
+        let (cache, rec) =
+            DiskCache::open(&cfg.dataset_dir, None, cfg.block_size, Arc::clone(&stats)).map_err(
+                |e| {
+                    (
+                        2,
+                        format!("cache dir {}: {}", cfg.dataset_dir.display(), short_io(&e)),
+                    )
+                },
+            )?;
         info!(
             "cache {}: recovered {} files ({}), discarded {} bad entries",
             cfg.dataset_dir.display(),

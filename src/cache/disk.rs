@@ -63,9 +63,6 @@ const ALLOC: u64 = 4096;
 pub const FIXED_OVERHEAD: u64 = 2 << 20;
 /// Directory entries of a version's files (one or two), counted per version.
 const PER_FILE_OVERHEAD: u64 = 256;
-/// The share of (free space + this cache's own use) taken when no
-/// --cache-size is given.
-pub const DEFAULT_SHARE_OF_DISK: f64 = 0.8;
 const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
 /// The policy entry that books files kept beside the cache (the manifest).
 const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
@@ -435,7 +432,6 @@ impl DiskCache {
 pub struct Core {
     dir: PathBuf,
     block_size: u64,
-    capacity: u64,
     state: Mutex<State>,
     readers: moka::sync::Cache<VersionKey, Arc<File>>,
     writes_off_until: Mutex<Option<Instant>>,
@@ -563,14 +559,15 @@ pub struct Recovery {
 
 impl DiskCache {
     /// Opens (or creates) the cache in `dir` with a total size bound of
-    /// `capacity` bytes, recovering what a previous run left there.
+    /// `capacity` bytes (None: unbounded until [`Core::set_capacity`], as a
+    /// mount does until the shared budget, `budget.rs`, gives it its grant),
+    /// recovering what a previous run left there.
     pub fn open(
         dir: &Path,
         capacity: Option<u64>,
         block_size: u64,
         stats: Arc<Stats>,
     ) -> io::Result<(Self, Recovery)> {
-        let explicit = capacity.is_some();
         let capacity = capacity.unwrap_or(u64::MAX / 4);
         if capacity < FIXED_OVERHEAD * 2 {
             return Err(io::Error::new(
@@ -593,7 +590,6 @@ impl DiskCache {
         let mut cache = Core {
             dir: dir.to_owned(),
             block_size,
-            capacity,
             state: Mutex::new(State {
                 entries: Entries::default(),
                 policy: {
@@ -626,22 +622,7 @@ impl DiskCache {
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
         };
-        let mut rec = cache.recover()?;
-        if !explicit {
-            // Default: 80 % of what this cache could grow to on its disk.
-            let avail = crate::sys::available_bytes(dir)?;
-            let cap = ((avail + rec.bytes) as f64 * DEFAULT_SHARE_OF_DISK) as u64;
-            let cap = cap.max(FIXED_OVERHEAD * 2);
-            cache.capacity = cap;
-            let work = {
-                let mut st = cache.state.lock();
-                st.policy.set_capacity(cap - FIXED_OVERHEAD);
-                let v = st.policy.shrink_to_capacity();
-                rec.evicted += v.len() as u64;
-                cache.plan_evictions(&mut st, &v)
-            };
-            cache.evict(work);
-        }
+        let rec = cache.recover()?;
         let core = Arc::new_cyclic(|me| {
             cache.me = me.clone();
             cache
