@@ -40,7 +40,7 @@ use std::time::Instant;
 
 use locafs::cache::policy::{Admission, Policy, Tier};
 use locafs::cache::VersionKey;
-use locafs::locality::{distributed_indices, epoch_batches, Layout, SplitMix64};
+use locafs::locality::{distributed_split, epoch_batches, permutation, Layout, SplitMix64};
 use locafs::peer::placement::{block_key, MemberId, Placement};
 use locafs::source::SourceVersion;
 
@@ -231,9 +231,7 @@ fn run_epoch(c: &mut Cluster, p: &Params, sizes: &[u64], owners: &[u32], epoch: 
     match c.setup {
         Setup::Private | Setup::PeerDistributed => {
             let world = p.nodes * p.learners;
-            let ranks: Vec<Vec<u32>> = (0..world)
-                .map(|r| distributed_indices(n, world, r, SEED, epoch))
-                .collect();
+            let ranks = distributed_split(&permutation(n, SEED, epoch), world);
             // Step by step: every learner reads its next batch.
             let steps = layout.batches(n);
             for k in 0..steps {
