@@ -192,17 +192,26 @@ pub fn rank_indices(
 /// not reproduced): the first `n - n % world` samples of the permutation,
 /// every `world`-th from `rank`. The baseline the simulator compares with.
 pub fn distributed_indices(n: usize, world: usize, rank: usize, seed: u64, epoch: u64) -> Vec<u32> {
+    distributed_split(&permutation(n, seed, epoch), world)
+        .into_iter()
+        .nth(rank)
+        .unwrap_or_default()
+}
+
+/// [`distributed_indices`] of every rank at once, from the epoch's
+/// permutation (one permutation for all ranks).
+pub fn distributed_split(perm: &[u32], world: usize) -> Vec<Vec<u32>> {
     if world == 0 {
         return Vec::new();
     }
-    let perm = permutation(n, seed, epoch);
-    let total = n - n % world;
-    perm[..total]
-        .iter()
-        .skip(rank)
-        .step_by(world)
-        .copied()
-        .collect()
+    let total = perm.len() - perm.len() % world;
+    let mut out: Vec<Vec<u32>> = (0..world)
+        .map(|_| Vec::with_capacity(total / world))
+        .collect();
+    for (i, &s) in perm[..total].iter().enumerate() {
+        out[i % world].push(s);
+    }
+    out
 }
 
 #[cfg(test)]
