@@ -23,17 +23,17 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod lab;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use common::cluster::{encoded, get_block, version_of};
-use common::netns;
+use lab::{cpu_ticks, disk_of, pct, start, wait_for_peers, Net, Node, NodeSpec};
 use locafs::cache::VersionKey;
 use locafs::peer::codec::{self, Frame};
 use locafs::peer::placement::{block_key, MemberId, Placement};
@@ -47,201 +47,9 @@ const BLOCK: u64 = 1 << 20;
 const FILES: usize = 320;
 const CAP_BPS: u64 = 100_000_000;
 const CGROUP: &str = "/sys/fs/cgroup/blkio/locafs-bench-peers";
-const PEER_PORT: u16 = 7070;
-const LINK_RATE: &str = "1gbit";
-
-/// LOCAFS_BENCH_LINK=unshaped keeps the namespaces but not the 1 Gbit/s
-/// shaping (to tell the cost of the links from the cost of namespaces).
-fn shaped() -> bool {
-    std::env::var("LOCAFS_BENCH_LINK").map_or(true, |v| v != "unshaped")
-}
-
-/// Where the nodes talk: their own namespaces and shaped links, or loopback.
-enum Net {
-    Lab(netns::Lab),
-    Loopback(Vec<u16>),
-}
-
-impl Net {
-    fn addr(&self, i: usize) -> SocketAddr {
-        match self {
-            Net::Lab(lab) => SocketAddr::new(lab.addr(i).into(), PEER_PORT),
-            Net::Loopback(ports) => SocketAddr::from(([127, 0, 0, 1], ports[i])),
-        }
-    }
-
-    fn describe(&self) -> String {
-        let mtu = match (self, mtu()) {
-            (Net::Lab(_), Some(m)) => format!(", MTU {m} (LOCAFS_BENCH_MTU)"),
-            (Net::Lab(_), None) => ", MTU 1500".to_string(),
-            _ => String::new(),
-        };
-        self.describe_links() + &mtu
-    }
-
-    fn describe_links(&self) -> String {
-        match self {
-            Net::Lab(_) if shaped() => format!(
-                "one network namespace per node, veth links shaped to {LINK_RATE}/s each way (tc tbf)"
-            ),
-            Net::Lab(_) => {
-                "one network namespace per node, veth links NOT shaped (LOCAFS_BENCH_LINK=unshaped)"
-                    .to_string()
-            }
-            Net::Loopback(_) => {
-                "loopback, NOT shaped (network namespaces unavailable)".to_string()
-            }
-        }
-    }
-}
-
-struct Node {
-    child: Child,
-    mnt: PathBuf,
-    cache: PathBuf,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut exited = false;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                exited = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if !exited {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        // The cache lives in /dev/shm, i.e. in RAM: leaving it behind would
-        // take memory from every later run.
-        let _ = std::fs::remove_dir_all(&self.cache);
-    }
-}
-
-fn disk_of(p: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(p).ok()?.dev();
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
-    // A partition's parent disk: the throttle is set on the whole disk.
-    let sys = format!("/sys/dev/block/{maj}:{min}");
-    let part = Path::new(&sys).join("partition").exists();
-    if part {
-        let parent = std::fs::read_to_string(Path::new(&sys).join("../dev")).ok()?;
-        return Some(parent.trim().to_owned());
-    }
-    Some(format!("{maj}:{min}"))
-}
-
-fn start(
-    i: usize,
-    work: &Path,
-    src: &Path,
-    cache_size: u64,
-    net: &Net,
-    secret: Option<&Path>,
-) -> Node {
-    let base = work.join(format!("node{i}"));
-    let mnt = base.join("mnt");
-    let cache = Path::new("/dev/shm").join(format!(
-        "locafs-bench-{}-{i}-{}",
-        std::process::id(),
-        secret.is_some()
-    ));
-    let _ = std::fs::remove_dir_all(&cache);
-    std::fs::create_dir_all(&mnt).unwrap();
-    std::fs::create_dir_all(&cache).unwrap();
-    let mut args: Vec<String> = vec![
-        "mount".into(),
-        src.display().to_string(),
-        mnt.display().to_string(),
-        "--cache-dir".into(),
-        cache.display().to_string(),
-        "--cache-size".into(),
-        cache_size.to_string(),
-        "--log-file".into(),
-        base.join("log").display().to_string(),
-        "--fuse-threads".into(),
-        "8".into(),
-    ];
-    // Cross-file read-ahead prefetches the whole epoch on every node (a node
-    // does not know its sampler share), and on one machine the nodes share
-    // one page cache: a private node then gets the other nodes' source reads
-    // for free from memory, which real nodes never do. So read-ahead is off
-    // here unless LOCAFS_BENCH_READAHEAD=1.
-    if !readahead() {
-        args.push("--no-readahead".into());
-    }
-    if let Some(secret) = secret {
-        let list: Vec<String> = (0..NODES).map(|j| net.addr(j).to_string()).collect();
-        args.extend([
-            "--listen".into(),
-            net.addr(i).to_string(),
-            "--peers".into(),
-            list.join(","),
-            "--cluster-secret-file".into(),
-            secret.display().to_string(),
-        ]);
-    }
-    // Into the node's network namespace, if any.
-    let mut argv: Vec<String> = Vec::new();
-    if let Net::Lab(lab) = net {
-        argv.push("nsenter".into());
-        argv.push(format!("--net={}", lab.ns_path(i).display()));
-        argv.push("--".into());
-    }
-    argv.push(common::bin().into());
-    argv.extend(args);
-    // Into the capped cgroup, then become locafs.
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {CGROUP}/cgroup.procs && exec \"$0\" \"$@\""
-        ))
-        .args(&argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    common::wait_until(
-        &format!("node {i} to mount"),
-        Duration::from_secs(30),
-        || common::answers_stats(&mnt),
-    );
-    Node { child, mnt, cache }
-}
-
-/// `LOCAFS_BENCH_MTU`: the links' MTU (default: the veth default, 1500).
-fn mtu() -> Option<u32> {
-    std::env::var("LOCAFS_BENCH_MTU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-}
 
 fn readahead() -> bool {
     std::env::var("LOCAFS_BENCH_READAHEAD").is_ok_and(|v| v == "1")
-}
-
-/// (busy, total) CPU ticks of the whole machine so far, from /proc/stat.
-fn cpu_ticks() -> (u64, u64) {
-    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> = s
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total - idle, total)
 }
 
 /// One epoch; returns its wall time and the machine's CPU use meanwhile
@@ -290,20 +98,29 @@ fn run(
     net: &Net,
     secret: Option<&Path>,
 ) -> (Run, Vec<Node>) {
-    let nodes: Vec<Node> = (0..NODES)
-        .map(|i| start(i, work, src, cache_size, net, secret))
-        .collect();
+    // Cross-file read-ahead prefetches the whole epoch on every node (a node
+    // does not know its sampler share), and on one machine the nodes share
+    // one page cache: a private node then gets the other nodes' source reads
+    // for free from memory, which real nodes never do. So read-ahead is off
+    // here unless LOCAFS_BENCH_READAHEAD=1.
+    let extra: &[&str] = if readahead() {
+        &[]
+    } else {
+        &["--no-readahead"]
+    };
+    let spec = NodeSpec {
+        work,
+        src,
+        cache_size,
+        net,
+        secret,
+        cgroup: Some(CGROUP),
+        extra,
+        tag: if secret.is_some() { "peers" } else { "private" },
+    };
+    let nodes: Vec<Node> = (0..NODES).map(|i| start(i, &spec)).collect();
     if secret.is_some() {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for n in &nodes {
-            while !locafs::cli::stats::fetch(&n.mnt)
-                .map(|s| s.peers.iter().all(|p| p.state != "down"))
-                .unwrap_or(false)
-            {
-                assert!(Instant::now() < deadline, "peers did not come up");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        wait_for_peers(&nodes);
     }
     let mut times = Vec::new();
     let mut cpus = Vec::new();
@@ -336,11 +153,6 @@ fn run(
         },
         nodes,
     )
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn main() {
@@ -389,21 +201,7 @@ fn main() {
         CAP_BPS / 1_000_000
     );
 
-    let net = match netns::Lab::new(NODES).and_then(|lab| {
-        if let Some(mtu) = mtu() {
-            lab.set_mtu(mtu)?;
-        }
-        if shaped() {
-            lab.shape(LINK_RATE)?;
-        }
-        Ok(lab)
-    }) {
-        Ok(lab) => Net::Lab(lab),
-        Err(e) => {
-            eprintln!("network namespaces or tc unavailable ({e}): peers on loopback, NOT shaped");
-            Net::Loopback((0..NODES).map(|_| common::free_udp_port()).collect())
-        }
-    };
+    let net = Net::new(NODES);
     println!(
         "peer links: {}; read-ahead {}",
         net.describe(),

@@ -10,6 +10,7 @@ pub mod epoch;
 pub mod fs;
 pub mod fuse;
 pub mod handles;
+pub mod locality;
 pub mod locate;
 pub mod lock;
 pub mod logging;

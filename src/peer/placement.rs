@@ -7,13 +7,18 @@
 //! a member leaving moves only the keys it owned, and a member joining takes
 //! about 1/(n+1) of the keys, from every other member evenly.
 //!
-//! The score is the first 8 bytes (little-endian `u64`) of
-//! `blake3::keyed_hash(member_key, key)`, where `member_key` is
-//! `blake3::derive_key("locafs placement v1", member id)` computed once per
-//! member. blake3 is already in the binary, gives identical results on every
-//! platform and release, and costs well under a microsecond per small key; a
-//! lookup is one hash per member, negligible next to moving a block. Ties
-//! (which need a 64-bit collision) go to the smaller member id.
+//! The key is hashed once, `h = xxh3_64(key)`; a member's score is
+//! `mix(h ^ seed)`, where `seed` is the first 8 bytes (little-endian) of
+//! `blake3::derive_key("locafs placement v2", member id)`, computed once per
+//! member, and `mix` is the splitmix64 finalizer (a bijection with full
+//! avalanche). Both are specified bit for bit, so every platform and release
+//! gives the same owners. A lookup costs one hash of the key and about a
+//! nanosecond per member: at 1,024 members that is about 1 µs, where v1 (a
+//! keyed blake3 hash per member) took about 100 µs, and a bulk query of
+//! 1.28 M files at 256 nodes (`locafs where`) would have taken 30 s. Ties
+//! (which need a 64-bit collision) go to the smaller member id. Nodes of
+//! different versions (v1 and v2) disagree on owners: that costs peer hits
+//! during a rolling upgrade, never a wrong byte (blocks are verified).
 //!
 //! This module must never do I/O or keep per-key state, and must give every
 //! node the same answer for the same member set, whatever order the members
@@ -21,7 +26,7 @@
 
 use std::fmt;
 
-const PLACEMENT_CONTEXT: &str = "locafs placement v1";
+const PLACEMENT_CONTEXT: &str = "locafs placement v2";
 
 /// A member's stable name (e.g. `"host:port"`), the only thing its score
 /// depends on, so that a restarted node owns the same blocks again.
@@ -62,8 +67,8 @@ impl fmt::Display for MemberId {
 /// membership changes.
 #[derive(Debug, Clone)]
 pub struct Placement {
-    /// Sorted by id, without duplicates, each with its derived hash key.
-    members: Vec<(MemberId, [u8; 32])>,
+    /// Sorted by id, without duplicates, each with its derived seed.
+    members: Vec<(MemberId, u64)>,
 }
 
 impl Placement {
@@ -75,7 +80,9 @@ impl Placement {
             .into_iter()
             .map(|m| {
                 let key = blake3::derive_key(PLACEMENT_CONTEXT, m.as_str().as_bytes());
-                (m, key)
+                let mut seed = [0u8; 8];
+                seed.copy_from_slice(&key[..8]);
+                (m, u64::from_le_bytes(seed))
             })
             .collect();
         Placement { members }
@@ -99,9 +106,10 @@ impl Placement {
     /// The owner of `key`: the best-scoring member, or `None` without
     /// members. Cheaper than `owners(key)[0]` (no sort).
     pub fn owner(&self, key: &[u8]) -> Option<&MemberId> {
+        let h = xxhash_rust::xxh3::xxh3_64(key);
         self.members
             .iter()
-            .map(|(m, k)| (score(k, key), m))
+            .map(|(m, seed)| (score(*seed, h), m))
             // Larger score wins; on a tie the smaller id wins.
             .max_by(|(sa, ma), (sb, mb)| sa.cmp(sb).then_with(|| mb.cmp(ma)))
             .map(|(_, m)| m)
@@ -110,10 +118,11 @@ impl Placement {
     /// All members ranked for `key`, owner first, so a caller can fall back
     /// to the next one when a peer is down or busy.
     pub fn owners(&self, key: &[u8]) -> Vec<&MemberId> {
+        let h = xxhash_rust::xxh3::xxh3_64(key);
         let mut ranked: Vec<(u64, &MemberId)> = self
             .members
             .iter()
-            .map(|(m, k)| (score(k, key), m))
+            .map(|(m, seed)| (score(*seed, h), m))
             .collect();
         ranked.sort_unstable_by(|(sa, ma), (sb, mb)| sb.cmp(sa).then_with(|| ma.cmp(mb)));
         ranked.into_iter().map(|(_, m)| m).collect()
@@ -132,11 +141,13 @@ pub fn block_key(dataset: &[u8; 16], version: &[u8; 16], block: u64, block_size:
     key
 }
 
-fn score(member_key: &[u8; 32], key: &[u8]) -> u64 {
-    let hash = blake3::keyed_hash(member_key, key);
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&hash.as_bytes()[..8]);
-    u64::from_le_bytes(first)
+/// A member's score for a key hash: the splitmix64 finalizer of the two
+/// xored.
+fn score(seed: u64, h: u64) -> u64 {
+    let mut z = h ^ seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -170,6 +181,22 @@ mod tests {
     }
 
     #[test]
+    fn spread_over_many_members_is_uniform() {
+        // 256 members, 256 k keys: about 1,000 keys each. The v2 score (one
+        // key hash, a mix per member) must spread as well as a hash per
+        // member did: every member within 15 % (about 5 sigma).
+        let p = Placement::new(members(256));
+        let mut counts: HashMap<&MemberId, u32> = HashMap::new();
+        for i in 0..(256 * 1024) {
+            *counts.entry(p.owner(&key(i)).unwrap()).or_default() += 1;
+        }
+        assert_eq!(counts.len(), 256);
+        for (m, c) in counts {
+            assert!((870..=1178).contains(&c), "{m} owns {c} of 262144 keys");
+        }
+    }
+
+    #[test]
     fn known_answer_is_stable_across_releases() {
         // If this changes, nodes of different releases disagree on owners:
         // change PLACEMENT_CONTEXT on purpose instead.
@@ -177,13 +204,13 @@ mod tests {
         let owners: Vec<&str> = (0..8).map(|i| p.owner(&key(i)).unwrap().as_str()).collect();
         let known = [
             "10.0.0.1:7070",
-            "10.0.0.2:7070",
+            "10.0.0.1:7070",
             "10.0.0.3:7070",
-            "10.0.0.1:7070",
-            "10.0.0.1:7070",
-            "10.0.0.2:7070",
-            "10.0.0.2:7070",
             "10.0.0.0:7070",
+            "10.0.0.0:7070",
+            "10.0.0.1:7070",
+            "10.0.0.2:7070",
+            "10.0.0.2:7070",
         ];
         assert_eq!(owners, known);
     }
