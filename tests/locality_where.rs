@@ -99,7 +99,7 @@ fn three_nodes_agree_on_owners_and_the_owner_serves_the_block() {
     let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
     let addr = |p: u16| format!("127.0.0.1:{p}");
     // Each node lists the peers in another order.
-    let nodes: Vec<Node> = (0..3)
+    let mut nodes: Vec<Node> = (0..3)
         .map(|i| {
             let mut peers: Vec<String> = ports.iter().map(|p| addr(*p)).collect();
             peers.rotate_left(i);
@@ -185,6 +185,15 @@ fn three_nodes_agree_on_owners_and_the_owner_serves_the_block() {
             assert_eq!(a - b, want, "{rel} (owner node {owner}): bytes from {addr}");
         }
     }
+
+    // A node down changes no answer: owners are over the configured list,
+    // not the live one.
+    let gone = nodes[2].addr.clone();
+    nodes[2].stop();
+    nodes[0].wait_peers_in_state(&[gone], &["down"], Duration::from_secs(20));
+    let all = where_json(&nodes[0].mountpoint, &[]);
+    assert_eq!(all["num_nodes"], 3);
+    assert_eq!(all["owners"], serde_json::json!(expected));
 }
 
 #[test]
