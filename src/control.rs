@@ -1,7 +1,8 @@
 //! The control channel of a running mount: a Unix socket in the data set's
 //! cache directory (its path is the `user.locafs.control` extended attribute
 //! of the mount root, so nothing is added to the tree). One JSON request per
-//! line, one JSON answer per line. Used by `locafs warm` and `locafs plan`.
+//! line, one JSON answer per line. Used by `locafs warm`, `locafs plan` and
+//! `locafs where` (and the Python package, packaging/python).
 //!
 //! The socket is only reachable by the user running the daemon (mode 0600).
 //! A malformed request gets an error answer; it never stops the server.
@@ -28,6 +29,13 @@ pub enum Request {
     Warm { path: PathBuf },
     /// The loader's order for this epoch (paths relative to the mount root).
     Plan { paths: Vec<PathBuf> },
+    /// Which node owns each file and whether it is cached here
+    /// (docs/locality.md): for `paths`, or without them for the whole data
+    /// set in listing order (the answer then has `paths`).
+    Where {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        paths: Option<Vec<PathBuf>>,
+    },
 }
 
 /// The answer to a request.
@@ -44,6 +52,25 @@ pub struct Response {
     pub files: u64,
     #[serde(default)]
     pub unknown: u64,
+    /// `where`: this node's index (None: not found in its own --peers list
+    /// yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_index: Option<u32>,
+    /// `where`: the number of nodes (1 without peers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_nodes: Option<u32>,
+    /// `where`: member ids by node index (empty without peers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<String>>,
+    /// `where` without paths: the data set's files in listing order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<String>>,
+    /// `where`: the owner of each file (null: not a file of the data set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owners: Option<Vec<Option<u32>>>,
+    /// `where`: whether each file is fully cached on this node now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<Vec<bool>>,
 }
 
 /// Where the control socket of a data set lives (falls back to the runtime
@@ -129,6 +156,43 @@ async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
                     ..Default::default()
                 }
             }
+        },
+        Request::Where { paths } => match ra.locate(paths).await {
+            Ok(l) => {
+                let mut error = (!l.problems.is_empty()).then(|| {
+                    let more = l.problems.len().saturating_sub(5);
+                    let mut s = l.problems[..l.problems.len().min(5)].join("; ");
+                    if more > 0 {
+                        s += &format!("; and {more} more directories not listed");
+                    }
+                    s
+                });
+                if l.node_index.is_none() {
+                    error = Some(
+                        "this node has not found itself in its --peers list (yet): \
+                         its --listen address must be one of them"
+                            .into(),
+                    );
+                }
+                Response {
+                    ok: l.node_index.is_some(),
+                    error,
+                    files: l.owners.len() as u64,
+                    unknown: l.unknown,
+                    node_index: l.node_index,
+                    num_nodes: Some(l.num_nodes),
+                    members: Some(l.members),
+                    paths: l.paths,
+                    owners: Some(l.owners),
+                    cached: Some(l.cached),
+                    ..Default::default()
+                }
+            }
+            Err(e) => Response {
+                ok: false,
+                error: Some(e),
+                ..Default::default()
+            },
         },
         Request::Plan { paths } => {
             let (files, unknown) = ra.set_plan(&paths).await;

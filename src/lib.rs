@@ -11,6 +11,7 @@ pub mod fs;
 pub mod fuse;
 pub mod handles;
 pub mod locality;
+pub mod locate;
 pub mod lock;
 pub mod logging;
 pub mod manifest;

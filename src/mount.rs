@@ -395,6 +395,9 @@ impl Mount {
             Arc::clone(&ns),
             rt.handle().clone(),
         );
+        if let Some(node) = &peer_node {
+            readahead.set_peer_node(Arc::clone(node));
+        }
         plug_views(&stats, &cache, &reader, &readahead);
         if let Some(addr) = cfg.metrics {
             let (st, source, mountpoint) = (

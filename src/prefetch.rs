@@ -176,6 +176,8 @@ pub struct ReadAhead {
     pub stats: ReadAheadStats,
     wake: tokio::sync::Notify,
     rt: tokio::runtime::Handle,
+    /// The peer cache, when there is one (for the `where` query).
+    peer: std::sync::OnceLock<Arc<crate::peer::PeerNode>>,
 }
 
 fn kib(bytes: u64) -> u32 {
@@ -206,6 +208,7 @@ impl ReadAhead {
             stats: ReadAheadStats::default(),
             wake: tokio::sync::Notify::new(),
             rt,
+            peer: std::sync::OnceLock::new(),
         });
         if ra.cfg.epoch {
             let me = Arc::clone(&ra);
@@ -368,6 +371,29 @@ impl ReadAhead {
         self.wake.notify_one();
         info!(files = n, unknown, "read-ahead plan installed");
         (n, unknown)
+    }
+
+    /// Gives the `where` query the peer cache's member list.
+    pub fn set_peer_node(&self, node: Arc<crate::peer::PeerNode>) {
+        let _ = self.peer.set(node);
+    }
+
+    /// The `where` query (`locate.rs`): owners and cached state of `paths`,
+    /// or of the whole data set in listing order; on the blocking pool.
+    pub async fn locate(
+        &self,
+        paths: Option<Vec<PathBuf>>,
+    ) -> Result<crate::locate::Located, String> {
+        let owners = match self.peer.get() {
+            Some(node) => crate::locate::Owners::of(node),
+            None => crate::locate::Owners::single(),
+        };
+        let (ns, reader) = (Arc::clone(&self.ns), Arc::clone(&self.reader));
+        tokio::task::spawn_blocking(move || {
+            crate::locate::locate(&ns, reader.cache().as_ref(), &owners, paths.as_deref())
+        })
+        .await
+        .map_err(|e| format!("where: {e}"))
     }
 
     /// Makes sure every block of a file is cached (for `locafs warm`).

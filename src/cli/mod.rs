@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod control;
 pub mod stats;
+pub mod where_;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,7 @@ use crate::units::ParseError;
 use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
 use stats::StatsArgs;
+use where_::WhereArgs;
 
 /// locafs: a read-only caching FUSE mount for training data sets.
 ///
@@ -57,6 +59,18 @@ pub enum Command {
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
     /// path per line).
     Plan(PlanArgs),
+    /// Show which node owns each file and whether it is cached here.
+    ///
+    /// The owner of a file is the node that peer placement gives the file's
+    /// first block, over the configured --peers list (every member, up or
+    /// down): every node gives the same answer. Nodes are numbered by their
+    /// member id (the resolved ip:port of their --peers entry) sorted as
+    /// strings, whatever order a command line lists them in. Without peers
+    /// every file belongs to node 0 of 1. With no FILE, the whole data set
+    /// in listing order (depth first, entries sorted by name). The
+    /// LocalitySampler of the Python package (packaging/python) uses the
+    /// same query; see docs/locality.md.
+    Where(WhereArgs),
     /// Print a new random cluster secret (256 bits, as
     /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
     /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
@@ -88,6 +102,7 @@ pub fn main() -> ExitCode {
         Command::Stats(args) => stats::main(args),
         Command::Warm(args) => control::warm(args),
         Command::Plan(args) => control::plan(args),
+        Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
         Command::Secret => match crate::peer::tls::generate_secret() {
             Ok(s) => {

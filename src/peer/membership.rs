@@ -266,6 +266,16 @@ impl Membership {
         self.me.read().clone()
     }
 
+    /// Every member of the configured `--peers` list as last resolved, up or
+    /// down, this node included once it has found itself: the members the
+    /// placement has when every node is up (the `where` query's owners).
+    pub fn configured(&self) -> (Vec<MemberId>, Option<MemberId>) {
+        let me = self.me();
+        let mut ids: Vec<MemberId> = self.members.read().values().map(|m| m.id.clone()).collect();
+        ids.extend(me.clone());
+        (ids, me)
+    }
+
     /// The placement over this node and the members that are up now.
     pub fn placement(&self) -> Arc<Placement> {
         Arc::clone(&self.placement.read())

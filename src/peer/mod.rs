@@ -145,6 +145,16 @@ impl PeerNode {
         }))
     }
 
+    /// The data set id on the wire (part of every block's placement key).
+    pub fn dataset(&self) -> [u8; 16] {
+        self.dataset
+    }
+
+    /// The block size of placement keys.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
     /// The tier the reader asks.
     pub fn client(&self) -> PeerClient {
         self.client.clone()

@@ -1,0 +1,118 @@
+"""A locafs mount's control socket, from Python.
+
+The socket's path is the ``user.locafs.control`` extended attribute of the
+mount root (nothing is added to the data set's tree). One JSON request per
+line, one JSON answer per line, as ``locafs plan`` and ``locafs where`` use
+it (src/control.rs).
+"""
+
+import json
+import os
+import socket
+import time
+
+CONTROL_XATTR = "user.locafs.control"
+
+__all__ = ["Mount", "LocafsError", "NotALocafsMount", "CONTROL_XATTR"]
+
+
+class LocafsError(RuntimeError):
+    """The mount answered a request with an error."""
+
+
+class NotALocafsMount(LocafsError):
+    """The path is not the root of a locafs mount."""
+
+
+def _relative(path, root):
+    """``path`` relative to the mount root (absolute paths under it allowed)."""
+    p = os.fspath(path)
+    if os.path.isabs(p):
+        rel = os.path.relpath(p, root)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            return p.lstrip("/")
+        return rel
+    return p
+
+
+class Mount:
+    """The root of a locafs mount and its control socket.
+
+    ``node_index`` and ``num_nodes`` come from the mount's ``where`` query:
+    nodes are numbered by member id (the resolved ``ip:port`` of each
+    ``--peers`` entry, sorted as strings), the same numbering on every node;
+    without peers the mount is node 0 of 1.
+    """
+
+    def __init__(self, path, wait=30.0):
+        self.path = os.path.abspath(os.fspath(path))
+        try:
+            raw = os.getxattr(self.path, CONTROL_XATTR)
+        except OSError as e:
+            raise NotALocafsMount(
+                "%s: not the root of a locafs mount (%s)" % (self.path, e.strerror or e)
+            ) from None
+        self.socket_path = raw.decode("utf-8", "surrogateescape")
+        # A node finds itself in its --peers list a moment after it mounts.
+        deadline = time.monotonic() + wait
+        while True:
+            answer = self._call({"op": "where", "paths": []}, check=False)
+            if answer.get("node_index") is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if not answer.get("ok"):
+            raise LocafsError("%s: %s" % (self.path, answer.get("error", "where failed")))
+        self._node_index = int(answer["node_index"])
+        self._num_nodes = int(answer.get("num_nodes") or 1)
+        self.members = list(answer.get("members") or [])
+
+    @property
+    def node_index(self):
+        """This node's index, 0 <= node_index < num_nodes."""
+        return self._node_index
+
+    @property
+    def num_nodes(self):
+        """The number of nodes in the configured peer list (1 without peers)."""
+        return self._num_nodes
+
+    def _call(self, request, check=True):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket_path)
+            s.sendall(json.dumps(request).encode("utf-8") + b"\n")
+            with s.makefile("rb") as f:
+                line = f.readline()
+        except OSError as e:
+            raise LocafsError("control socket %s: %s" % (self.socket_path, e)) from None
+        finally:
+            s.close()
+        if not line:
+            raise LocafsError("control socket %s: closed" % self.socket_path)
+        answer = json.loads(line)
+        if check and not answer.get("ok"):
+            raise LocafsError("%s: %s" % (self.path, answer.get("error", "request failed")))
+        return answer
+
+    def where(self, files=None):
+        """The raw ``where`` answer: for ``files`` (paths relative to the
+        mount root), or for the whole data set in listing order (then the
+        answer has ``paths``). Keys: ok, node_index, num_nodes, members,
+        owners (null for a path not found), cached, files, unknown."""
+        req = {"op": "where"}
+        if files is not None:
+            req["paths"] = [_relative(f, self.path) for f in files]
+        return self._call(req)
+
+    def locate(self, files):
+        """The owner node index of each file (None: not a file of the mount)."""
+        return self.where(files)["owners"]
+
+    def plan(self, files):
+        """Hands the loader's order (paths relative to the mount root) to the
+        mount's read-ahead. Returns (files found, paths not found)."""
+        answer = self._call({"op": "plan", "paths": [_relative(f, self.path) for f in files]})
+        return int(answer.get("files", 0)), int(answer.get("unknown", 0))
+
+    def __repr__(self):
+        return "locafs.Mount(%r, node %d of %d)" % (self.path, self._node_index, self._num_nodes)
