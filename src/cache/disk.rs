@@ -247,6 +247,20 @@ struct Entries {
     by_path: HashTable<u32>,
 }
 
+/// Heap bytes of a hash table of u32s: its buckets (a power of two, at
+/// most 7/8 full) of 4 bytes and a control byte.
+pub(crate) fn table_bytes(t: &HashTable<u32>) -> usize {
+    if t.capacity() == 0 {
+        return 0;
+    }
+    let buckets = if t.capacity() < 8 {
+        (t.capacity() + 1).next_power_of_two()
+    } else {
+        (t.capacity() * 8 / 7).next_power_of_two()
+    };
+    buckets * 5
+}
+
 fn key_hash(k: &VersionKey) -> u64 {
     u64::from_le_bytes(k.0[..8].try_into().unwrap_or_default())
 }
@@ -316,6 +330,12 @@ impl Entries {
             }
         }
         Some(e)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.recs.capacity() * std::mem::size_of::<(VersionKey, Entry)>()
+            + table_bytes(&self.by_key)
+            + table_bytes(&self.by_path)
     }
 
     /// The keys of the versions of a path.
@@ -678,6 +698,15 @@ impl Core {
         };
         self.evict(work);
         true
+    }
+
+    /// Heap bytes of the books (the tables' capacities; a hash table at
+    /// its bucket count, 4 bytes and a control byte each): the probe of
+    /// `tests/disk_cache_scale.rs` prints it per entry.
+    #[doc(hidden)]
+    pub fn books_bytes(&self) -> usize {
+        let st = self.state.lock();
+        st.entries.heap_bytes() + st.policy.heap_bytes()
     }
 
     /// The counter the namespace keeps the data set's known size in.

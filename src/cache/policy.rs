@@ -149,7 +149,7 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     /// memory).
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<Entry<K>>()
-            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+            + super::disk::table_bytes(&self.index)
     }
 
     /// Makes room for `n` more entries at once (a start-up that books a
