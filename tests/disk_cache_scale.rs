@@ -111,3 +111,61 @@ fn remount_time_and_memory_per_cached_file() {
     drop(c);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// The books' memory per cached entry, and the open time, measured without
+/// a mount and without data files: an index snapshot of N one-block files is
+/// written directly (64 bytes each), then the cache is opened over it. Prints
+/// the heap bytes of the books (capacities of the tables) and the RSS growth
+/// per entry; asserts nothing about either (figures, not checks).
+///
+/// `LOCAFS_PROBE_FILES=200000,1000000 cargo test --test disk_cache_scale --
+/// --ignored --nocapture books_per_entry` (uses `/var/tmp/wt-mem/probe`, or
+/// `LOCAFS_PROBE_DIR`; about 64 MB per million entries, removed at the end).
+#[test]
+#[ignore]
+fn books_per_entry() {
+    use locafs::cache::recover::{Index, Put};
+    let sizes: Vec<u64> = std::env::var("LOCAFS_PROBE_FILES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or_else(|| vec![200_000, 1_000_000]);
+    let root = PathBuf::from(
+        std::env::var("LOCAFS_PROBE_DIR").unwrap_or_else(|_| "/var/tmp/wt-mem/probe".into()),
+    );
+    for n in sizes {
+        let dir = root.join(format!("n{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let puts = (0..n).map(|i| {
+            let f = file(i);
+            Put {
+                key: f.key,
+                index: 0,
+                size: 1024,
+                path_hash: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                sum: [i as u8; 16],
+                guest: false,
+                meta_in_xattr: true,
+                table: 0,
+            }
+        });
+        drop(Index::create(&dir, 1 << 20, puts).unwrap());
+        for round in ["first", "second"] {
+            common::drop_page_cache();
+            let before = rss();
+            let t = Instant::now();
+            let (c, rec) = open(&dir);
+            let took = t.elapsed();
+            let after = rss();
+            assert_eq!(rec.files, n);
+            eprintln!(
+                "PROBE n={n} {round} open: {:.3}s; books {:.1} B/entry (heap); RSS +{:.1} B/entry",
+                took.as_secs_f64(),
+                c.books_bytes() as f64 / n as f64,
+                after.saturating_sub(before) as f64 / n as f64
+            );
+            c.crash();
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

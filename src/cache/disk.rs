@@ -41,11 +41,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use super::policy::{Admission, Policy, Tier};
+use super::policy::{Admission, Evicted, Payload, Policy, Tier};
 use super::recover::{self, Op, Put};
 use super::{BlockCache, CacheUsage, Checksum, ChecksummedBytes, FileVersion, VersionKey};
 use crate::source::SourceVersion;
@@ -64,8 +63,9 @@ pub const FIXED_OVERHEAD: u64 = 2 << 20;
 /// Directory entries of a version's files (one or two), counted per version.
 const PER_FILE_OVERHEAD: u64 = 256;
 const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
-/// The policy entry that books files kept beside the cache (the manifest).
-const AUX_KEY: VersionKey = VersionKey([0xff; 16]);
+/// The unit the books keep a part's bytes in (u32 of them: a part holds
+/// at most 1 TiB; everything booked is a multiple of it).
+const BOOK_UNIT: u64 = 256;
 /// The extended attribute of a one-block file's `.data` file that holds its
 /// meta in place of a `.meta` file, so that caching a small file creates one
 /// file, not two. Its value is small enough (40 bytes) for ext4 to keep in
@@ -87,8 +87,8 @@ fn round_alloc(n: u64) -> u64 {
 }
 
 /// The index records of every cached block (for a snapshot).
-fn index_puts(entries: &Entries) -> impl Iterator<Item = Put> + '_ {
-    entries.iter().flat_map(|(key, e)| {
+fn index_puts(books: &Books) -> impl Iterator<Item = Put> + '_ {
+    books.iter().flat_map(|(key, e)| {
         e.blocks
             .iter()
             .enumerate()
@@ -117,25 +117,6 @@ enum Slot {
     Empty,
     Writing,
     Present(Checksum),
-}
-
-/// One policy entry: the own or the guest blocks of one file version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct Part {
-    key: VersionKey,
-    guest: bool,
-}
-
-impl Part {
-    fn own(key: VersionKey) -> Self {
-        Part { key, guest: false }
-    }
-    fn guest(key: VersionKey) -> Self {
-        Part { key, guest: true }
-    }
-    fn both(key: VersionKey) -> [Part; 2] {
-        [Part::own(key), Part::guest(key)]
-    }
 }
 
 /// One block of a cached file version: its slot and two bits.
@@ -235,107 +216,36 @@ impl Entry {
     }
 }
 
-/// The books: a dense table of records (no holes: a removed record's place
-/// is taken by the last one), found by version key and by path hash
-/// through hash tables of u32 record numbers (the keys are blake3 output:
-/// their first bytes are the hash).
-#[derive(Debug, Default)]
-struct Entries {
-    recs: Vec<(VersionKey, Entry)>,
-    by_key: HashTable<u32>,
-    /// Every record, by its path hash (a multiset: the versions of a path).
-    by_path: HashTable<u32>,
+impl Payload for Entry {
+    const GROUPED: bool = true;
+    fn group(&self) -> u64 {
+        self.path_hash
+    }
 }
 
-fn key_hash(k: &VersionKey) -> u64 {
-    u64::from_le_bytes(k.0[..8].try_into().unwrap_or_default())
+/// The books: one dense table of records, one per cached file version,
+/// holding the disk's record of it and the policy's (`policy.rs`), found
+/// by version key and by path hash.
+type Books = Policy<VersionKey, Entry>;
+
+fn new_books(capacity: u64, block_size: u64) -> Books {
+    let mut p = Policy::new(capacity);
+    p.set_grain(block_size);
+    p.set_unit(BOOK_UNIT);
+    p
 }
 
-impl Entries {
-    fn len(&self) -> usize {
-        self.recs.len()
-    }
-
-    fn find(&self, key: &VersionKey) -> Option<u32> {
-        let recs = &self.recs;
-        self.by_key
-            .find(key_hash(key), |&i| recs[i as usize].0 == *key)
-            .copied()
-    }
-
-    fn contains_key(&self, key: &VersionKey) -> bool {
-        self.find(key).is_some()
-    }
-
-    fn get(&self, key: &VersionKey) -> Option<&Entry> {
-        self.find(key).map(|i| &self.recs[i as usize].1)
-    }
-
-    fn get_mut(&mut self, key: &VersionKey) -> Option<&mut Entry> {
-        self.find(key).map(|i| &mut self.recs[i as usize].1)
-    }
-
-    /// Adds a record; the key must not be on the books.
-    fn insert(&mut self, key: VersionKey, e: Entry) -> &mut Entry {
-        let i = self.recs.len() as u32;
-        let ph = e.path_hash;
-        self.recs.push((key, e));
-        let recs = &self.recs;
-        self.by_key
-            .insert_unique(key_hash(&key), i, |&j| key_hash(&recs[j as usize].0));
-        self.by_path
-            .insert_unique(ph, i, |&j| recs[j as usize].1.path_hash);
-        &mut self.recs[i as usize].1
-    }
-
-    fn get_or_insert_with(&mut self, key: VersionKey, f: impl FnOnce() -> Entry) -> &mut Entry {
-        match self.find(&key) {
-            Some(i) => &mut self.recs[i as usize].1,
-            None => self.insert(key, f()),
-        }
-    }
-
-    fn remove(&mut self, key: &VersionKey) -> Option<Entry> {
-        let i = self.find(key)?;
-        let ph = self.recs[i as usize].1.path_hash;
-        if let Ok(o) = self.by_key.find_entry(key_hash(key), |&j| j == i) {
-            o.remove();
-        }
-        if let Ok(o) = self.by_path.find_entry(ph, |&j| j == i) {
-            o.remove();
-        }
-        let last = self.recs.len() as u32 - 1;
-        let (_, e) = self.recs.swap_remove(i as usize);
-        if i != last {
-            let (k, moved) = &self.recs[i as usize];
-            if let Some(j) = self.by_key.find_mut(key_hash(k), |&j| j == last) {
-                *j = i;
-            }
-            if let Some(j) = self.by_path.find_mut(moved.path_hash, |&j| j == last) {
-                *j = i;
-            }
-        }
-        Some(e)
-    }
-
-    /// The keys of the versions of a path.
-    fn versions_of(&self, path_hash: u64) -> impl Iterator<Item = VersionKey> + '_ {
-        self.by_path
-            .iter_hash(path_hash)
-            .map(|&i| &self.recs[i as usize])
-            .filter(move |(_, e)| e.path_hash == path_hash)
-            .map(|(k, _)| *k)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&VersionKey, &Entry)> + '_ {
-        self.recs.iter().map(|(k, e)| (k, e))
+fn tier_of(guest: bool) -> Tier {
+    if guest {
+        Tier::Guest
+    } else {
+        Tier::Own
     }
 }
 
 #[derive(Debug)]
 struct State {
-    entries: Entries,
-    policy: Policy<Part>,
+    books: Books,
     files_complete: u64,
     /// The last [`Entry::gen`] given out.
     gens: u32,
@@ -359,21 +269,21 @@ impl State {
     }
 
     fn forget(&mut self, key: &VersionKey) {
-        if let Some(e) = self.entries.remove(key) {
-            self.log(Op::DropFile { key: *key });
-            if e.complete() {
-                self.files_complete -= 1;
-            }
+        if let Some((e, _)) = self.books.remove(key) {
+            self.forgotten(key, &e);
         }
-        for p in Part::both(*key) {
-            self.policy.remove(&p);
+    }
+
+    /// The books of an entry that went whole.
+    fn forgotten(&mut self, key: &VersionKey, e: &Entry) {
+        self.log(Op::DropFile { key: *key });
+        if e.complete() {
+            self.files_complete -= 1;
         }
     }
 
     fn touch(&mut self, key: VersionKey) {
-        for p in Part::both(key) {
-            self.policy.touch(p);
-        }
+        self.books.touch(key);
     }
 }
 
@@ -591,12 +501,7 @@ impl DiskCache {
             dir: dir.to_owned(),
             block_size,
             state: Mutex::new(State {
-                entries: Entries::default(),
-                policy: {
-                    let mut p = Policy::new(capacity - FIXED_OVERHEAD);
-                    p.set_grain(block_size);
-                    p
-                },
+                books: new_books(capacity - FIXED_OVERHEAD, block_size),
                 files_complete: 0,
                 gens: 0,
                 index: None,
@@ -653,31 +558,32 @@ impl Core {
     /// The reservation is never evicted.
     pub fn reserve_aux(&self, bytes: u64) -> bool {
         let bytes = round_alloc(bytes);
-        let aux = Part {
-            key: AUX_KEY,
-            guest: false,
-        };
         let work = {
             let mut st = self.state.lock();
             let st = &mut *st;
             let mut cur = self.aux_bytes.lock();
             if bytes <= *cur {
-                st.policy.shrink(&aux, *cur - bytes);
+                st.books.release_fixed(*cur - bytes);
                 *cur = bytes;
                 return true;
             }
-            let victims = match st.policy.admit_as(aux, bytes - *cur, Tier::Own) {
+            let victims = match st.books.admit_fixed(bytes - *cur) {
                 Admission::Reject => return false,
                 Admission::Admit { evict } => evict,
             };
-            if *cur == 0 {
-                st.policy.pin(&aux);
-            }
             *cur = bytes;
-            self.plan_evictions(st, &victims)
+            self.plan_evictions(st, victims)
         };
         self.evict(work);
         true
+    }
+
+    /// Heap bytes of the books (the tables' capacities; a hash table at
+    /// its bucket count, 4 bytes and a control byte each): the probe of
+    /// `tests/disk_cache_scale.rs` prints it per entry.
+    #[doc(hidden)]
+    pub fn books_bytes(&self) -> usize {
+        self.state.lock().books.heap_bytes()
     }
 
     /// The counter the namespace keeps the data set's known size in.
@@ -687,7 +593,7 @@ impl Core {
 
     /// The bound on disk use, in bytes.
     pub fn capacity(&self) -> u64 {
-        self.state.lock().policy.capacity() + FIXED_OVERHEAD
+        self.state.lock().books.capacity() + FIXED_OVERHEAD
     }
 
     /// Sets the bound on disk use (the grant of the shared budget,
@@ -697,12 +603,12 @@ impl Core {
         let cap = bytes.max(FIXED_OVERHEAD * 2);
         let work = {
             let mut st = self.state.lock();
-            if st.policy.capacity() == cap - FIXED_OVERHEAD {
+            if st.books.capacity() == cap - FIXED_OVERHEAD {
                 return;
             }
-            st.policy.set_capacity(cap - FIXED_OVERHEAD);
-            let victims = st.policy.shrink_to_capacity();
-            self.plan_evictions(&mut st, &victims)
+            st.books.set_capacity(cap - FIXED_OVERHEAD);
+            let victims = st.books.shrink_to_capacity();
+            self.plan_evictions(&mut st, victims)
         };
         self.evict(work);
     }
@@ -710,7 +616,7 @@ impl Core {
     /// Bytes of entries read within the last two passes (the policy's
     /// horizon), counted with the fixed overhead.
     pub fn hot_bytes(&self) -> u64 {
-        self.state.lock().policy.hot_bytes() + FIXED_OVERHEAD
+        self.state.lock().books.hot_bytes() + FIXED_OVERHEAD
     }
 
     pub fn block_size(&self) -> u64 {
@@ -731,13 +637,17 @@ impl Core {
     fn recover(&self) -> io::Result<Recovery> {
         let mut rec = Recovery::default();
         let mut st = self.state.lock();
-        // Replayed straight into the books (no second table to copy from).
-        let found = &mut st.entries;
-        let loaded = recover::Index::load(&self.dir, self.block_size, |op| self.replay(found, op))
-            .unwrap_or_else(|e| {
-                warn!("cache: the index cannot be read ({e}); scanning the cache directory");
-                None
-            });
+        // Replayed straight into the books (no second table to copy from),
+        // reserved at once to the snapshot's size (no rehash while filling).
+        let found = &mut st.books;
+        let loaded = recover::Index::load_with(&self.dir, self.block_size, |l| match l {
+            recover::Loading::Count(n) => found.reserve(n.min(1 << 28) as usize),
+            recover::Loading::Op(op) => self.replay(found, op),
+        })
+        .unwrap_or_else(|e| {
+            warn!("cache: the index cannot be read ({e}); scanning the cache directory");
+            None
+        });
         match loaded {
             Some((index, l)) => {
                 rec.from_index = true;
@@ -749,22 +659,16 @@ impl Core {
                         l.torn_bytes
                     );
                 }
-                let n = st.entries.len();
-                st.policy.reserve(n);
-                let mut i = 0;
-                while i < st.entries.len() {
-                    let gen = st.next_gen();
-                    let (key, e) = &mut st.entries.recs[i];
-                    let key = *key;
+                let st = &mut *st;
+                let mut gens = st.gens;
+                st.books.retain(|_, e| {
                     e.present = e
                         .blocks
                         .iter()
                         .filter(|b| matches!(b.slot, Slot::Present(_)))
                         .count() as u32;
                     if e.present == 0 {
-                        // (The last record takes its place.)
-                        st.entries.remove(&key);
-                        continue;
+                        return false;
                     }
                     e.meta_on_guest = e
                         .blocks
@@ -775,15 +679,26 @@ impl Core {
                     } else {
                         round_alloc(e.table as u64 + e.blocks.len() as u64 * SLOT) as u32
                     };
-                    e.gen = gen;
-                    self.book_policy(&mut st, key, &mut rec);
-                    i += 1;
-                }
+                    gens = gens.wrapping_add(1);
+                    e.gen = gens;
+                    true
+                });
+                st.gens = gens;
+                let State {
+                    books,
+                    files_complete,
+                    ..
+                } = st;
+                books.book_all(|_, e| self.book_parts(e, files_complete, &mut rec));
+                // (Reserved per block: a cache of large files holds fewer
+                // entries than records.)
+                books.shrink_to_fit();
                 st.index = Some(index);
             }
             None => {
                 // (What a failed load replayed is dropped: scanned again.)
-                st.entries = Entries::default();
+                let cap = st.books.capacity();
+                st.books = new_books(cap, self.block_size);
                 self.scan(&mut st, &mut rec);
                 if rec.files + rec.discarded > 0 {
                     info!(
@@ -791,7 +706,7 @@ impl Core {
                         rec.files + rec.discarded
                     );
                 }
-                let puts = index_puts(&st.entries);
+                let puts = index_puts(&st.books);
                 st.index = match recover::Index::create(&self.dir, self.block_size, puts) {
                     Ok(ix) => Some(ix),
                     Err(e) => {
@@ -801,16 +716,16 @@ impl Core {
                 };
             }
         }
-        let victims = st.policy.shrink_to_capacity();
+        let victims = st.books.shrink_to_capacity();
         rec.evicted = victims.len() as u64;
-        let work = self.plan_evictions(&mut st, &victims);
+        let work = self.plan_evictions(&mut st, victims);
         drop(st);
         self.evict(work);
         Ok(rec)
     }
 
     /// Applies one index record to the entries being recovered.
-    fn replay(&self, found: &mut Entries, op: Op) {
+    fn replay(&self, found: &mut Books, op: Op) {
         match op {
             Op::Put(p) => {
                 let n = p.size.div_ceil(self.block_size);
@@ -856,32 +771,36 @@ impl Core {
     /// Takes a recovered entry onto the books.
     fn book(&self, st: &mut State, key: VersionKey, mut entry: Entry, rec: &mut Recovery) {
         entry.gen = st.next_gen();
-        st.entries.insert(key, entry);
-        self.book_policy(st, key, rec);
+        let parts = self.book_parts(&entry, &mut st.files_complete, rec);
+        st.books.get_or_insert_with(key, || entry);
+        for (b, tier) in parts.into_iter().zip([Tier::Own, Tier::Guest]) {
+            if let Some(b) = b {
+                st.books.add(&key, b, tier);
+            }
+        }
     }
 
-    /// Takes a recovered entry already in `st.entries` onto the policy's
-    /// books.
-    fn book_policy(&self, st: &mut State, key: VersionKey, rec: &mut Recovery) {
-        let Some(entry) = st.entries.get(&key) else {
-            return;
-        };
+    /// The parts a recovered entry is booked as (own, guest: None if it has
+    /// no such part), counted in `rec` and `files_complete`.
+    fn book_parts(
+        &self,
+        entry: &Entry,
+        files_complete: &mut u64,
+        rec: &mut Recovery,
+    ) -> [Option<u64>; 2] {
         let own = self.part_bytes(entry, false);
         let guest = self.part_bytes(entry, true);
         rec.files += 1;
         rec.blocks += entry.present as u64;
         rec.bytes += own + guest;
         if entry.complete() {
-            st.files_complete += 1;
+            *files_complete += 1;
         }
         let meta_on_guest = entry.meta_on_guest;
-        if !meta_on_guest || own > 0 {
-            st.policy.insert_existing_as(Part::own(key), own, Tier::Own);
-        }
-        if meta_on_guest || guest > 0 {
-            st.policy
-                .insert_existing_as(Part::guest(key), guest, Tier::Guest);
-        }
+        [
+            (!meta_on_guest || own > 0).then_some(own),
+            (meta_on_guest || guest > 0).then_some(guest),
+        ]
     }
 
     /// Folds the journal into a new snapshot: encoded in memory under the
@@ -894,10 +813,10 @@ impl Core {
         }
         let pending = {
             let mut st = self.state.lock();
-            let State { entries, index, .. } = &mut *st;
+            let State { books, index, .. } = &mut *st;
             index
                 .as_mut()
-                .map(|ix| ix.begin_checkpoint(index_puts(entries)))
+                .map(|ix| ix.begin_checkpoint(index_puts(books)))
         };
         match pending {
             Some(Ok(p)) => {
@@ -940,7 +859,7 @@ impl Core {
                     .file_stem()
                     .and_then(|s| s.to_str())
                     .and_then(VersionKey::from_hex)
-                    .is_some_and(|k| st.entries.contains_key(&k));
+                    .is_some_and(|k| st.books.contains(&k));
                 if !owned && fs::remove_file(d.join(&name)).is_ok() {
                     n += 1;
                 }
@@ -994,28 +913,29 @@ impl Core {
         }
     }
 
-    /// Takes evicted policy entries off the books of `st`; returns the disk
-    /// work to do once the lock is released.
-    fn plan_evictions(&self, st: &mut State, victims: &[Part]) -> Vec<Eviction> {
+    /// Does the books' part of evicted parts (already off the policy's
+    /// books); returns the disk work to do once the lock is released.
+    fn plan_evictions(
+        &self,
+        st: &mut State,
+        victims: Vec<Evicted<VersionKey, Entry>>,
+    ) -> Vec<Eviction> {
         let mut work = Vec::new();
         for v in victims {
-            let other = Part {
-                key: v.key,
-                guest: !v.guest,
-            };
-            if !st.policy.contains(&other) {
-                st.forget(&v.key);
+            if let Some(e) = v.gone {
+                st.forgotten(&v.key, &e);
                 work.push(Eviction::File(v.key));
                 continue;
             }
             // Only this part's blocks go; the meta file stays with the other.
-            let Some(e) = st.entries.get_mut(&v.key) else {
+            let guest = v.tier == Tier::Guest;
+            let Some(e) = st.books.get_mut(&v.key) else {
                 continue;
             };
             let was_complete = e.complete();
             let mut blocks = Vec::new();
             for i in 0..e.blocks.len() {
-                if matches!(e.blocks[i].slot, Slot::Present(_)) && e.blocks[i].guest == v.guest {
+                if matches!(e.blocks[i].slot, Slot::Present(_)) && e.blocks[i].guest == guest {
                     if let Some(ix) = &mut st.index {
                         ix.append(&Op::DropBlock {
                             key: v.key,
@@ -1033,9 +953,9 @@ impl Core {
                     blocks.push((i as u64, len));
                 }
             }
-            let moved_meta = e.meta_on_guest == v.guest;
+            let moved_meta = e.meta_on_guest == guest;
             if moved_meta {
-                e.meta_on_guest = !v.guest;
+                e.meta_on_guest = !guest;
             }
             let meta = e.meta_bytes as u64 + PER_FILE_OVERHEAD;
             let table = e.table as u64;
@@ -1045,8 +965,7 @@ impl Core {
                 st.files_complete -= 1;
             }
             if moved_meta {
-                let tier = if other.guest { Tier::Guest } else { Tier::Own };
-                st.policy.insert_existing_as(other, meta, tier);
+                st.books.add(&v.key, meta, tier_of(!guest));
             }
             work.push(Eviction::Blocks {
                 key: v.key,
@@ -1543,7 +1462,7 @@ impl Core {
         let at = self.meta_layout(&file.rel, 1).0 as usize;
         full[at..at + SLOT as usize].copy_from_slice(slot);
         File::create(meta)?.write_all(&full)?;
-        if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+        if let Some(e) = self.state.lock().books.get_mut(&file.key) {
             e.meta_in_xattr = false;
         }
         Ok(())
@@ -1565,7 +1484,7 @@ impl Core {
         let meta_in_xattr = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
-            let Some(e) = st.entries.get_mut(&file.key) else {
+            let Some(e) = st.books.get_mut(&file.key) else {
                 return;
             };
             let was_complete = e.complete();
@@ -1595,15 +1514,12 @@ impl Core {
                     index: index as u32,
                 });
             }
-            let part = Part {
-                key: file.key,
-                guest: e.blocks[index as usize].guest,
-            };
+            let tier = tier_of(e.blocks[index as usize].guest);
             let meta_in_xattr = e.meta_in_xattr;
             if was_complete {
                 st.files_complete -= 1;
             }
-            st.policy.shrink(&part, round_alloc(len));
+            st.books.shrink(&file.key, round_alloc(len), tier);
             (meta_in_xattr, gen)
         };
         let (meta_in_xattr, gen) = meta_in_xattr;
@@ -1618,11 +1534,7 @@ impl Core {
     fn good_again(&self, file: &FileVersion, index: u64) -> bool {
         let sum = {
             let st = self.state.lock();
-            match st
-                .entries
-                .get(&file.key)
-                .and_then(|e| e.slot(index as usize))
-            {
+            match st.books.get(&file.key).and_then(|e| e.slot(index as usize)) {
                 Some(Slot::Present(s)) => *s,
                 _ => return false,
             }
@@ -1637,7 +1549,7 @@ impl Core {
     /// `Writing` meanwhile) are free for new writes.
     fn punched(&self, key: &VersionKey, gen: u32, blocks: &[(u64, u64)]) {
         let mut st = self.state.lock();
-        if let Some(e) = st.entries.get_mut(key).filter(|e| e.gen == gen) {
+        if let Some(e) = st.books.get_mut(key).filter(|e| e.gen == gen) {
             for (i, _) in blocks {
                 if let Some(s) = e.slot_mut(*i as usize).filter(|s| **s == Slot::Writing) {
                     *s = Slot::Empty;
@@ -1677,10 +1589,7 @@ impl Core {
             return false;
         }
         let len = round_alloc(block.data().len() as u64);
-        let part = Part {
-            key: file.key,
-            guest,
-        };
+        let tier = tier_of(guest);
         // Another writer of the same block (a warm-up racing a read): wait
         // for its outcome rather than report a failure that did not happen.
         let mut waited = 0;
@@ -1688,7 +1597,7 @@ impl Core {
             let writing = {
                 let st = self.state.lock();
                 match st
-                    .entries
+                    .books
                     .get(&file.key)
                     .map(|e| e.blocks[index as usize].slot)
                 {
@@ -1706,10 +1615,10 @@ impl Core {
         let (victims, new, bytes, meta_in_xattr, gen) = {
             let mut st = self.state.lock();
             let st = &mut *st;
-            st.policy
+            st.books
                 .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
-            let new = !st.entries.contains_key(&file.key);
-            if let Some(e) = st.entries.get(&file.key) {
+            let new = !st.books.contains(&file.key);
+            if let Some(e) = st.books.get(&file.key) {
                 if e.blocks[index as usize].slot != Slot::Empty {
                     return matches!(e.blocks[index as usize].slot, Slot::Present(_));
                 }
@@ -1725,14 +1634,8 @@ impl Core {
                 } else {
                     0
                 };
-            let tier = if guest { Tier::Guest } else { Tier::Own };
-            let victims = match st.policy.admit_as(part, bytes, tier) {
-                Admission::Reject => return false,
-                Admission::Admit { evict } => evict,
-            };
-            let work = self.plan_evictions(st, &victims);
             let gen = if new { st.next_gen() } else { 0 };
-            let e = st.entries.get_or_insert_with(file.key, || Entry {
+            let make = || Entry {
                 path_hash: path_hash(&file.rel),
                 size: file.version.size,
                 blocks: Blocks::new(nblocks),
@@ -1744,7 +1647,16 @@ impl Core {
                 meta_in_xattr: inline,
                 pins: 0,
                 gen,
-            });
+            };
+            let victims = match st.books.admit_with(file.key, bytes, tier, make) {
+                Admission::Reject => return false,
+                Admission::Admit { evict } => evict,
+            };
+            let work = self.plan_evictions(st, victims);
+            // (Admitted: on the books, and never its own victim.)
+            let Some(e) = st.books.get_mut(&file.key) else {
+                return false;
+            };
             let gen = e.gen;
             e.blocks[index as usize].slot = Slot::Writing;
             e.blocks[index as usize].guest = guest;
@@ -1752,7 +1664,7 @@ impl Core {
             let meta_in_xattr = e.meta_in_xattr;
             // Writing entries are pinned: an eviction must not unlink files
             // that a write is about to recreate.
-            st.policy.pin(&part);
+            st.books.pin(&file.key);
             (work, new, bytes, meta_in_xattr, gen)
         };
         self.evict(victims);
@@ -1760,7 +1672,7 @@ impl Core {
         let mut handles = None;
         let created = |me: &Self| {
             let st = me.state.lock();
-            st.entries.get(&file.key).is_none_or(|e| e.created)
+            st.books.get(&file.key).is_none_or(|e| e.created)
         };
         if !created(self) {
             // Writers of different blocks of a new version (read-ahead asks
@@ -1772,7 +1684,7 @@ impl Core {
                 match self.create_files(file, nblocks, via, meta_in_xattr) {
                     Ok(files) => {
                         handles = Some(files);
-                        if let Some(e) = self.state.lock().entries.get_mut(&file.key) {
+                        if let Some(e) = self.state.lock().books.get_mut(&file.key) {
                             e.created = true;
                         }
                     }
@@ -1784,7 +1696,7 @@ impl Core {
             result = self.write_block(file, index, block, guest, via, handles, meta_in_xattr);
         }
         let mut st = self.state.lock();
-        if st.entries.get(&file.key).is_none_or(|e| e.gen != gen) {
+        if st.books.get(&file.key).is_none_or(|e| e.gen != gen) {
             // The entry was dropped while this block was written (its data
             // file unlinked; the bytes went to that inode or, being the same
             // version's bytes, to a new file of the same key, whose entry
@@ -1792,10 +1704,10 @@ impl Core {
             // cache disk.
             return false;
         }
-        st.policy.unpin(&part);
+        st.books.unpin(&file.key);
         match result {
             Ok(()) => {
-                let Some(e) = st.entries.get_mut(&file.key) else {
+                let Some(e) = st.books.get_mut(&file.key) else {
                     return false;
                 };
                 e.blocks[index as usize].slot = Slot::Present(*block.checksum());
@@ -1829,10 +1741,10 @@ impl Core {
                     drop(st);
                     self.unlink(&file.key);
                 } else {
-                    if let Some(e) = st.entries.get_mut(&file.key) {
+                    if let Some(e) = st.books.get_mut(&file.key) {
                         e.blocks[index as usize].slot = Slot::Empty;
                     }
-                    st.policy.shrink(&part, bytes);
+                    st.books.shrink(&file.key, bytes, tier);
                     drop(st);
                 }
                 self.write_failed("writing a block", &err);
@@ -1914,7 +1826,7 @@ impl Core {
     /// checksums.
     fn mark_verified(&self, key: &VersionKey, blocks: &[(u64, Checksum)]) {
         let mut st = self.state.lock();
-        if let Some(e) = st.entries.get_mut(key) {
+        if let Some(e) = st.books.get_mut(key) {
             for (i, sum) in blocks {
                 if e.slot(*i as usize) == Some(&Slot::Present(*sum)) {
                     e.blocks[*i as usize].verified = true;
@@ -1927,7 +1839,7 @@ impl Core {
     /// None if the file is not complete.
     fn unverified(&self, key: &VersionKey) -> Option<Vec<(u64, Checksum)>> {
         let st = self.state.lock();
-        let e = st.entries.get(key)?;
+        let e = st.books.get(key)?;
         if !e.complete() {
             return None;
         }
@@ -2022,12 +1934,10 @@ impl Core {
     /// Takes back one passthrough pin.
     fn unpin_passthrough(&self, file: &FileVersion) {
         let mut st = self.state.lock();
-        if let Some(e) = st.entries.get_mut(&file.key) {
+        if let Some(e) = st.books.get_mut(&file.key) {
             e.pins = e.pins.saturating_sub(1);
         }
-        for p in Part::both(file.key) {
-            st.policy.unpin(&p);
-        }
+        st.books.unpin(&file.key);
     }
 }
 
@@ -2035,7 +1945,7 @@ impl BlockCache for DiskCache {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         let sum = {
             let st = self.state.lock();
-            match st.entries.get(&file.key)?.slot(index as usize)? {
+            match st.books.get(&file.key)?.slot(index as usize)? {
                 Slot::Present(s) => *s,
                 _ => return None,
             }
@@ -2075,7 +1985,7 @@ impl BlockCache for DiskCache {
 
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
         let st = self.state.lock();
-        st.entries
+        st.books
             .get(&file.key)
             .and_then(|e| e.slot(index as usize))
             .is_some_and(|s| matches!(s, Slot::Present(_)))
@@ -2084,7 +1994,7 @@ impl BlockCache for DiskCache {
     fn is_complete(&self, file: &FileVersion) -> bool {
         self.state
             .lock()
-            .entries
+            .books
             .get(&file.key)
             .is_some_and(Entry::complete)
     }
@@ -2107,16 +2017,14 @@ impl BlockCache for DiskCache {
         }
         {
             let mut st = self.state.lock();
-            let e = st.entries.get_mut(&file.key)?;
+            let e = st.books.get_mut(&file.key)?;
             if !e.complete() {
                 return None;
             }
             e.pins += 1;
-            for p in Part::both(file.key) {
-                st.policy.pin(&p);
-            }
+            st.books.pin(&file.key);
             // The kernel reads it without us: count it as read whole.
-            st.policy.record_read(file.version.size);
+            st.books.record_read(file.version.size);
             st.touch(file.key);
         }
         let (data, _) = self.paths(&file.key);
@@ -2157,18 +2065,16 @@ impl BlockCache for DiskCache {
 
     fn pin_complete(&self, file: &FileVersion) -> bool {
         let mut st = self.state.lock();
-        match st.entries.get(&file.key) {
+        match st.books.get(&file.key) {
             Some(e) if e.complete() && e.blocks.iter().all(|b| b.verified) => {}
             _ => return false,
         }
-        if let Some(e) = st.entries.get_mut(&file.key) {
+        if let Some(e) = st.books.get_mut(&file.key) {
             e.pins += 1;
         }
-        for p in Part::both(file.key) {
-            st.policy.pin(&p);
-        }
+        st.books.pin(&file.key);
         // The kernel reads it without us: count it as read whole.
-        st.policy.record_read(file.version.size);
+        st.books.record_read(file.version.size);
         st.touch(file.key);
         true
     }
@@ -2187,17 +2093,15 @@ impl BlockCache for DiskCache {
         let mut st = self.state.lock();
         let st = &mut *st;
         let ph = path_hash(&file.rel);
-        for k in st.entries.versions_of(ph) {
-            if k != file.key {
-                st.policy.mark_stale(&Part::own(k));
-                st.policy.mark_stale(&Part::guest(k));
-            }
+        let old: Vec<VersionKey> = st.books.group_keys(ph).filter(|k| *k != file.key).collect();
+        for k in old {
+            st.books.mark_stale(&k);
         }
     }
 
     fn record_access(&self, file: &FileVersion, bytes: u64) {
         let mut st = self.state.lock();
-        st.policy.record_read(bytes);
+        st.books.record_read(bytes);
         st.touch(file.key);
     }
 
@@ -2208,19 +2112,19 @@ impl BlockCache for DiskCache {
         let need = data + round_alloc(self.meta_layout(&file.rel, nblocks).1) + PER_FILE_OVERHEAD;
         let st = self.state.lock();
         let have = st
-            .entries
+            .books
             .get(&file.key)
             .map_or(0, |e| self.part_bytes(e, false) + self.part_bytes(e, true));
-        st.policy.used() + need.saturating_sub(have) <= st.policy.capacity()
+        st.books.used() + need.saturating_sub(have) <= st.books.capacity()
     }
 
     fn usage(&self) -> CacheUsage {
         let st = self.state.lock();
         CacheUsage {
-            used_bytes: st.policy.used() + FIXED_OVERHEAD,
-            capacity_bytes: st.policy.capacity() + FIXED_OVERHEAD,
+            used_bytes: st.books.used() + FIXED_OVERHEAD,
+            capacity_bytes: st.books.capacity() + FIXED_OVERHEAD,
             files_cached: st.files_complete,
-            evictions: st.policy.evictions(),
+            evictions: st.books.evictions(),
             writable: self.writes_off_until.lock().is_none(),
         }
     }
@@ -2235,35 +2139,36 @@ mod tests {
     /// Meta file and directory entries of a small new file.
     const NEW_FILE: u64 = 4096 + PER_FILE_OVERHEAD;
 
-    /// The books of a one-block file: one record of at most 80 bytes with
-    /// its block inline (no heap block of its own), plus a u32 in each of
-    /// the two lookup tables (before: a hash map bucket of about 144 bytes
-    /// and three vectors). The policy's record of its part is 56 bytes.
+    /// The books of a one-block file: one record of at most RECORD_MAX
+    /// bytes, the disk's and the policy's in one, with its block inline (no
+    /// heap block of its own), plus a u32 in each of the two lookup tables
+    /// (by key, by path). Before: an 80-byte record, a policy record of 56
+    /// bytes and three lookup tables; before that a hash map bucket of about
+    /// 144 bytes and three vectors.
     #[test]
     fn the_record_of_a_one_block_file_is_small() {
-        let rec = std::mem::size_of::<(VersionKey, Entry)>();
-        assert!(rec <= 80, "a record is {rec} bytes");
+        const RECORD_MAX: usize = 120;
+        let rec = Books::record_size();
+        assert!(rec <= RECORD_MAX, "a record is {rec} bytes");
         assert!(matches!(Blocks::new(1), Blocks::One(_)));
-        let mut p: Policy<Part> = Policy::new(1 << 40);
-        for i in 0..1000u32 {
+        let mut p = new_books(1 << 40, BS);
+        let n = 100_000u32;
+        p.reserve(n as usize);
+        for i in 0..n {
             let mut k = [0u8; 16];
             k[..4].copy_from_slice(&i.to_le_bytes());
-            p.insert_existing(Part::own(VersionKey(k)), 4096);
+            p.get_or_insert_with(VersionKey(k), || new_entry(i as u64));
+            p.add(&VersionKey(k), 8192 + PER_FILE_OVERHEAD, Tier::Own);
         }
-        let per = p.heap_bytes() / 1000;
-        assert!(per <= 80, "the policy's books: {per} bytes per entry");
+        let per = p.heap_bytes() / n as usize;
+        assert!(
+            per <= RECORD_MAX + 2 * 12,
+            "the books: {per} bytes per entry"
+        );
     }
 
-    /// The dense table keeps its lookups right as records are removed (the
-    /// last record moves into the freed place), and finds every version of
-    /// a path.
-    #[test]
-    fn the_dense_table_finds_every_record_after_removals() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        let mut t = Entries::default();
-        let mut model: std::collections::HashMap<VersionKey, u64> = Default::default();
-        let new = |ph: u64| Entry {
+    fn new_entry(ph: u64) -> Entry {
+        Entry {
             path_hash: ph,
             size: ph,
             blocks: Blocks::new(1),
@@ -2275,14 +2180,25 @@ mod tests {
             meta_on_guest: false,
             created: false,
             meta_in_xattr: true,
-        };
+        }
+    }
+
+    /// The dense table keeps its lookups right as records are removed (the
+    /// last record moves into the freed place), and finds every version of
+    /// a path.
+    #[test]
+    fn the_dense_table_finds_every_record_after_removals() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut t = new_books(1 << 40, BS);
+        let mut model: std::collections::HashMap<VersionKey, u64> = Default::default();
         for _ in 0..5000 {
             let i: u8 = rng.random_range(0..200);
             let key = VersionKey(blake3::hash(&[i]).as_bytes()[..16].try_into().unwrap());
             // Few paths, several versions each.
             let ph = (i % 23) as u64;
             if rng.random_bool(0.5) {
-                t.get_or_insert_with(key, || new(ph));
+                t.get_or_insert_with(key, || new_entry(ph));
                 model.insert(key, ph);
             } else {
                 assert_eq!(t.remove(&key).is_some(), model.remove(&key).is_some());
@@ -2292,7 +2208,7 @@ mod tests {
                 assert_eq!(t.get(k).map(|e| e.path_hash), Some(*ph));
             }
             for ph in 0..23 {
-                let mut got: Vec<_> = t.versions_of(ph).collect();
+                let mut got: Vec<_> = t.group_keys(ph).collect();
                 let mut want: Vec<_> = model
                     .iter()
                     .filter(|(_, p)| **p == ph)
@@ -2330,9 +2246,9 @@ mod tests {
             .unwrap()
             .0;
         let mut st = c.state.lock();
-        st.policy.set_capacity(room);
-        let v = st.policy.shrink_to_capacity();
-        let work = c.plan_evictions(&mut st, &v);
+        st.books.set_capacity(room);
+        let v = st.books.shrink_to_capacity();
+        let work = c.plan_evictions(&mut st, v);
         drop(st);
         c.evict(work);
         c
@@ -2400,7 +2316,7 @@ mod tests {
         assert!(c.paths(&m.key).0.exists());
         assert!((0..4).all(|i| c.get(&o, i).is_some()));
         let st = c.state.lock();
-        assert!(st.policy.used() <= st.policy.capacity());
+        assert!(st.books.used() <= st.books.capacity());
         drop(st);
         // Own blocks are not churned for other own blocks.
         let more = file("more", 1);
@@ -2477,7 +2393,7 @@ mod tests {
         assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
         drop(c);
         let c = open(d.path(), 1 << 20);
-        assert!(!c.state.lock().entries.contains_key(&one.key));
+        assert!(!c.state.lock().books.contains(&one.key));
         c.sweep_orphans();
         assert!(!data.exists(), "a data file without meta is discarded");
         // Written again, it is whole again.
@@ -2495,7 +2411,7 @@ mod tests {
         for i in 0..3 {
             assert!(c.put(&f, i, &block(&f, i)));
         }
-        let clock = || c.state.lock().policy.clock();
+        let clock = || c.state.lock().books.clock();
         let before = clock();
         assert!(c.open_complete(&f).is_some());
         assert_eq!(clock(), before + 3 * BS);

@@ -24,14 +24,24 @@ use hashbrown::HashTable;
 
 /// What the policy decided for a write.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Admission<K> {
-    /// Write it, after removing these entries (already taken off the books).
-    Admit { evict: Vec<K> },
+pub enum Admission<K, X = ()> {
+    /// Write it, after removing these parts (already taken off the books).
+    Admit { evict: Vec<Evicted<K, X>> },
     /// Do not write it: the cache is full of data still in use.
     Reject,
 }
 
-/// Which tier an entry belongs to.
+/// A part of an entry taken off the books to make room.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Evicted<K, X = ()> {
+    pub key: K,
+    /// Which part went (meaningful when the entry stays: `gone` is None).
+    pub tier: Tier,
+    /// The entry's record, if the entry went whole (it had no other part).
+    pub gone: Option<X>,
+}
+
+/// Which tier a part of an entry belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
     /// This node's own blocks (or a node without peers).
@@ -40,27 +50,59 @@ pub enum Tier {
     Guest,
 }
 
+impl Tier {
+    fn bit(self) -> u8 {
+        match self {
+            Tier::Own => OWN,
+            Tier::Guest => GUEST,
+        }
+    }
+    fn ix(self) -> usize {
+        (self == Tier::Guest) as usize
+    }
+}
+
+/// What the caller keeps in each entry's record (the disk cache: its file
+/// version's blocks). `GROUPED` payloads are also found by `group` (the
+/// versions of one path).
+pub trait Payload {
+    const GROUPED: bool = false;
+    fn group(&self) -> u64 {
+        0
+    }
+}
+
+impl Payload for () {}
+
 /// No entry (the end of a list).
 const NIL: u32 = u32::MAX;
-/// The lists: every entry by last access; the guests (not stale) by last
-/// access; the stale entries, in the order they were marked.
+/// The lists: every entry by last access; the guests (entries with a guest
+/// part, not stale) by last access; the stale entries, in the order they
+/// were marked.
 const BY_LAST: usize = 0;
 const GUESTS: usize = 1;
 const STALE: usize = 2;
+/// Flags of an entry: its parts, and whether it is stale.
+const OWN: u8 = 1;
+const GUEST: u8 = 2;
+const BOTH: u8 = OWN | GUEST;
+const STALE_F: u8 = 4;
 
-/// One entry of the dense table: its key, its books and its places in the
-/// lists (`links[0]` in [`BY_LAST`], `links[1]` in [`GUESTS`] or [`STALE`]).
+/// One entry of the dense table: its key, the books of its two parts (own
+/// and guest blocks), its places in the lists (`links[0]` in [`BY_LAST`],
+/// `links[1]` in [`GUESTS`] or [`STALE`]) and the caller's record.
 #[derive(Debug, Clone, Copy)]
-struct Entry<K> {
+struct Entry<K, X> {
     key: K,
-    bytes: u64,
-    /// The read clock at the last access.
-    last: u64,
+    /// Bytes of the own and the guest part, in units of `Policy::unit`.
+    bytes: [u32; 2],
+    /// The read clock at the last access, in grains (`Policy::grain`).
+    last: u32,
     pins: u32,
-    tier: Tier,
-    stale: bool,
     /// [prev, next] record numbers in each list.
     links: [[u32; 2]; 2],
+    flags: u8,
+    x: X,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -69,45 +111,60 @@ struct List {
     tail: u32,
 }
 
-/// Epoch-aware accounting of what the cache holds, keyed by any entry id (the
-/// disk cache uses one entry per part of a file version).
+/// Epoch-aware accounting of what the cache holds: one entry per key (the
+/// disk cache: per file version), each with two parts (its own blocks, its
+/// guest blocks), and the caller's record of it.
 ///
 /// The books are one dense table (`Vec`, no holes: a removed entry's place
 /// is taken by the last one), a hash table of u32 record numbers to find an
-/// entry by key, and intrusive doubly linked lists through the table for
-/// the orders the policy walks (by last access, the guests, the stale
-/// entries). The read clock never goes back, so appending a touched entry
-/// at the tail keeps a list sorted by last access. About 40 bytes plus the
-/// key per entry.
+/// entry by key (and, for grouped payloads, a second one by group), and
+/// intrusive doubly linked lists through the table for the orders the
+/// policy walks (by last access, the guests, the stale entries). The read
+/// clock never goes back, so appending a touched entry at the tail keeps a
+/// list sorted by last access. 33 bytes plus the key and the record per
+/// entry.
 #[derive(Debug)]
-pub struct Policy<K: Copy + Ord + Hash> {
+pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
     capacity: u64,
+    /// Bytes booked: the entries' parts and `fixed`.
     used: u64,
+    /// Bytes booked outside the entries ([`Policy::admit_fixed`]), never
+    /// evicted.
+    fixed: u64,
     /// Bytes the loader has read through the mount (hits and misses): the
     /// clock that measures "passes over the data set".
     clock: u64,
     /// Accesses less than this many bytes of reading apart are one moment:
     /// an entry is re-sorted at most once per grain (1 by default; the disk
-    /// cache uses its block size).
+    /// cache uses its block size). Last accesses are kept in grains (u32).
     grain: u64,
+    /// Parts' bytes are kept in this unit (u32 each; 1 by default, the disk
+    /// cache books in multiples of 256 bytes). A part saturates at
+    /// `u32::MAX` units.
+    unit: u64,
     dataset_bytes: u64,
-    entries: Vec<Entry<K>>,
+    entries: Vec<Entry<K, X>>,
     index: HashTable<u32>,
+    /// Grouped payloads: every entry by its group (a multiset).
+    groups: HashTable<u32>,
     hasher: RandomState,
     lists: [List; 3],
     evictions: u64,
 }
 
-impl<K: Copy + Ord + Hash> Policy<K> {
+impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     pub fn new(capacity: u64) -> Self {
         Policy {
             capacity,
             used: 0,
+            fixed: 0,
             clock: 0,
             grain: 1,
+            unit: 1,
             dataset_bytes: 0,
             entries: Vec::new(),
             index: HashTable::new(),
+            groups: HashTable::new(),
             hasher: RandomState::new(),
             lists: [List {
                 head: NIL,
@@ -145,24 +202,60 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         self.find(key).is_some()
     }
 
+    /// Whether the entry has a part of this tier.
+    pub fn has_part(&self, key: &K, tier: Tier) -> bool {
+        self.find(key)
+            .is_some_and(|i| self.entries[i as usize].flags & tier.bit() != 0)
+    }
+
+    /// Bytes of one record of the table.
+    pub fn record_size() -> usize {
+        std::mem::size_of::<Entry<K, X>>()
+    }
+
     /// Heap bytes the books hold (for the documentation of per-file
     /// memory).
     pub fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry<K>>()
-            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+        self.entries.capacity() * Self::record_size()
+            + table_bytes(&self.index)
+            + table_bytes(&self.groups)
     }
 
     /// Makes room for `n` more entries at once (a start-up that books a
-    /// known number).
+    /// known number): the tables are not grown again while they fill.
     pub fn reserve(&mut self, n: usize) {
         self.entries.reserve_exact(n);
         let Policy {
             index,
+            groups,
             entries,
             hasher,
             ..
         } = self;
         index.reserve(n, |&j| hasher.hash_one(entries[j as usize].key));
+        if X::GROUPED {
+            groups.reserve(n, |&j| entries[j as usize].x.group());
+        }
+    }
+
+    /// Gives back what [`Policy::reserve`] took beyond the entries (a
+    /// reservation by records, not entries), if that is much.
+    pub fn shrink_to_fit(&mut self) {
+        if self.entries.capacity() / 2 <= self.entries.len() {
+            return;
+        }
+        self.entries.shrink_to_fit();
+        let Policy {
+            index,
+            groups,
+            entries,
+            hasher,
+            ..
+        } = self;
+        index.shrink_to_fit(|&j| hasher.hash_one(entries[j as usize].key));
+        if X::GROUPED {
+            groups.shrink_to_fit(|&j| entries[j as usize].x.group());
+        }
     }
 
     fn find(&self, key: &K) -> Option<u32> {
@@ -173,12 +266,27 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             .copied()
     }
 
-    fn get(&self, key: &K) -> Option<&Entry<K>> {
-        self.find(key).map(|i| &self.entries[i as usize])
+    /// The caller's record of an entry.
+    pub fn get(&self, key: &K) -> Option<&X> {
+        self.find(key).map(|i| &self.entries[i as usize].x)
     }
 
-    fn get_mut(&mut self, key: &K) -> Option<&mut Entry<K>> {
-        self.find(key).map(|i| &mut self.entries[i as usize])
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut X> {
+        self.find(key).map(|i| &mut self.entries[i as usize].x)
+    }
+
+    /// Every entry's key and record, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &X)> + '_ {
+        self.entries.iter().map(|e| (&e.key, &e.x))
+    }
+
+    /// The keys of the entries of a group (grouped payloads).
+    pub fn group_keys(&self, group: u64) -> impl Iterator<Item = K> + '_ {
+        self.groups
+            .iter_hash(group)
+            .map(|&i| &self.entries[i as usize])
+            .filter(move |e| e.x.group() == group)
+            .map(|e| e.key)
     }
 
     /// Appends entry `i` at the tail of list `l`.
@@ -212,18 +320,32 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     }
 
     /// The second list an entry is in, if any.
-    fn side(e: &Entry<K>) -> Option<usize> {
-        if e.stale {
+    fn side(flags: u8) -> Option<usize> {
+        if flags & STALE_F != 0 {
             Some(STALE)
-        } else if e.tier == Tier::Guest {
+        } else if flags & GUEST != 0 {
             Some(GUESTS)
         } else {
             None
         }
     }
 
+    /// Moves entry `i` to the side list its flags (now `flags`, before
+    /// `was`) call for.
+    fn reside(&mut self, i: u32, was: u8) {
+        let (a, b) = (Self::side(was), Self::side(self.entries[i as usize].flags));
+        if a != b {
+            if let Some(l) = a {
+                self.unlink(l, i);
+            }
+            if let Some(l) = b {
+                self.push_back(l, i);
+            }
+        }
+    }
+
     /// The record numbers of list `l`, head first.
-    fn iter(&self, l: usize) -> impl Iterator<Item = u32> + '_ {
+    fn iter_list(&self, l: usize) -> impl Iterator<Item = u32> + '_ {
         let which = (l != BY_LAST) as usize;
         let mut at = self.lists[l].head;
         std::iter::from_fn(move || {
@@ -234,6 +356,16 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             at = self.entries[i as usize].links[which][1];
             Some(i)
         })
+    }
+
+    fn part_bytes(&self, e: &Entry<K, X>, parts: u8) -> u64 {
+        let mut b = 0;
+        for t in [Tier::Own, Tier::Guest] {
+            if parts & t.bit() != 0 {
+                b += e.bytes[t.ix()] as u64 * self.unit;
+            }
+        }
+        b
     }
 
     /// The size of the data set as far as it is known; entries untouched for
@@ -247,24 +379,35 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         2 * self.dataset_bytes.max(self.capacity)
     }
 
+    /// Bytes read since an entry's last access.
+    fn age(&self, e: &Entry<K, X>) -> u64 {
+        self.clock
+            .saturating_sub((e.last as u64).saturating_mul(self.grain))
+    }
+
     /// Bytes of entries read within the horizon (two passes over the data
     /// set): what a neighbouring data set may never take (`budget.rs`).
     /// Stale versions, guests and abandoned entries are not counted. Costs
     /// the number of those, not of all entries.
     pub fn hot_bytes(&self) -> u64 {
-        let cold_before = self.clock.saturating_sub(self.horizon());
+        let horizon = self.horizon();
         let mut cold = 0;
-        for i in self.iter(BY_LAST) {
-            let e = &self.entries[i as usize];
-            if e.last >= cold_before || self.clock <= self.horizon() {
-                break;
-            }
-            if !e.stale && e.tier == Tier::Own {
-                cold += e.bytes;
+        if self.clock > horizon {
+            for i in self.iter_list(BY_LAST) {
+                let e = &self.entries[i as usize];
+                if self.age(e) <= horizon {
+                    break;
+                }
+                if e.flags & STALE_F == 0 {
+                    cold += self.part_bytes(e, OWN);
+                }
             }
         }
-        for i in self.iter(STALE).chain(self.iter(GUESTS)) {
-            cold += self.entries[i as usize].bytes;
+        for i in self.iter_list(STALE) {
+            cold += self.part_bytes(&self.entries[i as usize], BOTH);
+        }
+        for i in self.iter_list(GUESTS) {
+            cold += self.part_bytes(&self.entries[i as usize], GUEST);
         }
         self.used.saturating_sub(cold)
     }
@@ -279,26 +422,38 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         self.clock
     }
 
-    /// Sets the clock's grain (see the field).
+    /// Sets the clock's grain (see the field). Set it before any entry is
+    /// booked.
     pub fn set_grain(&mut self, bytes: u64) {
         self.grain = bytes.max(1);
     }
 
-    /// The clock, down to its grain (never before the newest access on the
-    /// books, so that the lists stay sorted if the grain is changed).
-    fn now(&self) -> u64 {
+    /// Sets the unit of the parts' bytes (see the field). Set it before any
+    /// entry is booked.
+    pub fn set_unit(&mut self, bytes: u64) {
+        self.unit = bytes.max(1);
+    }
+
+    /// The clock, in grains (never before the newest access on the books,
+    /// so that the lists stay sorted).
+    fn now(&self) -> u32 {
         let tail = self.lists[BY_LAST].tail;
         let newest = if tail == NIL {
             0
         } else {
             self.entries[tail as usize].last
         };
-        (self.clock / self.grain * self.grain).max(newest)
+        ((self.clock / self.grain).min(u32::MAX as u64) as u32).max(newest)
     }
 
     /// Notes an access to an entry (a hit or a write).
     pub fn touch(&mut self, key: K) {
-        let Some(i) = self.find(&key) else { return };
+        if let Some(i) = self.find(&key) {
+            self.touch_at(i);
+        }
+    }
+
+    fn touch_at(&mut self, i: u32) {
         let now = self.now();
         let e = &mut self.entries[i as usize];
         if e.last == now {
@@ -306,53 +461,52 @@ impl<K: Copy + Ord + Hash> Policy<K> {
             return;
         }
         e.last = now;
-        let guest = e.tier == Tier::Guest && !e.stale;
+        let side = Self::side(e.flags);
         self.unlink(BY_LAST, i);
         self.push_back(BY_LAST, i);
-        if guest {
+        if side == Some(GUESTS) {
             self.unlink(GUESTS, i);
             self.push_back(GUESTS, i);
         }
     }
 
-    /// The tier of an entry, if it is on the books.
+    /// The tier of an entry: own if it has an own part, else guest.
     pub fn tier(&self, key: &K) -> Option<Tier> {
-        self.get(key).map(|e| e.tier)
+        let e = &self.entries[self.find(key)? as usize];
+        Some(if e.flags & GUEST != 0 && e.flags & OWN == 0 {
+            Tier::Guest
+        } else {
+            Tier::Own
+        })
     }
 
-    /// Takes an entry found on disk at start-up onto the books, as if last
-    /// read before this mount (clock 0). Never refused: call
-    /// [`Policy::shrink_to_capacity`] afterwards.
-    pub fn insert_existing(&mut self, key: K, bytes: u64) {
-        self.grow(key, bytes, Tier::Own);
+    /// Adds an entry with no parts yet (a start-up that fills the records
+    /// first, then books them with [`Policy::book_all`]); returns its record
+    /// (the existing one if the key is on the books).
+    pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> X) -> &mut X {
+        let i = match self.find(&key) {
+            Some(i) => i,
+            None => self.insert(key, make()),
+        };
+        &mut self.entries[i as usize].x
     }
 
-    /// [`Policy::insert_existing`] for an entry of a given tier. Also adds
-    /// bytes to an entry without asking (the caller moves bytes between
-    /// entries it already holds).
-    pub fn insert_existing_as(&mut self, key: K, bytes: u64, tier: Tier) {
-        self.grow(key, bytes, tier);
-    }
-
-    fn grow(&mut self, key: K, bytes: u64, tier: Tier) {
-        self.used += bytes;
-        if let Some(e) = self.get_mut(&key) {
-            e.bytes += bytes;
-            return;
-        }
+    fn insert(&mut self, key: K, x: X) -> u32 {
         let last = self.now();
         let i = self.entries.len() as u32;
+        let group = x.group();
         self.entries.push(Entry {
             key,
-            bytes,
+            bytes: [0; 2],
             last,
             pins: 0,
-            tier,
-            stale: false,
             links: [[NIL; 2]; 2],
+            flags: 0,
+            x,
         });
         let Policy {
             index,
+            groups,
             entries,
             hasher,
             ..
@@ -360,83 +514,220 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         index.insert_unique(hasher.hash_one(key), i, |&j| {
             hasher.hash_one(entries[j as usize].key)
         });
+        if X::GROUPED {
+            groups.insert_unique(group, i, |&j| entries[j as usize].x.group());
+        }
         self.push_back(BY_LAST, i);
-        if tier == Tier::Guest {
-            self.push_back(GUESTS, i);
+        i
+    }
+
+    /// Adds `bytes` to part `tier` of entry `i` (creating the part).
+    fn add_at(&mut self, i: u32, bytes: u64, tier: Tier) {
+        let units = bytes.div_ceil(self.unit);
+        let e = &mut self.entries[i as usize];
+        let was = e.flags;
+        let have = e.bytes[tier.ix()];
+        let now = (have as u64 + units).min(u32::MAX as u64) as u32;
+        e.bytes[tier.ix()] = now;
+        e.flags |= tier.bit();
+        self.used += (now - have) as u64 * self.unit;
+        self.reside(i, was);
+    }
+
+    /// Books every entry at once (a start-up): `f` tells the bytes of its
+    /// own and its guest part (None: no such part).
+    pub fn book_all(&mut self, mut f: impl FnMut(&K, &X) -> [Option<u64>; 2]) {
+        for i in 0..self.entries.len() as u32 {
+            let e = &self.entries[i as usize];
+            let [own, guest] = f(&e.key, &e.x);
+            if let Some(b) = own {
+                self.add_at(i, b, Tier::Own);
+            }
+            if let Some(b) = guest {
+                self.add_at(i, b, Tier::Guest);
+            }
         }
     }
 
-    /// Asks to add `bytes` to own entry `key` (creating it if needed).
-    pub fn admit(&mut self, key: K, bytes: u64) -> Admission<K> {
-        self.admit_as(key, bytes, Tier::Own)
+    /// Keeps the entries for which `f` says true (the others leave the
+    /// books, their bytes with them).
+    pub fn retain(&mut self, mut f: impl FnMut(&K, &mut X) -> bool) {
+        let mut i = 0;
+        while i < self.entries.len() {
+            let e = &mut self.entries[i];
+            if f(&e.key, &mut e.x) {
+                i += 1;
+            } else {
+                // (The last entry takes its place.)
+                self.remove_at(i as u32);
+            }
+        }
     }
 
-    /// Asks to add `bytes` to entry `key` of tier `tier` (an existing entry
-    /// keeps its tier).
-    pub fn admit_as(&mut self, key: K, bytes: u64, tier: Tier) -> Admission<K> {
-        let tier = self.tier(&key).unwrap_or(tier);
+    /// Takes an entry onto the books as if last read before this mount
+    /// (clock 0; a start-up), or adds bytes to part `tier` of an entry
+    /// without asking (the caller moves bytes between parts it holds).
+    /// Never refused: call [`Policy::shrink_to_capacity`] afterwards.
+    pub fn insert_existing_as(&mut self, key: K, bytes: u64, tier: Tier)
+    where
+        X: Default,
+    {
+        let i = match self.find(&key) {
+            Some(i) => i,
+            None => self.insert(key, X::default()),
+        };
+        self.add_at(i, bytes, tier);
+    }
+
+    /// [`Policy::insert_existing_as`] of the own part.
+    pub fn insert_existing(&mut self, key: K, bytes: u64)
+    where
+        X: Default,
+    {
+        self.insert_existing_as(key, bytes, Tier::Own);
+    }
+
+    /// Adds `bytes` to part `tier` of an entry on the books, without asking.
+    pub fn add(&mut self, key: &K, bytes: u64, tier: Tier) {
+        if let Some(i) = self.find(key) {
+            self.add_at(i, bytes, tier);
+        }
+    }
+
+    /// Asks to add `bytes` to the own part of entry `key` (creating it if
+    /// needed).
+    pub fn admit(&mut self, key: K, bytes: u64) -> Admission<K, X>
+    where
+        X: Default,
+    {
+        self.admit_with(key, bytes, Tier::Own, X::default)
+    }
+
+    /// Asks to add `bytes` to part `tier` of entry `key`.
+    pub fn admit_as(&mut self, key: K, bytes: u64, tier: Tier) -> Admission<K, X>
+    where
+        X: Default,
+    {
+        self.admit_with(key, bytes, tier, X::default)
+    }
+
+    /// Asks to add `bytes` to part `tier` of entry `key`, the entry made by
+    /// `make` if it is not on the books. Own parts may evict guests; a
+    /// guest only takes spare room (or stale and abandoned entries'). The
+    /// entry itself is never a victim.
+    pub fn admit_with(
+        &mut self,
+        key: K,
+        bytes: u64,
+        tier: Tier,
+        make: impl FnOnce() -> X,
+    ) -> Admission<K, X> {
         let need = (self.used + bytes).saturating_sub(self.capacity);
-        if need == 0 {
-            self.grow(key, bytes, tier);
-            self.touch(key);
-            return Admission::Admit { evict: Vec::new() };
+        let mut evict = Vec::new();
+        if need > 0 {
+            let spare = Some((key, tier));
+            let victims = self.victims(need, spare, false, tier == Tier::Own);
+            if victims.is_empty() {
+                return Admission::Reject;
+            }
+            evict = self.take(&victims, spare);
         }
-        let victims = self.victims(need, Some(key), false, tier == Tier::Own);
-        if victims.is_empty() {
-            return Admission::Reject;
-        }
-        for v in &victims {
-            self.remove(v);
-            self.evictions += 1;
-        }
-        self.grow(key, bytes, tier);
-        self.touch(key);
-        Admission::Admit { evict: victims }
+        let i = match self.find(&key) {
+            Some(i) => i,
+            None => self.insert(key, make()),
+        };
+        self.add_at(i, bytes, tier);
+        self.touch_at(i);
+        Admission::Admit { evict }
     }
 
-    /// Entries to remove to free `need` bytes: stale versions first; for an
-    /// own entry (`evict_guests`), then guests, oldest first; then entries
-    /// abandoned for a whole horizon (oldest first); with `force`, then any
-    /// unpinned entry, oldest first. Empty if that is not enough.
-    fn victims(&self, need: u64, spare: Option<K>, force: bool, evict_guests: bool) -> Vec<K> {
+    /// Books `bytes` outside the entries (files kept beside the cache),
+    /// never evicted; makes room like an own part.
+    pub fn admit_fixed(&mut self, bytes: u64) -> Admission<K, X> {
+        let need = (self.used + bytes).saturating_sub(self.capacity);
+        let mut evict = Vec::new();
+        if need > 0 {
+            let victims = self.victims(need, None, false, true);
+            if victims.is_empty() {
+                return Admission::Reject;
+            }
+            evict = self.take(&victims, None);
+        }
+        self.fixed += bytes;
+        self.used += bytes;
+        Admission::Admit { evict }
+    }
+
+    /// Gives back bytes booked by [`Policy::admit_fixed`].
+    pub fn release_fixed(&mut self, bytes: u64) {
+        let b = bytes.min(self.fixed);
+        self.fixed -= b;
+        self.used -= b;
+    }
+
+    /// Parts to remove to free `need` bytes: stale entries first; for an
+    /// own part (`evict_guests`), then guest parts, oldest first; then
+    /// entries abandoned for a whole horizon (oldest first); with `force`,
+    /// then any unpinned entry, oldest first. Empty if that is not enough.
+    /// The `spare` part (the one being admitted) is never a victim; the
+    /// other part of its entry may be.
+    fn victims(
+        &self,
+        need: u64,
+        spare: Option<(K, Tier)>,
+        force: bool,
+        evict_guests: bool,
+    ) -> Vec<(K, u8)> {
         let mut out = Vec::new();
         let mut freed = 0;
-        let usable = |e: &Entry<K>| e.pins == 0 && Some(e.key) != spare;
-        for i in self.iter(STALE) {
+        // The parts of `e` that may go, of `parts`.
+        let usable = |e: &Entry<K, X>, parts: u8| {
+            if e.pins != 0 {
+                return 0;
+            }
+            match spare {
+                Some((k, t)) if k == e.key => e.flags & parts & !t.bit(),
+                _ => e.flags & parts,
+            }
+        };
+        for i in self.iter_list(STALE) {
             if freed >= need {
                 break;
             }
             let e = &self.entries[i as usize];
-            if usable(e) {
-                out.push(e.key);
-                freed += e.bytes;
+            let p = usable(e, BOTH);
+            if p != 0 {
+                out.push((e.key, p));
+                freed += self.part_bytes(e, p);
             }
         }
         if evict_guests {
-            for i in self.iter(GUESTS) {
+            for i in self.iter_list(GUESTS) {
                 if freed >= need {
                     break;
                 }
                 let e = &self.entries[i as usize];
-                if usable(e) {
-                    out.push(e.key);
-                    freed += e.bytes;
+                if usable(e, GUEST) != 0 {
+                    out.push((e.key, GUEST));
+                    freed += self.part_bytes(e, GUEST);
                 }
             }
         }
         let horizon = self.horizon();
-        for i in self.iter(BY_LAST) {
+        // (With `evict_guests`, the guest parts were all considered above.)
+        let parts = if evict_guests { OWN } else { BOTH };
+        for i in self.iter_list(BY_LAST) {
             if freed >= need {
                 break;
             }
             let e = &self.entries[i as usize];
-            if !force && self.clock.saturating_sub(e.last) <= horizon {
+            if !force && self.age(e) <= horizon {
                 break;
             }
-            let taken = evict_guests && e.tier == Tier::Guest;
-            if usable(e) && !e.stale && !taken {
-                out.push(e.key);
-                freed += e.bytes;
+            let p = usable(e, parts);
+            if e.flags & STALE_F == 0 && p != 0 {
+                out.push((e.key, p));
+                freed += self.part_bytes(e, p);
             }
         }
         if freed >= need {
@@ -446,41 +737,97 @@ impl<K: Copy + Ord + Hash> Policy<K> {
         }
     }
 
+    /// Takes the chosen parts off the books: an entry left with no part
+    /// goes whole (its record returned), but for the `spare` one.
+    fn take(&mut self, victims: &[(K, u8)], spare: Option<(K, Tier)>) -> Vec<Evicted<K, X>> {
+        let mut out = Vec::with_capacity(victims.len());
+        for &(key, parts) in victims {
+            let Some(i) = self.find(&key) else { continue };
+            self.evictions += 1;
+            let e = &mut self.entries[i as usize];
+            let was = e.flags;
+            let parts = parts & was;
+            let mut freed = 0;
+            for t in [Tier::Own, Tier::Guest] {
+                if parts & t.bit() != 0 {
+                    freed += e.bytes[t.ix()] as u64;
+                    e.bytes[t.ix()] = 0;
+                }
+            }
+            e.flags &= !parts;
+            self.used -= freed * self.unit;
+            let tier = if parts & GUEST != 0 && parts & OWN == 0 {
+                Tier::Guest
+            } else {
+                Tier::Own
+            };
+            // (Out of the guests' list if its guest part went.)
+            self.reside(i, was);
+            let kept = spare.is_some_and(|(k, _)| k == key);
+            if self.entries[i as usize].flags & BOTH == 0 && !kept {
+                let (x, _) = self.remove_at(i);
+                out.push(Evicted {
+                    key,
+                    tier,
+                    gone: Some(x),
+                });
+            } else {
+                out.push(Evicted {
+                    key,
+                    tier,
+                    gone: None,
+                });
+            }
+        }
+        out
+    }
+
     /// Removes entries until the books fit the capacity (after start-up or a
-    /// smaller --cache-size), stale ones first. Returns what to delete.
-    pub fn shrink_to_capacity(&mut self) -> Vec<K> {
+    /// smaller --cache-size), stale ones first. Returns what went.
+    pub fn shrink_to_capacity(&mut self) -> Vec<Evicted<K, X>> {
         let need = self.used.saturating_sub(self.capacity);
         if need == 0 {
             return Vec::new();
         }
         let victims = self.victims(need, None, true, true);
-        for v in &victims {
-            self.remove(v);
-            self.evictions += 1;
-        }
-        victims
+        self.take(&victims, None)
     }
 
-    /// Takes an entry off the books entirely; returns the bytes it held.
-    pub fn remove(&mut self, key: &K) -> u64 {
-        let Some(i) = self.find(key) else { return 0 };
-        let e = self.entries[i as usize];
+    /// Takes an entry off the books entirely; returns its record and the
+    /// bytes it held.
+    pub fn remove(&mut self, key: &K) -> Option<(X, u64)> {
+        let i = self.find(key)?;
+        Some(self.remove_at(i))
+    }
+
+    fn remove_at(&mut self, i: u32) -> (X, u64) {
+        let e = &self.entries[i as usize];
+        let flags = e.flags;
+        let (key, group) = (e.key, e.x.group());
+        let bytes = self.part_bytes(e, BOTH);
         self.unlink(BY_LAST, i);
-        if let Some(l) = Self::side(&e) {
+        if let Some(l) = Self::side(flags) {
             self.unlink(l, i);
         }
         let h = self.hasher.hash_one(key);
         if let Ok(o) = self.index.find_entry(h, |&j| j == i) {
             o.remove();
         }
+        if X::GROUPED {
+            if let Ok(o) = self.groups.find_entry(group, |&j| j == i) {
+                o.remove();
+            }
+        }
         // The last entry takes the freed place.
         let last = self.entries.len() as u32 - 1;
-        self.entries.swap_remove(i as usize);
+        let e = self.entries.swap_remove(i as usize);
         if i != last {
-            let moved = self.entries[i as usize];
-            for (which, l) in [(0, Some(BY_LAST)), (1, Self::side(&moved))] {
+            let moved = &self.entries[i as usize];
+            let (links, flags) = (moved.links, moved.flags);
+            let (mkey, mgroup) = (moved.key, moved.x.group());
+            for (which, l) in [(0, Some(BY_LAST)), (1, Self::side(flags))] {
                 let Some(l) = l else { continue };
-                let [prev, next] = moved.links[which];
+                let [prev, next] = links[which];
                 if prev == NIL {
                     self.lists[l].head = i;
                 } else {
@@ -492,21 +839,29 @@ impl<K: Copy + Ord + Hash> Policy<K> {
                     self.entries[next as usize].links[which][0] = i;
                 }
             }
-            let h = self.hasher.hash_one(moved.key);
+            let h = self.hasher.hash_one(mkey);
             if let Some(j) = self.index.find_mut(h, |&j| j == last) {
                 *j = i;
             }
+            if X::GROUPED {
+                if let Some(j) = self.groups.find_mut(mgroup, |&j| j == last) {
+                    *j = i;
+                }
+            }
         }
-        self.used -= e.bytes;
-        e.bytes
+        self.used -= bytes;
+        (e.x, bytes)
     }
 
-    /// Gives back `bytes` of an entry (a block found corrupt, a failed write).
-    pub fn shrink(&mut self, key: &K, bytes: u64) {
-        if let Some(e) = self.get_mut(key) {
-            let b = bytes.min(e.bytes);
-            e.bytes -= b;
-            self.used -= b;
+    /// Gives back `bytes` of part `tier` of an entry (a block found corrupt,
+    /// a failed write).
+    pub fn shrink(&mut self, key: &K, bytes: u64, tier: Tier) {
+        if let Some(i) = self.find(key) {
+            let unit = self.unit;
+            let e = &mut self.entries[i as usize];
+            let u = bytes.div_ceil(unit).min(e.bytes[tier.ix()] as u64);
+            e.bytes[tier.ix()] -= u as u32;
+            self.used -= u * unit;
         }
     }
 
@@ -514,29 +869,41 @@ impl<K: Copy + Ord + Hash> Policy<K> {
     /// changed or vanished at the source): it goes first when room is needed.
     pub fn mark_stale(&mut self, key: &K) {
         let Some(i) = self.find(key) else { return };
-        let e = self.entries[i as usize];
-        if e.stale {
-            return;
-        }
-        if let Some(l) = Self::side(&e) {
-            self.unlink(l, i);
-        }
-        self.entries[i as usize].stale = true;
-        self.push_back(STALE, i);
+        let e = &mut self.entries[i as usize];
+        let was = e.flags;
+        e.flags |= STALE_F;
+        self.reside(i, was);
     }
 
-    /// Pinned entries are never evicted (a file open in passthrough mode).
+    /// Pinned entries are never evicted (a file open in passthrough mode, a
+    /// block being written).
     pub fn pin(&mut self, key: &K) {
-        if let Some(e) = self.get_mut(key) {
-            e.pins += 1;
+        if let Some(i) = self.find(key) {
+            let e = &mut self.entries[i as usize];
+            e.pins = e.pins.saturating_add(1);
         }
     }
 
     pub fn unpin(&mut self, key: &K) {
-        if let Some(e) = self.get_mut(key) {
+        if let Some(i) = self.find(key) {
+            let e = &mut self.entries[i as usize];
             e.pins = e.pins.saturating_sub(1);
         }
     }
+}
+
+/// Heap bytes of a hash table of u32s: its buckets (a power of two, at
+/// most 7/8 full) of 4 bytes and a control byte.
+pub fn table_bytes(t: &HashTable<u32>) -> usize {
+    if t.capacity() == 0 {
+        return 0;
+    }
+    let buckets = if t.capacity() < 8 {
+        (t.capacity() + 1).next_power_of_two()
+    } else {
+        (t.capacity() * 8 / 7).next_power_of_two()
+    };
+    buckets * 5
 }
 
 #[cfg(test)]
@@ -545,6 +912,18 @@ mod tests {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     use std::collections::{HashSet, VecDeque};
+
+    /// The keys an admission evicted (None: refused).
+    fn keys<K, X>(a: Admission<K, X>) -> Option<Vec<K>> {
+        match a {
+            Admission::Admit { evict } => Some(evict.into_iter().map(|v| v.key).collect()),
+            Admission::Reject => None,
+        }
+    }
+
+    fn last(p: &Policy<u32>, k: u32) -> u32 {
+        p.entries[p.find(&k).unwrap() as usize].last
+    }
 
     /// Plain LRU, for comparison in the simulation.
     struct Lru {
@@ -576,6 +955,7 @@ mod tests {
         let block = 1 << 20;
         let cap = (n as f64 * frac) as u64 * block;
         let mut p: Policy<u32> = Policy::new(cap);
+        p.set_grain(block);
         p.set_dataset_bytes(n as u64 * block);
         let mut lru = Lru {
             cap: (n as f64 * frac) as usize,
@@ -616,21 +996,21 @@ mod tests {
         p.insert_existing(2, 10);
         p.record_read(50);
         p.touch(2);
-        assert_eq!(p.get(&2).unwrap().last, 0, "same grain: not moved");
+        assert_eq!(last(&p, 2), 0, "same grain: not moved");
         p.record_read(60);
         p.touch(1);
-        assert_eq!(p.get(&1).unwrap().last, 100, "next grain: moved");
+        assert_eq!(last(&p, 1), 1, "next grain: moved");
         let order: Vec<_> = p
-            .iter(BY_LAST)
+            .iter_list(BY_LAST)
             .map(|i| (p.entries[i as usize].last, p.entries[i as usize].key))
             .collect();
-        assert_eq!(order, vec![(0, 2), (100, 1)]);
+        assert_eq!(order, vec![(0, 2), (1, 1)]);
         // Without a grain every read moves the clock.
         let mut q: Policy<u32> = Policy::new(1000);
         q.insert_existing(1, 10);
         q.record_read(7);
         q.touch(1);
-        assert_eq!(q.get(&1).unwrap().last, 7);
+        assert_eq!(last(&q, 1), 7);
     }
 
     #[test]
@@ -664,10 +1044,7 @@ mod tests {
         // After two full passes of reads that never touch the old keys, the
         // old keys go, oldest first.
         p.record_read(250);
-        match p.admit(1000, 1) {
-            Admission::Admit { evict } => assert_eq!(evict, vec![0]),
-            r => panic!("{r:?}"),
-        }
+        assert_eq!(keys(p.admit(1000, 1)), Some(vec![0]));
         assert!(p.used() <= p.capacity());
     }
 
@@ -681,11 +1058,11 @@ mod tests {
         p.pin(&2);
         assert_eq!(p.admit(3, 5), Admission::Reject, "pinned entries stay");
         p.unpin(&2);
-        assert_eq!(p.admit(3, 5), Admission::Admit { evict: vec![2] });
+        assert_eq!(keys(p.admit(3, 5)), Some(vec![2]));
         assert_eq!(p.used(), 10);
-        p.shrink(&3, 5);
+        p.shrink(&3, 5, Tier::Own);
         assert_eq!(p.used(), 5);
-        assert_eq!(p.remove(&1), 5);
+        assert_eq!(p.remove(&1).map(|r| r.1), Some(5));
         assert_eq!(p.used(), 0);
     }
 
@@ -708,14 +1085,15 @@ mod tests {
         // An own entry evicts guests, oldest first, and only as many as needed.
         p.record_read(1);
         p.touch(100);
-        assert_eq!(p.admit(2, 3), Admission::Admit { evict: vec![101] });
-        assert_eq!(p.admit(3, 4), Admission::Admit { evict: vec![100] });
+        assert_eq!(keys(p.admit(2, 3)), Some(vec![101]));
+        assert_eq!(keys(p.admit(3, 4)), Some(vec![100]));
         assert_eq!(p.tier(&3), Some(Tier::Own));
         assert_eq!(p.tier(&100), None);
         // Own entries are not churned for each other.
         assert_eq!(p.admit(4, 1), Admission::Reject);
         assert!(p.used() <= p.capacity());
-        // Pinned guests stay; an existing entry keeps its tier.
+        // Pinned guests stay; an entry's own and guest parts are booked
+        // apart, and a guest part goes first, alone.
         let mut q: Policy<u32> = Policy::new(6);
         assert!(matches!(
             q.admit_as(7, 3, Tier::Guest),
@@ -729,8 +1107,11 @@ mod tests {
             q.admit_as(7, 0, Tier::Own),
             Admission::Admit { .. }
         ));
-        assert_eq!(q.tier(&7), Some(Tier::Guest));
-        assert_eq!(q.admit(9, 3), Admission::Admit { evict: vec![7] });
+        assert_eq!(q.tier(&7), Some(Tier::Own));
+        assert!(q.has_part(&7, Tier::Guest));
+        assert_eq!(keys(q.admit(9, 3)), Some(vec![7]));
+        assert!(q.has_part(&7, Tier::Own) && !q.has_part(&7, Tier::Guest));
+        assert_eq!(q.used(), 6);
     }
 
     /// Two nodes' caches, each half the data set, under a peer cache: each
@@ -772,7 +1153,7 @@ mod tests {
         p.set_dataset_bytes(50);
         for _ in 0..20_000 {
             let k = rng.random_range(0..60u32);
-            match rng.random_range(0..7) {
+            match rng.random_range(0..10) {
                 0 => {
                     let _ = p.admit(k, rng.random_range(1..8));
                 }
@@ -783,6 +1164,10 @@ mod tests {
                 3 => {
                     p.remove(&k);
                 }
+                8 => {
+                    let _ = p.admit_fixed(rng.random_range(1..8));
+                }
+                9 => p.release_fixed(rng.random_range(1..8)),
                 4 => p.mark_stale(&k),
                 5 => p.record_read(rng.random_range(0..20)),
                 _ => {
@@ -794,27 +1179,39 @@ mod tests {
             for (i, e) in p.entries.iter().enumerate() {
                 assert_eq!(p.find(&e.key), Some(i as u32));
             }
-            let all: Vec<u32> = p.iter(BY_LAST).collect();
+            let all: Vec<u32> = p.iter_list(BY_LAST).collect();
             assert_eq!(all.len(), p.len());
             assert!(all
                 .windows(2)
                 .all(|w| p.entries[w[0] as usize].last <= p.entries[w[1] as usize].last));
-            let guests: Vec<u32> = p.iter(GUESTS).collect();
-            let stale: Vec<u32> = p.iter(STALE).collect();
+            let guests: Vec<u32> = p.iter_list(GUESTS).collect();
+            let stale: Vec<u32> = p.iter_list(STALE).collect();
             assert!(guests
                 .windows(2)
                 .all(|w| p.entries[w[0] as usize].last <= p.entries[w[1] as usize].last));
+            let stale_f = |e: &Entry<u32, ()>| e.flags & STALE_F != 0;
             let want_g = p
                 .entries
                 .iter()
-                .filter(|e| e.tier == Tier::Guest && !e.stale);
+                .filter(|e| e.flags & GUEST != 0 && !stale_f(e));
             assert_eq!(guests.len(), want_g.count());
-            assert_eq!(stale.len(), p.entries.iter().filter(|e| e.stale).count());
+            assert_eq!(stale.len(), p.entries.iter().filter(|e| stale_f(e)).count());
             assert!(guests
                 .iter()
-                .all(|&i| p.entries[i as usize].tier == Tier::Guest));
-            assert!(stale.iter().all(|&i| p.entries[i as usize].stale));
-            assert_eq!(p.used(), p.entries.iter().map(|e| e.bytes).sum::<u64>());
+                .all(|&i| p.entries[i as usize].flags & GUEST != 0));
+            assert!(stale.iter().all(|&i| stale_f(&p.entries[i as usize])));
+            // Every entry has a part; a part without its flag holds nothing.
+            for e in &p.entries {
+                assert_ne!(e.flags & BOTH, 0);
+                assert!(e.flags & OWN != 0 || e.bytes[0] == 0);
+                assert!(e.flags & GUEST != 0 || e.bytes[1] == 0);
+            }
+            let booked: u64 = p
+                .entries
+                .iter()
+                .map(|e| (e.bytes[0] + e.bytes[1]) as u64)
+                .sum();
+            assert_eq!(p.used(), booked + p.fixed);
         }
     }
 
@@ -825,7 +1222,7 @@ mod tests {
             p.insert_existing(k, 4);
         }
         p.mark_stale(&3);
-        let gone = p.shrink_to_capacity();
+        let gone: Vec<u32> = p.shrink_to_capacity().into_iter().map(|v| v.key).collect();
         assert!(gone.contains(&3));
         assert!(p.used() <= 10);
         assert_eq!(gone.len(), 3);

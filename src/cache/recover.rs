@@ -241,6 +241,14 @@ pub struct Loaded {
     pub torn_bytes: u64,
 }
 
+/// What [`Index::load_with`] hands its caller.
+pub enum Loading {
+    /// The number of records in the snapshot (before them).
+    Count(u64),
+    /// One record, in order.
+    Op(Op),
+}
+
 /// The open index: appends go to the newest journal.
 #[derive(Debug)]
 pub struct Index {
@@ -278,6 +286,20 @@ impl Index {
         block_size: u64,
         mut apply: impl FnMut(Op),
     ) -> io::Result<Option<(Index, Loaded)>> {
+        Self::load_with(cache_dir, block_size, |l| {
+            if let Loading::Op(op) = l {
+                apply(op)
+            }
+        })
+    }
+
+    /// [`Index::load`], telling `apply` first how many records the snapshot
+    /// holds (so that the caller can size its tables once).
+    pub fn load_with(
+        cache_dir: &Path,
+        block_size: u64,
+        mut apply: impl FnMut(Loading),
+    ) -> io::Result<Option<(Index, Loaded)>> {
         let dir = index_dir(cache_dir);
         let mut loaded = Loaded::default();
         let f = match File::open(snapshot_path(&dir)) {
@@ -293,12 +315,13 @@ impl Index {
         let Some((snap_gen, count)) = parse_header(&buf, SNAP_MAGIC, block_size) else {
             return Ok(None);
         };
+        apply(Loading::Count(count));
         for _ in 0..count {
             if r.read_exact(&mut buf).is_err() {
                 return Ok(None);
             }
             match decode(&buf, snap_gen) {
-                Some(op) => apply(op),
+                Some(op) => apply(Loading::Op(op)),
                 None => return Ok(None),
             }
         }
@@ -323,7 +346,7 @@ impl Index {
             let mut n = 0;
             while r.read_exact(&mut buf).is_ok() {
                 let Some(op) = decode(&buf, g) else { break };
-                apply(op);
+                apply(Loading::Op(op));
                 good += REC as u64;
                 n += 1;
             }
