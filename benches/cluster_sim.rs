@@ -351,17 +351,8 @@ fn main() {
             hi as f64 * nodes as f64 / d as f64,
         );
         println!(
-            "{:<38} {:>5} {:>9} {:>9} {:>6} {:>7} {:>7} {:>9} {:>8}  {}",
-            "setup",
-            "epoch",
-            "storage",
-            "between",
-            "hit",
-            "moved",
-            "imbal.",
-            "load s",
-            "x base",
-            "bound by"
+            "{:<38} {:>5} {:>9} {:>9} {:>6} {:>7} {:>7} {:>9} {:>8}  bound by",
+            "setup", "epoch", "storage", "between", "hit", "moved", "imbal.", "load s", "x base"
         );
         let setups = [Setup::Private, Setup::PeerDistributed, Setup::PeerLocality];
         let mut clusters: Vec<Cluster> = setups.iter().map(|&s| Cluster::new(s, &p, d)).collect();
