@@ -507,8 +507,11 @@ impl Inner {
         match pos {
             Ok((slot, ino)) => {
                 let old = self.attr_of(ino).ok_or_else(enoent)?;
+                // (an entry only listed has getdents' inode number, a hint:
+                // its first stat says which object it is)
+                let listed = self.node(ino).is_some_and(|n| !n.known());
                 if (old.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
-                    && old.ino == attr.ino
+                    && (old.ino == attr.ino || listed)
                 {
                     self.account(Some(&old), Some(&attr));
                     self.set_attr(ino, &attr, now);
@@ -1249,7 +1252,12 @@ impl Namespace {
         };
         let mut inner = self.inner.write();
         let old = inner.attr_of(ino).ok_or_else(enoent)?;
-        if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir) || old.ino != attr.ino {
+        // (an entry only listed has getdents' inode number, a hint: its
+        // first stat says which object it is)
+        let listed = inner.node(ino).is_some_and(|n| !n.known());
+        if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir)
+            || (old.ino != attr.ino && !listed)
+        {
             // Another object now lives at this path: this inode is gone
             // (the next lookup or listing finds the new one).
             inner.unlink(ino);
@@ -1688,6 +1696,52 @@ mod tests {
             .unwrap();
         assert_eq!(Some(&again), inos.get("n000007.JPEG"));
         assert_eq!(run(&inner, ROOT).len() as u64, n);
+    }
+
+    #[test]
+    fn listed_entries_are_stat_ed_on_first_use_and_keep_their_attributes_when_listed_again() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("a"), b"aaa").unwrap();
+        std::fs::write(src.path().join("b"), b"b").unwrap();
+        let source = Arc::new(crate::source::DirSource::new(src.path().to_owned()));
+        // Everything stale at once: every refresh lists again.
+        let ns = Namespace::new(source, Some(Duration::ZERO), Arc::default()).unwrap();
+        ns.refresh_dir(ROOT).unwrap();
+        let listed = |ns: &Namespace| {
+            let mut v = Vec::new();
+            ns.read_dir(ROOT, 0, |e, _| {
+                v.push((e.name.to_owned(), e.ino, e.known, e.attr.kind));
+                false
+            })
+            .unwrap();
+            v
+        };
+        let l = listed(&ns);
+        assert_eq!(l.len(), 2);
+        assert!(l.iter().all(|e| !e.2 && e.3 == EntryKind::File), "{l:?}");
+        let (a, b) = (l[0].1, l[1].1);
+        // "a" replaced by another object before its first stat: the stat
+        // says which object the entry is (getdents' inode was a hint).
+        std::fs::write(src.path().join("a.new"), b"aaaaa").unwrap();
+        std::fs::rename(src.path().join("a.new"), src.path().join("a")).unwrap();
+        assert_eq!(ns.getattr(a).unwrap().size, 5);
+        assert!(ns.attrs_known(a) && !ns.attrs_known(b));
+        // Listed again: same inodes; "a" keeps its attributes.
+        ns.refresh_dir(ROOT).unwrap();
+        let l = listed(&ns);
+        assert_eq!((l[0].1, l[0].2, l[1].1, l[1].2), (a, true, b, false));
+        assert_eq!(ns.inner.read().attr_of(a).unwrap().size, 5);
+        // Replaced again after its stat: a listing sees another object (a
+        // new inode, attributes unknown).
+        std::fs::write(src.path().join("a.new"), b"a").unwrap();
+        std::fs::rename(src.path().join("a.new"), src.path().join("a")).unwrap();
+        ns.refresh_dir(ROOT).unwrap();
+        let l = listed(&ns);
+        assert!(l[0].1 != a && !l[0].2, "{l:?}");
+        assert_eq!(
+            ns.lookup(ROOT, "a".as_ref()).unwrap(),
+            (l[0].1, ns.getattr(l[0].1).unwrap())
+        );
     }
 
     #[test]
