@@ -44,6 +44,17 @@ static READ_FAILURES: crate::logging::RateLimit = crate::logging::RateLimit::new
 /// open mode): at most twice this many are kept.
 const INODE_HANDLES: usize = 4096;
 
+/// Entries a READDIRPLUS stats at most before it answers (a reply of 32
+/// KiB, what glibc asks for, holds about 190 ImageNet-like names; a longer
+/// one ends early and the kernel asks for the rest).
+const PLUS_BATCH: usize = 256;
+/// Stats of one READDIRPLUS in flight at once (the guard runs at most
+/// `METADATA_THREADS` metadata calls; more queue there).
+const PLUS_PARALLEL: usize = 32;
+/// Entries after a looked-up one stat-ed ahead when lookups follow the
+/// listing's order ([`Namespace::ahead_asks`]).
+const STAT_AHEAD: usize = 64;
+
 /// The extended attribute of the mount root that returns `stats` as JSON.
 pub const STATS_XATTR: &str = "user.locafs.stats";
 
@@ -86,6 +97,13 @@ pub trait DirPlusReply: Send + 'static {
     /// Adds an entry with its attributes (`next`: the offset of the one
     /// after it); true when the reply is full.
     fn add(&mut self, ino: u64, next: u64, name: &OsStr, attr: &SourceAttr) -> bool;
+    /// Adds an entry whose attributes could not be read in time: only
+    /// `attr`'s kind and source inode are right. The kernel must not keep
+    /// them: the FUSE adapter hands them out valid for no time at all, so
+    /// that any use asks again (LOOKUP, GETATTR). The default is `add`.
+    fn add_unstated(&mut self, ino: u64, next: u64, name: &OsStr, attr: &SourceAttr) -> bool {
+        self.add(ino, next, name, attr)
+    }
     fn done(self, r: io::Result<()>);
 }
 
@@ -208,6 +226,11 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         match self.ns.lookup_local(parent, name) {
             Step::Done(r) => reply(r),
             Step::Ask(ask) => {
+                let ahead = self.ns.ahead_asks(parent, name, STAT_AHEAD);
+                if !ahead.is_empty() {
+                    let ns = Arc::clone(&self.ns);
+                    self.rt.spawn(async move { stat_entries(&ns, ahead).await });
+                }
                 let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
                 self.rt.spawn(async move {
                     let r = ns.stat_for(&ask).await;
@@ -486,10 +509,24 @@ impl<B: Send + Sync + 'static> FsCore<B> {
     }
 
     /// [`FsCore::readdir`] with every entry's attributes ("." and ".."
-    /// revalidated like any getattr).
+    /// revalidated like any getattr). A listing reads names and kinds
+    /// only, so the entries this reply returns that were never stat-ed (or
+    /// are stale) are stat-ed first, in parallel (at most `PLUS_PARALLEL`
+    /// at once, each within the guard's metadata deadline); the reply ends
+    /// before the first entry whose attributes did not come (the kernel
+    /// asks again from there), and fails only if that is its first entry.
     pub fn readdirplus(&self, ino: u64, offset: u64, reply: impl DirPlusReply) {
         if offset > 1 {
-            return fill_dir_plus(&self.ns, ino, offset, None, None, reply);
+            let asks = self.ns.plus_asks(ino, offset - 2, PLUS_BATCH);
+            if asks.is_empty() {
+                return fill_dir_plus(&self.ns, ino, offset, None, None, reply);
+            }
+            let ns = Arc::clone(&self.ns);
+            self.rt.spawn(async move {
+                stat_entries(&ns, asks).await;
+                fill_dir_plus(&ns, ino, offset, None, None, reply)
+            });
+            return;
         }
         let ns = &self.ns;
         let parent = ns.parent(ino);
@@ -500,8 +537,21 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         };
         let (me, up) = (ns.getattr_local(ino), ns.getattr_local(parent));
         if let (Step::Done(listed), Step::Done(me), Step::Done(up)) = (listing, me, up) {
+            let asks = match &listed {
+                Ok(()) => ns.plus_asks(ino, 0, PLUS_BATCH),
+                Err(_) => Vec::new(),
+            };
             return match listed {
-                Ok(()) => fill_dir_plus(ns, ino, offset, Some(me), Some(up), reply),
+                Ok(()) if asks.is_empty() => {
+                    fill_dir_plus(ns, ino, offset, Some(me), Some(up), reply)
+                }
+                Ok(()) => {
+                    let ns = Arc::clone(&self.ns);
+                    self.rt.spawn(async move {
+                        stat_entries(&ns, asks).await;
+                        fill_dir_plus(&ns, ino, offset, Some(me), Some(up), reply)
+                    });
+                }
                 Err(e) => reply.done(Err(e)),
             };
         }
@@ -514,6 +564,8 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             }
             let me = ns.getattr_async(ino).await;
             let up = ns.getattr_async(parent).await;
+            let asks = ns.plus_asks(ino, 0, PLUS_BATCH);
+            stat_entries(&ns, asks).await;
             fill_dir_plus(&ns, ino, offset, Some(me), Some(up), reply)
         });
     }
@@ -566,9 +618,29 @@ fn fill_dir(ns: &Namespace, ino: u64, offset: u64, mut reply: impl DirReply) {
     reply.done(r)
 }
 
+/// Stats `asks` (entries about to go out in a READDIRPLUS) at the source,
+/// at most `PLUS_PARALLEL` at once, each through the guard with its
+/// deadline, and records the answers (an entry gone at the source leaves
+/// the listing; one that did not answer stays unknown).
+async fn stat_entries(ns: &Arc<Namespace>, asks: Vec<(u64, crate::namespace::Ask)>) {
+    use futures::stream::StreamExt;
+    futures::stream::iter(asks)
+        .map(|(ino, ask)| async move {
+            let r = ns.stat_for(&ask).await;
+            let _ = ns.getattr_answer(ino, ask, r);
+        })
+        .buffer_unordered(PLUS_PARALLEL)
+        .for_each(|()| async {})
+        .await
+}
+
 /// Answers a READDIRPLUS from what the namespace holds, with the attributes
 /// of "." (`me`, at offset 0) and ".." (`up`, at offsets 0 and 1) already
-/// looked up by the caller.
+/// looked up by the caller. Ends before the first entry whose attributes
+/// are not known (its stat did not answer in time; the kernel asks again
+/// from there), unless it is the reply's first: that one goes out unstated
+/// ([`DirPlusReply::add_unstated`]), so that a listing always advances and
+/// never waits on an entry's stat twice.
 fn fill_dir_plus(
     ns: &Namespace,
     ino: u64,
@@ -594,7 +666,11 @@ fn fill_dir_plus(
     // Every entry but "." and ".." counts as a lookup in the kernel.
     let mut handed = Vec::new();
     let r = ns.read_dir(ino, offset.saturating_sub(2), |e, next| {
-        let full = reply.add(e.ino, next + 2, e.name, e.attr);
+        let full = match (e.known, handed.is_empty()) {
+            (true, _) => reply.add(e.ino, next + 2, e.name, e.attr),
+            (false, true) => reply.add_unstated(e.ino, next + 2, e.name, e.attr),
+            (false, false) => return true,
+        };
         if !full {
             handed.push(e.ino);
         }

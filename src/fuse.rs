@@ -180,6 +180,14 @@ impl DirPlusReply for PlusReply {
         )
     }
 
+    fn add_unstated(&mut self, ino: u64, next: u64, name: &OsStr, a: &SourceAttr) -> bool {
+        // Valid for no time: the kernel asks (LOOKUP, GETATTR) before it
+        // uses the entry or its attributes.
+        let now = Duration::ZERO;
+        self.0
+            .add(INodeNo(ino), next, name, &now, &attr(ino, a), Generation(0))
+    }
+
     fn done(self, r: std::io::Result<()>) {
         match r {
             Ok(()) => self.0.ok(),
@@ -190,7 +198,13 @@ impl DirPlusReply for PlusReply {
 
 impl Filesystem for LocaFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // READDIRPLUS_AUTO: the kernel asks for READDIRPLUS at the start
+        // of a listing and where lookups of the directory's entries follow
+        // (`ls -l`, scandir + stat), plain READDIR otherwise (`find`, an
+        // image folder scan), which needs no stat of the entries at the
+        // source (fuse_use_readdirplus in fs/fuse/readdir.c).
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_NO_OPENDIR_SUPPORT;

@@ -16,11 +16,19 @@ use bytes::{Buf, BufMut};
 
 use crate::source::{EntryKind, SourceAttr};
 
-/// Format 2: the records are exactly the tree the mount last saw. Format 1
-/// held every inode the mount ever knew, deleted and replaced entries too,
-/// so a remount brought them back; such a manifest is ignored (the source
-/// is walked once more).
-const MAGIC: &[u8; 8] = b"LOCAFSN2";
+/// Format 3: format 2's layout, with a flags byte where format 2 had
+/// "listed" (0 or 1): bit 0 listed, bit 1 attributes unknown (an entry
+/// only listed, never stat-ed: its attribute fields hold only its kind and
+/// source inode, and the next mount stats it on first use). Format 2 (every
+/// entry stat-ed) is read as it is. Format 1 held every inode the mount
+/// ever knew, deleted and replaced entries too, so a remount brought them
+/// back; such a manifest is ignored (the source is walked once more).
+const MAGIC: &[u8; 8] = b"LOCAFSN3";
+/// Format 2, still read.
+const MAGIC_2: &[u8; 8] = b"LOCAFSN2";
+/// Format 3's flags byte.
+const LISTED: u8 = 1;
+const UNKNOWN: u8 = 2;
 
 /// One inode of the snapshot (its name borrowed from the manifest's bytes).
 #[derive(Debug, Clone, PartialEq)]
@@ -30,10 +38,20 @@ pub struct Record<'a> {
     pub attr: SourceAttr,
     /// A directory whose full listing is in the snapshot.
     pub listed: bool,
+    /// The attributes were read from the source; false for an entry only
+    /// listed (`attr` holds only its kind and source inode).
+    pub known: bool,
 }
 
 /// Appends one record to `b`.
-fn put_record(b: &mut Vec<u8>, parent: u64, name: &[u8], a: &SourceAttr, listed: bool) {
+fn put_record(
+    b: &mut Vec<u8>,
+    parent: u64,
+    name: &[u8],
+    a: &SourceAttr,
+    listed: bool,
+    known: bool,
+) {
     b.put_u64_le(parent);
     b.put_u32_le(name.len() as u32);
     b.put_slice(name);
@@ -43,7 +61,7 @@ fn put_record(b: &mut Vec<u8>, parent: u64, name: &[u8], a: &SourceAttr, listed:
         EntryKind::Symlink => 2,
         EntryKind::Other => 3,
     });
-    b.put_u8(listed as u8);
+    b.put_u8(if listed { LISTED } else { 0 } | if known { 0 } else { UNKNOWN });
     for v in [a.size, a.blocks, a.ino] {
         b.put_u64_le(v);
     }
@@ -82,7 +100,20 @@ impl Encoder {
     }
 
     pub fn push(&mut self, parent: u64, name: &[u8], a: &SourceAttr, listed: bool) {
-        put_record(&mut self.buf, parent, name, a, listed);
+        self.push_entry(parent, name, a, listed, true)
+    }
+
+    /// [`Encoder::push`] of an entry whose attributes may be unknown
+    /// (`known` false: only `a`'s kind and source inode mean anything).
+    pub fn push_entry(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        a: &SourceAttr,
+        listed: bool,
+        known: bool,
+    ) {
+        put_record(&mut self.buf, parent, name, a, listed, known);
         self.count += 1;
     }
 
@@ -138,7 +169,19 @@ impl<W: std::io::Write> StreamEncoder<W> {
         a: &SourceAttr,
         listed: bool,
     ) -> std::io::Result<()> {
-        put_record(&mut self.buf, parent, name, a, listed);
+        self.push_entry(parent, name, a, listed, true)
+    }
+
+    /// [`StreamEncoder::push`] of an entry whose attributes may be unknown.
+    pub fn push_entry(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        a: &SourceAttr,
+        listed: bool,
+        known: bool,
+    ) -> std::io::Result<()> {
+        put_record(&mut self.buf, parent, name, a, listed, known);
         self.pushed += 1;
         if self.buf.len() >= STREAM_BUF {
             self.flush_buf()?;
@@ -184,6 +227,8 @@ pub struct Manifest {
     /// The records' bytes (checked: every record decodes).
     data: Vec<u8>,
     records_at: usize,
+    /// Format 2 (every entry's attributes known).
+    v2: bool,
 }
 
 impl Manifest {
@@ -200,12 +245,14 @@ impl Manifest {
     pub fn records(&self) -> impl Iterator<Item = Record<'_>> + '_ {
         let body = &self.data[..self.data.len() - 32];
         let mut c = &body[self.records_at..];
-        (0..self.count).map_while(move |i| record(&mut c, i))
+        let v2 = self.v2;
+        (0..self.count).map_while(move |i| record(&mut c, i, v2))
     }
 }
 
-/// Decodes record number `i` (from 0) at `c`; None if it is not a valid one.
-fn record<'a>(c: &mut &'a [u8], i: u64) -> Option<Record<'a>> {
+/// Decodes record number `i` (from 0) at `c` (of format 2 if `v2`); None
+/// if it is not a valid one.
+fn record<'a>(c: &mut &'a [u8], i: u64, v2: bool) -> Option<Record<'a>> {
     let parent = c.try_get_u64_le().ok()?;
     let nlen = c.try_get_u32_le().ok()? as usize;
     let name = take(c, nlen)?;
@@ -216,7 +263,12 @@ fn record<'a>(c: &mut &'a [u8], i: u64) -> Option<Record<'a>> {
         3 => EntryKind::Other,
         _ => return None,
     };
-    let listed = c.try_get_u8().ok()? != 0;
+    let flags = c.try_get_u8().ok()?;
+    let (listed, known) = match (v2, flags) {
+        (true, f) => (f != 0, true),
+        (false, f) if f & !(LISTED | UNKNOWN) == 0 => (f & LISTED != 0, f & UNKNOWN == 0),
+        _ => return None,
+    };
     let (size, blocks, ino) = (
         c.try_get_u64_le().ok()?,
         c.try_get_u64_le().ok()?,
@@ -256,6 +308,7 @@ fn record<'a>(c: &mut &'a [u8], i: u64) -> Option<Record<'a>> {
             ctime_ns,
         },
         listed,
+        known,
     })
 }
 
@@ -272,16 +325,18 @@ pub fn decode(data: impl Into<Vec<u8>>) -> Option<Manifest> {
     }
     // `try_get_*` fail (never panic) on a body cut short.
     let mut c = body;
-    if take(&mut c, 8)? != MAGIC {
-        return None;
-    }
+    let v2 = match take(&mut c, 8)? {
+        m if m == MAGIC => false,
+        m if m == MAGIC_2 => true,
+        _ => return None,
+    };
     let saved_unix_s = c.try_get_u64_le().ok()?;
     let slen = c.try_get_u32_le().ok()? as usize;
     let source = take(&mut c, slen)?.to_vec();
     let count = c.try_get_u64_le().ok()?;
     let records_at = body.len() - c.len();
     for i in 0..count {
-        record(&mut c, i)?;
+        record(&mut c, i, v2)?;
     }
     if c.has_remaining() {
         return None;
@@ -292,6 +347,7 @@ pub fn decode(data: impl Into<Vec<u8>>) -> Option<Manifest> {
         count,
         data,
         records_at,
+        v2,
     })
 }
 
@@ -391,7 +447,7 @@ mod tests {
             )
         };
         let body = unhex(&format!(
-            "4c4f434146534e32 0807060504030201 02000000 2f73 0200000000000000 {} {}",
+            "4c4f434146534e33 0807060504030201 02000000 2f73 0200000000000000 {} {}",
             record("0100000000000000", "00000000", "00 01", "0000000000000000"),
             record(
                 "0100000000000000",
@@ -414,15 +470,61 @@ mod tests {
                     name: b"",
                     attr: attr(EntryKind::Dir, 0),
                     listed: true,
+                    known: true,
                 },
                 Record {
                     parent: 1,
                     name: b"f",
                     attr: attr(EntryKind::File, 0x1122),
                     listed: false,
+                    known: true,
                 },
             ]
         );
+    }
+
+    /// Re-signs `bytes` (a manifest) under another magic.
+    fn with_magic(mut bytes: Vec<u8>, magic: &[u8; 8]) -> Vec<u8> {
+        let n = bytes.len() - 32;
+        bytes[..8].copy_from_slice(magic);
+        let sum = blake3::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(sum.as_bytes());
+        bytes
+    }
+
+    #[test]
+    fn entries_only_listed_round_trip_flagged_and_format_2_still_loads() {
+        let mut e = Encoder::new(b"/s", 1);
+        e.push(1, b"", &attr(EntryKind::Dir, 0), true);
+        e.push_entry(1, b"listed", &attr(EntryKind::File, 0), false, false);
+        e.push_entry(1, b"dir", &attr(EntryKind::Dir, 0), true, false);
+        e.push_entry(1, b"statted", &attr(EntryKind::File, 9), false, true);
+        let bytes = e.finish(2);
+        let m = decode(&bytes[..]).unwrap();
+        let got: Vec<_> = m.records().map(|r| (r.name, r.listed, r.known)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (&b""[..], true, true),
+                (&b"listed"[..], false, false),
+                (&b"dir"[..], true, false),
+                (&b"statted"[..], false, true),
+            ]
+        );
+        // Flag bits beyond the two are not a manifest of this format.
+        let mut bad = bytes.clone();
+        let at = 8 + 8 + 4 + 2 + 8 + 8 + 4 + 1; // the root's flags byte
+        assert_eq!(bad[at], LISTED);
+        bad[at] |= 4;
+        assert!(decode(with_magic(bad, MAGIC)).is_none());
+        // Format 2 (every entry stat-ed; "listed" 0 or 1) loads, known.
+        let mut old = Encoder::new(b"/s", 1);
+        old.push(1, b"", &attr(EntryKind::Dir, 0), true);
+        old.push(1, b"f", &attr(EntryKind::File, 5), false);
+        let old = with_magic(old.finish(2), MAGIC_2);
+        let m = decode(old).expect("format 2 loads");
+        let got: Vec<_> = m.records().map(|r| (r.listed, r.known)).collect();
+        assert_eq!(got, vec![(true, true), (false, true)]);
     }
 
     #[test]

@@ -45,6 +45,13 @@ const NO_DIR: u32 = u32::MAX;
 /// `Node::flags`: the entry left the tree and the kernel forgot it: its
 /// name is gone (only its inode number stays taken).
 const GONE: u8 = 1;
+/// `Node::flags`: listed (name, kind and source inode from `getdents`) but
+/// never stat-ed: the attributes in the record are placeholders, never
+/// handed out; a lookup or getattr stats the entry first.
+const UNKNOWN: u8 = 2;
+/// `Node::flags`: an unknown entry whose stat-ahead was started (not
+/// started again; cleared with `UNKNOWN`).
+const AHEAD: u8 = 4;
 /// `Node::checked` counts ticks of this many ms since the namespace started
 /// (u32: 2.2 years). Rounded down, so an entry is revalidated up to one tick
 /// early, never late.
@@ -78,7 +85,15 @@ struct Node {
     blocks: u32,
     name_len: u8,
     kind: u8,
+    /// `GONE`, `UNKNOWN`, `AHEAD`.
     flags: u8,
+}
+
+impl Node {
+    /// Whether the attributes were read from the source (not only listed).
+    fn known(&self) -> bool {
+        self.flags & UNKNOWN == 0
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<Node>() == 64);
@@ -98,6 +113,31 @@ fn kind_of(code: u8) -> EntryKind {
         1 => EntryKind::File,
         2 => EntryKind::Symlink,
         _ => EntryKind::Other,
+    }
+}
+
+/// The attributes held for an entry known only from a listing: its kind
+/// and source inode, nothing else (never handed out; see `UNKNOWN`).
+fn placeholder(kind: EntryKind, ino: u64) -> SourceAttr {
+    let mode = match kind {
+        EntryKind::Dir => libc::S_IFDIR,
+        EntryKind::File => libc::S_IFREG,
+        EntryKind::Symlink => libc::S_IFLNK,
+        EntryKind::Other => 0,
+    };
+    SourceAttr {
+        kind,
+        size: 0,
+        blocks: 0,
+        mode,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        ino,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
     }
 }
 
@@ -281,6 +321,13 @@ impl Inner {
         Some(self.attr(self.node(ino)?))
     }
 
+    /// The attributes of `ino` if they were ever read from the source (an
+    /// entry only listed has none to answer with).
+    fn known_attr_of(&self, ino: u64) -> Option<SourceAttr> {
+        let n = self.node(ino)?;
+        n.known().then(|| self.attr(n))
+    }
+
     fn class(&mut self, a: &SourceAttr) -> u32 {
         let key = [a.mode, a.uid, a.gid, a.nlink, a.rdev];
         if let Some(id) = self.class_ids.get(&key) {
@@ -304,6 +351,12 @@ impl Inner {
             n.ctime_s = secs(a.ctime_ns);
             n.blocks = a.blocks.min(u32::MAX as u64) as u32;
             n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
+            n.flags &= !(UNKNOWN | AHEAD);
+            // (a listed kind is the stat's but where d_type lied; never
+            // between directory and not: callers replace such an entry)
+            if (n.kind == kind_code(EntryKind::Dir)) == (a.kind == EntryKind::Dir) {
+                n.kind = kind_code(a.kind);
+            }
         }
     }
 
@@ -415,6 +468,29 @@ impl Inner {
         Ok(ino)
     }
 
+    /// A new inode `name` under `parent` known only from a listing (its
+    /// kind and source inode): attributes unknown until it is stat-ed.
+    fn push_listed(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        kind: EntryKind,
+        src_ino: u64,
+    ) -> io::Result<u64> {
+        let ino = self.push(parent, name, placeholder(kind, src_ino), 0)?;
+        self.mark_unknown(ino);
+        Ok(ino)
+    }
+
+    /// The attributes of `ino` are not known (a listed entry, or one a
+    /// manifest saved as such): it is stat-ed before they are handed out.
+    fn mark_unknown(&mut self, ino: u64) {
+        if let Some(n) = self.node_mut(ino) {
+            n.flags |= UNKNOWN;
+            n.checked = 0;
+        }
+    }
+
     /// Updates or replaces the child `name` of `parent` with a fresh `attr`;
     /// returns its inode.
     fn upsert_child(
@@ -431,8 +507,11 @@ impl Inner {
         match pos {
             Ok((slot, ino)) => {
                 let old = self.attr_of(ino).ok_or_else(enoent)?;
+                // (an entry only listed has getdents' inode number, a hint:
+                // its first stat says which object it is)
+                let listed = self.node(ino).is_some_and(|n| !n.known());
                 if (old.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
-                    && old.ino == attr.ino
+                    && (old.ino == attr.ino || listed)
                 {
                     self.account(Some(&old), Some(&attr));
                     self.set_attr(ino, &attr, now);
@@ -674,7 +753,11 @@ pub struct Ask {
 pub struct DirEntry<'a> {
     pub ino: u64,
     pub name: &'a OsStr,
+    /// The attributes; only the kind and source inode if not `known`.
     pub attr: &'a SourceAttr,
+    /// Whether `attr` was read from the source (else the entry was only
+    /// listed: stat it before handing out its attributes).
+    pub known: bool,
 }
 
 /// The inode table of one mount.
@@ -761,6 +844,9 @@ impl Namespace {
             if r.listed {
                 inner.dir_mut(ino)?.listed_ms = Some(0);
             }
+            if !r.known {
+                inner.mark_unknown(ino);
+            }
         }
         if records != manifest.len() || inner.nodes.first()?.kind != kind_code(EntryKind::Dir) {
             return None;
@@ -840,7 +926,7 @@ impl Namespace {
         inner.for_each_in_tree(|parent, n| {
             if r.is_ok() {
                 let listed = inner.dir(n).is_some_and(|d| d.listed_ms.is_some());
-                r = e.push(parent, inner.name(n), &inner.attr(n), listed);
+                r = e.push_entry(parent, inner.name(n), &inner.attr(n), listed, n.known());
             }
         });
         r?;
@@ -1017,7 +1103,7 @@ impl Namespace {
             Ok(slot) => {
                 let ino = dir.at(slot) as u64;
                 if let Some(n) = inner.node(ino) {
-                    if !self.stale_node(n) {
+                    if n.known() && !self.stale_node(n) {
                         return Step::Done(Ok((ino, inner.attr(n))));
                     }
                 }
@@ -1030,10 +1116,11 @@ impl Namespace {
             return Step::Done(Err(enoent()));
         };
         if self.source.stalled() {
-            // No point asking: the last known answer now, or none.
+            // No point asking: the last known answer now, or none (an
+            // entry only listed has no attributes to answer with).
             let known = inner
                 .child(dir, name)
-                .and_then(|ino| Some((ino, inner.attr_of(ino)?)));
+                .and_then(|ino| Some((ino, inner.known_attr_of(ino)?)));
             drop(inner);
             return Step::Done(match known {
                 Some(k) => {
@@ -1069,7 +1156,7 @@ impl Namespace {
                 let known = inner
                     .dir_of(parent)
                     .and_then(|d| inner.child(d, name))
-                    .and_then(|ino| Some((ino, inner.attr_of(ino)?)));
+                    .and_then(|ino| Some((ino, inner.known_attr_of(ino)?)));
                 drop(inner);
                 match known {
                     Some(k) => {
@@ -1118,7 +1205,8 @@ impl Namespace {
             return Step::Done(Err(enoent()));
         };
         let attr = inner.attr(n);
-        if !self.stale_node(n) {
+        let known = n.known();
+        if known && !self.stale_node(n) {
             return Step::Done(Ok(attr));
         }
         let Some(path) = inner.path(ino) else {
@@ -1126,7 +1214,11 @@ impl Namespace {
         };
         drop(inner);
         if self.source.stalled() {
-            // No point asking: the last known attributes now.
+            // No point asking: the last known attributes now (none for an
+            // entry only listed).
+            if !known {
+                return Step::Done(Err(timed_out()));
+            }
             self.stale_answer("stat", &path);
             return Step::Done(Ok(attr));
         }
@@ -1144,7 +1236,7 @@ impl Namespace {
         let attr = match r {
             Ok(a) => a,
             Err(e) if is_timeout(&e) => {
-                let known = self.inner.read().attr_of(ino);
+                let known = self.inner.read().known_attr_of(ino);
                 let Some(known) = known else { return Err(e) };
                 self.stale_answer("stat", &ask.path);
                 return Ok(known);
@@ -1160,7 +1252,12 @@ impl Namespace {
         };
         let mut inner = self.inner.write();
         let old = inner.attr_of(ino).ok_or_else(enoent)?;
-        if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir) || old.ino != attr.ino {
+        // (an entry only listed has getdents' inode number, a hint: its
+        // first stat says which object it is)
+        let listed = inner.node(ino).is_some_and(|n| !n.known());
+        if (old.kind == EntryKind::Dir) != (attr.kind == EntryKind::Dir)
+            || (old.ino != attr.ino && !listed)
+        {
             // Another object now lives at this path: this inode is gone
             // (the next lookup or listing finds the new one).
             inner.unlink(ino);
@@ -1177,7 +1274,7 @@ impl Namespace {
         match self.listing_local(ino) {
             Step::Done(r) => r,
             Step::Ask(ask) => {
-                let r = self.source.list(&ask.path);
+                let r = self.source.list_names(&ask.path, &|| {});
                 self.listing_answer(ino, ask, r)
             }
         }
@@ -1189,7 +1286,9 @@ impl Namespace {
         match self.listing_local(ino) {
             Step::Done(r) => r,
             Step::Ask(ask) => {
-                let r = Arc::clone(&self.source).list_async(ask.path.clone()).await;
+                let r = Arc::clone(&self.source)
+                    .list_names_async(ask.path.clone())
+                    .await;
                 self.listing_answer(ino, ask, r)
             }
         }
@@ -1224,13 +1323,18 @@ impl Namespace {
         self.ask(path)
     }
 
-    /// Applies the source's listing `r` to [`Namespace::listing_local`]'s
-    /// question.
+    /// Applies the source's listing `r` (names, kinds and source inodes,
+    /// no attributes) to [`Namespace::listing_local`]'s question. An entry
+    /// listed before keeps its inode and its attributes (and when they were
+    /// checked: revalidated as any) if it is still the same object (same
+    /// kind, same source inode); a new one is known by name and kind only
+    /// until it is stat-ed (a lookup, a getattr, a READDIRPLUS that
+    /// returns it).
     pub fn listing_answer(
         &self,
         ino: u64,
         ask: Ask,
-        r: io::Result<Vec<(std::ffi::OsString, SourceAttr)>>,
+        r: io::Result<Vec<crate::source::DirName>>,
     ) -> io::Result<()> {
         let (path, now) = (ask.path, ask.at_ms);
         let mut entries = match r {
@@ -1252,8 +1356,8 @@ impl Namespace {
             }
             Err(e) => return Err(e),
         };
-        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        entries.dedup_by(|a, b| a.0 == b.0);
+        entries.sort_unstable_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+        entries.dedup_by(|a, b| a.name == b.name);
         let mut inner = self.inner.write();
         // The old listing, sorted by name (taken out; put back below).
         // (the side run merged in first: names found by lookups since the
@@ -1266,8 +1370,8 @@ impl Namespace {
         // that are still the same object: linear in the two listings.
         let mut children = Vec::with_capacity(entries.len());
         let mut oi = 0;
-        for (name, attr) in &entries {
-            let nb = name.as_bytes();
+        for e in &entries {
+            let (name, nb) = (&e.name, e.name.as_bytes());
             while oi < old.len() && inner.name_of(old[oi] as u64) < nb {
                 let gone = inner.attr_of(old[oi] as u64);
                 inner.account(gone.as_ref(), None);
@@ -1279,11 +1383,8 @@ impl Namespace {
                 let c = old[oi] as u64;
                 oi += 1;
                 if let Some(prev) = inner.attr_of(c) {
-                    if (prev.kind == EntryKind::Dir) == (attr.kind == EntryKind::Dir)
-                        && prev.ino == attr.ino
-                    {
-                        inner.account(Some(&prev), Some(attr));
-                        inner.set_attr(c, attr, now);
+                    // (a source inode of 0: getdents did not say)
+                    if prev.kind == e.kind && (e.ino == 0 || prev.ino == e.ino) {
                         reuse = Some(c);
                     } else {
                         inner.account(Some(&prev), None);
@@ -1293,7 +1394,7 @@ impl Namespace {
             }
             let c = match reuse {
                 Some(c) => c,
-                None => match inner.push(ino, nb, *attr, now) {
+                None => match inner.push_listed(ino, nb, e.kind, e.ino) {
                     Ok(c) => c,
                     Err(e) => {
                         warn!("{:?}: entry {name:?} left out: {e}", path);
@@ -1310,6 +1411,7 @@ impl Namespace {
             oi += 1;
         }
         children.shrink_to_fit();
+        inner.changes += 1;
         if let Some(dir) = inner.dir_mut(ino) {
             dir.children = children;
             dir.listed_ms = Some(now);
@@ -1343,12 +1445,94 @@ impl Namespace {
                 ino: c as u64,
                 name: OsStr::from_bytes(inner.name(child)),
                 attr: &attr,
+                known: child.known(),
             };
             if f(e, i as u64 + 1) {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// The entries of directory `ino` at positions `from..from + max` whose
+    /// attributes a READDIRPLUS cannot hand out as they are (never stat-ed,
+    /// or stale), with the question to put to the source for each (answer
+    /// it with [`Namespace::getattr_answer`]). Empty while the source is
+    /// stalled (the reply then ends before the first such entry).
+    pub fn plus_asks(&self, ino: u64, from: u64, max: usize) -> Vec<(u64, Ask)> {
+        if self.source.stalled() {
+            return Vec::new();
+        }
+        let inner = self.inner.read();
+        let Some(dir) = inner.dir_of(ino) else {
+            return Vec::new();
+        };
+        let from = usize::try_from(from).unwrap_or(usize::MAX);
+        let at_ms = self.now_ms();
+        let mut out = Vec::new();
+        for i in from..dir.len().min(from.saturating_add(max)) {
+            let Some(c) = dir.get(i) else { break };
+            let Some(n) = inner.node(c as u64) else {
+                continue;
+            };
+            if n.known() && !self.stale_node(n) {
+                continue;
+            }
+            if let Some(path) = inner.path(c as u64) {
+                out.push((c as u64, Ask { path, at_ms }));
+            }
+        }
+        out
+    }
+
+    /// Stat-ahead for lookups in listing order (`ls -l`, `os.scandir` then
+    /// `stat` of each entry, in the order the listing gave them): when the
+    /// lookup of `name` in `parent` must stat it and the entry listed just
+    /// before it is known (it was looked up just before), the entries
+    /// after it that were never stat-ed (at most `max`), with the
+    /// questions to ask of the source for them (answer with
+    /// [`Namespace::getattr_answer`]). Empty otherwise (a lookup of one
+    /// entry here and there costs no stat of its neighbours).
+    pub fn ahead_asks(&self, parent: u64, name: &OsStr, max: usize) -> Vec<(u64, Ask)> {
+        if self.source.stalled() {
+            return Vec::new();
+        }
+        let mut inner = self.inner.write();
+        let Some(dir) = inner.dir_of(parent) else {
+            return Vec::new();
+        };
+        let Ok(Slot::Main(i)) = inner.find_child(dir, name.as_bytes()) else {
+            return Vec::new();
+        };
+        let before = i
+            .checked_sub(1)
+            .and_then(|j| inner.node(dir.children[j] as u64));
+        if !before.is_some_and(|n| n.known()) {
+            return Vec::new();
+        }
+        let next: Vec<u32> = dir.children.iter().skip(i + 1).take(max).copied().collect();
+        let at_ms = self.now_ms();
+        let mut out = Vec::new();
+        for c in next {
+            let c = c as u64;
+            match inner.node(c) {
+                Some(n) if n.flags & (UNKNOWN | AHEAD) == UNKNOWN => {}
+                _ => continue,
+            }
+            if let Some(path) = inner.path(c) {
+                out.push((c, Ask { path, at_ms }));
+                if let Some(n) = inner.node_mut(c) {
+                    n.flags |= AHEAD;
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `ino`'s attributes were read from the source (false for an
+    /// entry only listed, and for an unknown inode).
+    pub fn attrs_known(&self, ino: u64) -> bool {
+        self.inner.read().node(ino).is_some_and(|n| n.known())
     }
 
     /// The parent of a directory inode (for "..").
@@ -1512,6 +1696,52 @@ mod tests {
             .unwrap();
         assert_eq!(Some(&again), inos.get("n000007.JPEG"));
         assert_eq!(run(&inner, ROOT).len() as u64, n);
+    }
+
+    #[test]
+    fn listed_entries_are_stat_ed_on_first_use_and_keep_their_attributes_when_listed_again() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("a"), b"aaa").unwrap();
+        std::fs::write(src.path().join("b"), b"b").unwrap();
+        let source = Arc::new(crate::source::DirSource::new(src.path().to_owned()));
+        // Everything stale at once: every refresh lists again.
+        let ns = Namespace::new(source, Some(Duration::ZERO), Arc::default()).unwrap();
+        ns.refresh_dir(ROOT).unwrap();
+        let listed = |ns: &Namespace| {
+            let mut v = Vec::new();
+            ns.read_dir(ROOT, 0, |e, _| {
+                v.push((e.name.to_owned(), e.ino, e.known, e.attr.kind));
+                false
+            })
+            .unwrap();
+            v
+        };
+        let l = listed(&ns);
+        assert_eq!(l.len(), 2);
+        assert!(l.iter().all(|e| !e.2 && e.3 == EntryKind::File), "{l:?}");
+        let (a, b) = (l[0].1, l[1].1);
+        // "a" replaced by another object before its first stat: the stat
+        // says which object the entry is (getdents' inode was a hint).
+        std::fs::write(src.path().join("a.new"), b"aaaaa").unwrap();
+        std::fs::rename(src.path().join("a.new"), src.path().join("a")).unwrap();
+        assert_eq!(ns.getattr(a).unwrap().size, 5);
+        assert!(ns.attrs_known(a) && !ns.attrs_known(b));
+        // Listed again: same inodes; "a" keeps its attributes.
+        ns.refresh_dir(ROOT).unwrap();
+        let l = listed(&ns);
+        assert_eq!((l[0].1, l[0].2, l[1].1, l[1].2), (a, true, b, false));
+        assert_eq!(ns.inner.read().attr_of(a).unwrap().size, 5);
+        // Replaced again after its stat: a listing sees another object (a
+        // new inode, attributes unknown).
+        std::fs::write(src.path().join("a.new"), b"a").unwrap();
+        std::fs::rename(src.path().join("a.new"), src.path().join("a")).unwrap();
+        ns.refresh_dir(ROOT).unwrap();
+        let l = listed(&ns);
+        assert!(l[0].1 != a && !l[0].2, "{l:?}");
+        assert_eq!(
+            ns.lookup(ROOT, "a".as_ref()).unwrap(),
+            (l[0].1, ns.getattr(l[0].1).unwrap())
+        );
     }
 
     #[test]

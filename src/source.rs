@@ -214,6 +214,19 @@ pub trait Source: Send + Sync + 'static {
         })
     }
 
+    /// [`Source::list_names`] for async callers (see
+    /// [`Source::read_at_async`]).
+    fn list_names_async(
+        self: Arc<Self>,
+        rel: PathBuf,
+    ) -> BoxFuture<'static, io::Result<Vec<DirName>>> {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || self.list_names(&rel, &|| {}))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)))
+        })
+    }
+
     /// [`Source::read_at`] for async callers. The default runs it on the
     /// runtime's blocking pool; the [`SourceGuard`](crate::source_guard::SourceGuard)
     /// runs it on its own bounded pool and holds no thread while it waits.

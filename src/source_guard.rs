@@ -619,6 +619,17 @@ impl Source for SourceGuard {
         })
     }
 
+    fn list_names_async(
+        self: Arc<Self>,
+        rel: PathBuf,
+    ) -> BoxFuture<'static, io::Result<Vec<DirName>>> {
+        Box::pin(async move {
+            let f = move |s: &dyn Source, p: &Progress| s.list_names(&rel, &|| p.tick());
+            self.call_async(&self.metadata, self.cfg.metadata_timeout, "list", f)
+                .await?
+        })
+    }
+
     fn stalled(&self) -> bool {
         self.is_stalled()
     }
