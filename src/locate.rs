@@ -151,11 +151,12 @@ pub fn locate(
             let mut files = Vec::new();
             let mut problems = Vec::new();
             walk(ns, ROOT, &mut PathBuf::new(), &mut files, &mut problems);
+            stat_listed(ns, &mut files);
             out.owners.reserve(files.len());
             out.cached.reserve(files.len());
             let mut names = Vec::with_capacity(files.len());
-            for (rel, v) in files {
-                entry(&mut out, &rel, Some(v));
+            for (rel, _, v) in files {
+                entry(&mut out, &rel, v);
                 names.push(rel.to_string_lossy().into_owned());
             }
             out.paths = Some(names);
@@ -195,25 +196,69 @@ pub fn locate(
     out
 }
 
-/// The regular files under `dir` (at `rel`), depth first, by name.
+/// Threads that stat files known only from a listing (each waits on the
+/// source, bounded by the guard's metadata deadline).
+const STAT_THREADS: usize = 32;
+
+/// Fills the versions of files known only from a listing (their attributes
+/// are not read until first needed, and the owner depends on the version),
+/// with a bounded number of stats in flight. A file whose stat fails stays
+/// `None`: reported as unknown, never given a made-up owner.
+fn stat_listed(ns: &Namespace, files: &mut [(PathBuf, u64, Option<SourceVersion>)]) {
+    let todo: Vec<usize> = (0..files.len()).filter(|&i| files[i].2.is_none()).collect();
+    if todo.is_empty() {
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let found: Vec<(usize, Option<SourceVersion>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..STAT_THREADS.min(todo.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut got = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&i) = todo.get(k) else { break };
+                        let v = ns
+                            .getattr(files[i].1)
+                            .ok()
+                            .filter(|a| a.kind == EntryKind::File)
+                            .map(|a| a.version());
+                        got.push((i, v));
+                    }
+                    got
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    for (i, v) in found {
+        files[i].2 = v;
+    }
+}
+
+/// The regular files under `dir` (at `rel`), depth first, by name, with
+/// their inode and their version where it is known (None: only listed).
 fn walk(
     ns: &Namespace,
     dir: u64,
     rel: &mut PathBuf,
-    files: &mut Vec<(PathBuf, SourceVersion)>,
+    files: &mut Vec<(PathBuf, u64, Option<SourceVersion>)>,
     problems: &mut Vec<String>,
 ) {
     if let Err(e) = ns.refresh_dir(dir) {
         problems.push(format!("{}: {}", rel.display(), e));
         return;
     }
-    let mut entries: Vec<(Vec<u8>, u64, EntryKind, SourceVersion)> = Vec::new();
+    let mut entries: Vec<(Vec<u8>, u64, EntryKind, Option<SourceVersion>)> = Vec::new();
     let _ = ns.read_dir(dir, 0, |e, _| {
         entries.push((
             e.name.as_bytes().to_vec(),
             e.ino,
             e.attr.kind,
-            e.attr.version(),
+            e.known.then(|| e.attr.version()),
         ));
         false
     });
@@ -222,7 +267,7 @@ fn walk(
         rel.push(OsStr::from_bytes(&name));
         match kind {
             EntryKind::Dir => walk(ns, ino, rel, files, problems),
-            EntryKind::File => files.push((rel.clone(), v)),
+            EntryKind::File => files.push((rel.clone(), ino, v)),
             _ => {}
         }
         rel.pop();
