@@ -209,37 +209,16 @@ pub fn plan(args: PlanArgs) -> ExitCode {
             }
         }
     };
-    let root = match std::fs::canonicalize(&args.mountpoint) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!(
-                "locafs: {}: {}",
-                args.mountpoint.display(),
-                crate::logging::short_io(&e)
-            );
-            return ExitCode::from(2);
-        }
+    let (root, mut c) = match connect_mount(&args.mountpoint) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let paths: Vec<PathBuf> = text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .map(|l| {
-            let p = Path::new(l);
-            p.strip_prefix(&root)
-                .or_else(|_| p.strip_prefix(&args.mountpoint))
-                .unwrap_or(p)
-                .to_owned()
-        })
-        .map(|p| p.strip_prefix("/").map(Path::to_owned).unwrap_or(p))
+        .map(|l| relative(Path::new(l), &root, &args.mountpoint))
         .collect();
-    let mut c = match Client::connect(&root) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("locafs: {e}");
-            return ExitCode::from(2);
-        }
-    };
     match c.call(&Request::Plan { paths }) {
         Ok(r) => {
             println!(
@@ -253,4 +232,32 @@ pub fn plan(args: PlanArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The mount root of `mountpoint` and a client of its control socket;
+/// the error is printed and its exit code returned (2: not a mount).
+pub(crate) fn connect_mount(mountpoint: &Path) -> Result<(PathBuf, Client), ExitCode> {
+    let root = std::fs::canonicalize(mountpoint).map_err(|e| {
+        eprintln!(
+            "locafs: {}: {}",
+            mountpoint.display(),
+            crate::logging::short_io(&e)
+        );
+        ExitCode::from(2)
+    })?;
+    let c = Client::connect(&root).map_err(|e| {
+        eprintln!("locafs: {e}");
+        ExitCode::from(2)
+    })?;
+    Ok((root, c))
+}
+
+/// `file` relative to the mount root `root` (given as `mnt` on the command
+/// line).
+pub(crate) fn relative(file: &Path, root: &Path, mnt: &Path) -> PathBuf {
+    let p = file
+        .strip_prefix(root)
+        .or_else(|_| file.strip_prefix(mnt))
+        .unwrap_or(file);
+    p.strip_prefix("/").unwrap_or(p).to_owned()
 }

@@ -4,10 +4,10 @@
 //! with `--json` for scripts. Files not found are reported, not fatal.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::control::{Client, Request, Response};
+use crate::control::{Request, Response};
 
 /// Arguments of `locafs where`.
 #[derive(clap::Args, Debug)]
@@ -26,41 +26,17 @@ pub struct WhereArgs {
     pub json: bool,
 }
 
-/// `file` relative to the mount root `root` (given as `mnt` on the command
-/// line).
-fn relative(file: &Path, root: &Path, mnt: &Path) -> PathBuf {
-    let p = file
-        .strip_prefix(root)
-        .or_else(|_| file.strip_prefix(mnt))
-        .unwrap_or(file);
-    p.strip_prefix("/").unwrap_or(p).to_owned()
-}
-
 pub fn main(args: WhereArgs) -> ExitCode {
-    let root = match std::fs::canonicalize(&args.mountpoint) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!(
-                "locafs: {}: {}",
-                args.mountpoint.display(),
-                crate::logging::short_io(&e)
-            );
-            return ExitCode::from(2);
-        }
+    let (root, mut c) = match super::control::connect_mount(&args.mountpoint) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let asked: Option<Vec<PathBuf>> = (!args.files.is_empty()).then(|| {
         args.files
             .iter()
-            .map(|f| relative(f, &root, &args.mountpoint))
+            .map(|f| super::control::relative(f, &root, &args.mountpoint))
             .collect()
     });
-    let mut c = match Client::connect(&root) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("locafs: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let r = match c.call(&Request::Where {
         paths: asked.clone(),
     }) {
