@@ -150,11 +150,11 @@ fn a_listing_stats_no_entry_and_a_lookup_stats_exactly_that_one() {
     // The whole listing, names and kinds right.
     assert_eq!(names(&dir), names(&src_dir));
     // No entry stat-ed at the source but those of the first READDIRPLUS
-    // the kernel asks for (at most one batch of 256; it asks for plain
-    // READDIR after that, unless lookups follow).
+    // the kernel asks for (a short one, of at most 32 entries; it asks for
+    // plain READDIR after that, unless lookups follow).
     let statted = src.statted();
     assert!(
-        statted.len() <= 256,
+        statted.len() <= 32,
         "a listing of {n} entries stat-ed {} of them at the source",
         statted.len()
     );
