@@ -206,11 +206,14 @@ fn a_new_data_set_evicts_the_unmounted_one_not_the_one_being_read() {
         p
     };
     let (ma, mb, mc) = (mk("ma"), mk("mb"), mk("mc"));
-    // A budget for two data sets and a half. A small memory tier, so that
-    // an epoch's blocks come from the cache or the source, where the
-    // budget decides (a block turned away while the budget was taken would
-    // otherwise be served from memory until evicted there).
-    let size = ["--cache-size", "50M", "--prefetch-memory", "16M"];
+    // A budget for two data sets and a half. The smallest memory tier
+    // (--prefetch-memory 8M, 8 blocks), so that an epoch's blocks come from
+    // the cache or the source, where the budget decides: a block turned
+    // away while the budget was taken is served from memory until evicted
+    // there and is not written meanwhile (a known gap, not yet mended).
+    // With 16M, under the load of the whole suite, two of B's blocks stayed
+    // in memory for the whole wait.
+    let size = ["--cache-size", "50M", "--prefetch-memory", "8M"];
     let mut a = Mount::start(&src_a, &ma, &tcache, &size);
     let b = Mount::start(&src_b, &mb, &tcache, &size);
     // Both booked, and B's grant taken from A's spare room.
