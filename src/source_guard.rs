@@ -766,6 +766,14 @@ mod tests {
         }
         assert_eq!(stats.source_stalls.load(Relaxed), 1);
         assert!(stats.source_stalled_since_ms.load(Relaxed) > 0);
+        // The probe's own call reaches the source a moment after the stall
+        // is declared (later still on a loaded machine): the first call and
+        // the probe, then nothing more.
+        let t = Instant::now();
+        while gate.calls.load(Relaxed) < 2 {
+            assert!(t.elapsed() < Duration::from_secs(2), "no probe");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let reached = gate.calls.load(Relaxed);
         let threads = stats.source_threads.load(Relaxed);
         // Many more calls, of every kind: refused at once, none reaches the
