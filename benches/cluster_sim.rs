@@ -39,10 +39,8 @@
 use std::time::Instant;
 
 use locafs::cache::policy::{Admission, Policy, Tier};
-use locafs::cache::VersionKey;
 use locafs::locality::{distributed_split, epoch_batches, permutation, Layout, SplitMix64};
-use locafs::peer::placement::{block_key, MemberId, Placement};
-use locafs::source::SourceVersion;
+use locafs::peer::placement::{block_key, path_id, MemberId, Placement};
 
 const GB: f64 = 1e9;
 const BLOCK_SIZE: u32 = 1 << 20;
@@ -126,16 +124,16 @@ fn sizes(n: usize, mean: f64) -> Vec<u64> {
 }
 
 /// The owner of each file's first block: the real placement over the
-/// members "node<i>:7070", on the real block key of a file version.
-fn owners(sizes: &[u64], nodes: usize) -> Vec<u32> {
+/// members "node<i>:7070", on the real block key of the file's path.
+fn owners(files: usize, nodes: usize) -> Vec<u32> {
     let ids: Vec<MemberId> = (0..nodes)
         .map(|i| MemberId::new(format!("node{i}:7070")))
         .collect();
     let placement = Placement::new(ids.clone());
     let dataset = locafs::peer::wire_dataset_id("imagenet");
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = sizes.len().div_ceil(threads).max(1);
-    let mut out = vec![0u32; sizes.len()];
+    let chunk = files.div_ceil(threads).max(1);
+    let mut out = vec![0u32; files];
     std::thread::scope(|s| {
         for (c, part) in out.chunks_mut(chunk).enumerate() {
             let (placement, ids, dataset) = (&placement, &ids, &dataset);
@@ -143,13 +141,8 @@ fn owners(sizes: &[u64], nodes: usize) -> Vec<u32> {
                 for (j, o) in part.iter_mut().enumerate() {
                     let i = c * chunk + j;
                     let rel = format!("train/n{:05}/img{:08}.JPEG", i % 1000, i);
-                    let v = SourceVersion {
-                        size: sizes[i],
-                        mtime_ns: 1_600_000_000_000_000_000,
-                        ino: i as u64 + 1,
-                    };
-                    let key = VersionKey::new(std::path::Path::new(&rel), &v);
-                    let owner = placement.owner(&block_key(dataset, &key.0, 0, BLOCK_SIZE));
+                    let id = path_id(std::path::Path::new(&rel));
+                    let owner = placement.owner(&block_key(dataset, &id, 0, BLOCK_SIZE));
                     *o = owner
                         .and_then(|m| ids.iter().position(|x| x == m))
                         .unwrap_or(0) as u32;
@@ -332,7 +325,7 @@ fn main() {
             disk_rate,
         };
         let t_own = Instant::now();
-        let owners = owners(&sizes, nodes);
+        let owners = owners(sizes.len(), nodes);
         let mut held = vec![0u64; nodes];
         for (f, &o) in owners.iter().enumerate() {
             held[o as usize] += sizes[f];

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tracing::warn;
 
+use crate::locate::Asked;
 use crate::prefetch::ReadAhead;
 
 /// The extended attribute of the mount root that names the control socket.
@@ -35,6 +36,14 @@ pub enum Request {
     Where {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         paths: Option<Vec<PathBuf>>,
+        /// The paths as one string, separated by NUL characters (compact
+        /// for millions of files; used instead of `paths`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        joined: Option<String>,
+        /// Answer in the packed form: `owners_packed`, `cached_packed` and
+        /// `paths_joined` instead of `owners`, `cached` and `paths`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        packed: bool,
     },
 }
 
@@ -71,6 +80,56 @@ pub struct Response {
     /// `where`: whether each file is fully cached on this node now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached: Option<Vec<bool>>,
+    /// `where`, packed: the owners as base64 of one little-endian u32 per
+    /// file ([`NOT_FOUND`] for a path that is not a file of the data set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owners_packed: Option<String>,
+    /// `where`, packed: base64 of one byte per file, 1 if cached here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_packed: Option<String>,
+    /// `where` without paths, packed: the data set's files in listing
+    /// order, separated by NUL characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths_joined: Option<String>,
+}
+
+/// A packed owner that is not a file of the data set.
+pub const NOT_FOUND: u32 = u32::MAX;
+
+impl Response {
+    /// The owners of a `where` answer in either form (None: not a file).
+    pub fn where_owners(&self) -> Result<Vec<Option<u32>>, String> {
+        if let Some(o) = &self.owners {
+            return Ok(o.clone());
+        }
+        let raw = unbase64(self.owners_packed.as_deref().unwrap_or(""))?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .map(|o| (o != NOT_FOUND).then_some(o))
+            .collect())
+    }
+
+    /// The cached flags of a `where` answer in either form.
+    pub fn where_cached(&self) -> Result<Vec<bool>, String> {
+        if let Some(c) = &self.cached {
+            return Ok(c.clone());
+        }
+        let raw = unbase64(self.cached_packed.as_deref().unwrap_or(""))?;
+        Ok(raw.iter().map(|b| *b != 0).collect())
+    }
+}
+
+fn unbase64(s: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| format!("bad packed answer: {e}"))
+}
+
+fn base64(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
 }
 
 /// Where the control socket of a data set lives (falls back to the runtime
@@ -157,7 +216,18 @@ async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
                 }
             }
         },
-        Request::Where { paths } => match ra.locate(paths).await {
+        Request::Where {
+            paths,
+            joined,
+            packed,
+        } => match ra
+            .locate(match (paths, joined) {
+                (_, Some(j)) => Asked::Joined(j),
+                (Some(p), None) => Asked::Paths(p),
+                (None, None) => Asked::All,
+            })
+            .await
+        {
             Ok(l) => {
                 let mut error = (!l.problems.is_empty()).then(|| {
                     let more = l.problems.len().saturating_sub(5);
@@ -174,7 +244,7 @@ async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
                             .into(),
                     );
                 }
-                Response {
+                let mut r = Response {
                     ok: l.node_index.is_some(),
                     error,
                     files: l.owners.len() as u64,
@@ -182,11 +252,29 @@ async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
                     node_index: l.node_index,
                     num_nodes: Some(l.num_nodes),
                     members: Some(l.members),
-                    paths: l.paths,
-                    owners: Some(l.owners),
-                    cached: Some(l.cached),
                     ..Default::default()
+                };
+                if packed {
+                    let mut owners = Vec::with_capacity(l.owners.len() * 4);
+                    for o in &l.owners {
+                        owners.extend_from_slice(&o.unwrap_or(NOT_FOUND).to_le_bytes());
+                    }
+                    let cached: Vec<u8> = l.cached.iter().map(|c| *c as u8).collect();
+                    r.owners_packed = Some(base64(&owners));
+                    r.cached_packed = Some(base64(&cached));
+                    r.paths_joined = l.paths;
+                } else {
+                    r.paths = l.paths.map(|p| {
+                        if l.owners.is_empty() {
+                            Vec::new()
+                        } else {
+                            p.split('\0').map(str::to_owned).collect()
+                        }
+                    });
+                    r.owners = Some(l.owners);
+                    r.cached = Some(l.cached);
                 }
+                r
             }
             Err(e) => Response {
                 ok: false,

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
-use crate::source::{EntryKind, Source, SourceAttr};
+use crate::source::{EntryKind, Source, SourceAttr, SourceVersion};
 use crate::source_guard::{is_timeout, timed_out};
 use crate::stats::Stats;
 
@@ -1578,6 +1578,27 @@ impl Namespace {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Child `name` of directory `parent` as the namespace knows it now:
+    /// its inode, kind, and version if its attributes were read (None: only
+    /// listed). Never asks the source and counts no kernel lookup: for
+    /// `locafs where`, whose owners need only paths (refresh the listing
+    /// first with [`Namespace::refresh_dir`]).
+    pub fn listed_child(
+        &self,
+        parent: u64,
+        name: &OsStr,
+    ) -> Option<(u64, EntryKind, Option<SourceVersion>)> {
+        let inner = self.inner.read();
+        let dir = inner.dir(inner.node(parent)?)?;
+        let ino = inner.child(dir, name.as_bytes())?;
+        let n = inner.node(ino)?;
+        Some((
+            ino,
+            kind_of(n.kind),
+            n.known().then(|| inner.attr(n).version()),
+        ))
     }
 
     /// Resolves a path relative to the root, component by component (no

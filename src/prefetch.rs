@@ -378,11 +378,12 @@ impl ReadAhead {
         let _ = self.peer.set(node);
     }
 
-    /// The `where` query (`locate.rs`): owners and cached state of `paths`,
-    /// or of the whole data set in listing order; on the blocking pool.
+    /// The `where` query (`locate.rs`): owners and cached state of the
+    /// files asked, or of the whole data set in listing order; on the
+    /// blocking pool.
     pub async fn locate(
         &self,
-        paths: Option<Vec<PathBuf>>,
+        asked: crate::locate::Asked,
     ) -> Result<crate::locate::Located, String> {
         let owners = match self.peer.get() {
             Some(node) => crate::locate::Owners::of(node),
@@ -390,7 +391,7 @@ impl ReadAhead {
         };
         let (ns, reader) = (Arc::clone(&self.ns), Arc::clone(&self.reader));
         tokio::task::spawn_blocking(move || {
-            crate::locate::locate(&ns, reader.cache().as_ref(), &owners, paths.as_deref())
+            crate::locate::locate(&ns, reader.cache().as_ref(), &owners, asked)
         })
         .await
         .map_err(|e| format!("where: {e}"))

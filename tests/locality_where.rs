@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::cluster::*;
 use common::*;
-use locafs::cache::VersionKey;
 use locafs::control::{Client, Request, Response};
-use locafs::peer::placement::{block_key, MemberId, Placement};
+use locafs::peer::placement::{block_key, path_id, MemberId, Placement};
 use serde_json::Value;
 
 fn where_json(mnt: &Path, files: &[&str]) -> Value {
@@ -132,10 +131,9 @@ fn three_nodes_agree_on_owners_and_the_owner_serves_the_block() {
         .files
         .iter()
         .map(|(rel, _)| {
-            let v = version_of(&c.source().join(rel));
-            let key = VersionKey::new(Path::new(rel), &v);
+            let id = path_id(Path::new(rel));
             let owner = placement
-                .owner(&block_key(&dataset, &key.0, 0, BLOCK as u32))
+                .owner(&block_key(&dataset, &id, 0, BLOCK as u32))
                 .unwrap();
             members.iter().position(|m| m == owner.as_str()).unwrap() as u64
         })
@@ -222,21 +220,52 @@ fn one_call_answers_a_large_data_set() {
     }
     let _m = s.mount(&[]);
     let mut client = Client::connect(&s.mnt).unwrap();
-    let mut call = |paths: Option<Vec<PathBuf>>| -> (Response, Duration) {
+    let mut call = |req: Request| -> (Response, Duration) {
         let t0 = Instant::now();
-        let r = client.call(&Request::Where { paths }).unwrap();
+        let r = client.call(&req).unwrap();
         (r, t0.elapsed())
     };
-    let (first, t_first) = call(None);
-    let (all, t_all) = call(None);
-    let (some, t_paths) = call(Some(rels.clone()));
-    for r in [&first, &all, &some] {
+    let joined: Vec<&str> = rels.iter().map(|p| p.to_str().unwrap()).collect();
+    let joined = joined.join("\0");
+    let where_ =
+        |paths: Option<Vec<PathBuf>>, joined: Option<String>, packed: bool| Request::Where {
+            paths,
+            joined,
+            packed,
+        };
+    let (first, t_first) = call(where_(None, None, true));
+    let (all, t_all) = call(where_(None, None, true));
+    let (plain, _) = call(where_(None, None, false));
+    let (some, t_paths) = call(where_(None, Some(joined), true));
+    let (by_list, _) = call(where_(Some(rels.clone()), None, false));
+    for r in [&first, &all, &plain, &some, &by_list] {
         assert!(r.ok, "{:?}", r.error);
         assert_eq!(r.files, files as u64);
         assert_eq!(r.unknown, 0);
     }
-    let listed: Vec<PathBuf> = all.paths.unwrap().into_iter().map(PathBuf::from).collect();
+    // The packed and plain forms say the same.
+    let listed: Vec<PathBuf> = all
+        .paths_joined
+        .as_deref()
+        .unwrap()
+        .split('\0')
+        .map(PathBuf::from)
+        .collect();
     assert_eq!(listed, rels, "listing order");
+    let plain_listed: Vec<PathBuf> = plain
+        .paths
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    assert_eq!(plain_listed, rels);
+    let owners = plain.where_owners().unwrap();
+    assert_eq!(owners.len(), files);
+    for r in [&first, &all, &some, &by_list] {
+        assert_eq!(r.where_owners().unwrap(), owners);
+        assert_eq!(r.where_cached().unwrap(), plain.where_cached().unwrap());
+    }
     let per_m = |d: Duration| d.as_secs_f64() * 1.28e6 / files as f64;
     eprintln!(
         "where over {files} files ({} build): first call (lists the source) {:.0} ms, \

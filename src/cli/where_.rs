@@ -37,8 +37,12 @@ pub fn main(args: WhereArgs) -> ExitCode {
             .map(|f| super::control::relative(f, &root, &args.mountpoint))
             .collect()
     });
+    // The summary reads the packed form (compact for millions of files);
+    // --json prints the plain one, for scripts.
     let r = match c.call(&Request::Where {
         paths: asked.clone(),
+        joined: None,
+        packed: !args.json,
     }) {
         Ok(r) => r,
         Err(e) => {
@@ -76,8 +80,8 @@ fn print_summary(r: &Response, asked: Option<&[PathBuf]>) {
             println!("  node {i}: {m}");
         }
     }
-    let owners = r.owners.as_deref().unwrap_or_default();
-    let cached = r.cached.as_deref().unwrap_or_default();
+    let owners = r.where_owners().unwrap_or_default();
+    let cached = r.where_cached().unwrap_or_default();
     let mut per_owner: BTreeMap<u32, u64> = BTreeMap::new();
     for o in owners.iter().flatten() {
         *per_owner.entry(*o).or_default() += 1;

@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 
 use super::codec::{self, Frame, WireVersion};
 use super::membership::{Member, Membership, MAX_BACKOFF};
-use super::placement::block_key;
+use super::placement::{block_key, path_id};
 use crate::cache::{ChecksummedBytes, FileVersion};
 use crate::reader::PeerTier;
 use crate::stats::Stats;
@@ -69,7 +69,7 @@ impl PeerClient {
     }
 
     fn key(&self, file: &FileVersion, index: u64) -> [u8; 44] {
-        block_key(&self.dataset, &file.key.0, index, self.block_size)
+        block_key(&self.dataset, &path_id(&file.rel), index, self.block_size)
     }
 
     /// One request to one member, within the deadline.

@@ -16,8 +16,13 @@
 //! nanosecond per member: at 1,024 members that is about 1 µs, where v1 (a
 //! keyed blake3 hash per member) took about 100 µs, and a bulk query of
 //! 1.28 M files at 256 nodes (`locafs where`) would have taken 30 s. Ties
-//! (which need a 64-bit collision) go to the smaller member id. Nodes of
-//! different versions (v1 and v2) disagree on owners: that costs peer hits
+//! (which need a 64-bit collision) go to the smaller member id.
+//!
+//! A block's key ([`block_key`]) names the data set, the file by its path
+//! ([`path_id`], not its version: an owner is known without a stat, and
+//! stays when the file changes), the block index and the block size. Nodes
+//! of different releases that place differently (v1; v2 before blocks were
+//! placed by path, 2026-12-02) disagree on owners: that costs peer hits
 //! during a rolling upgrade, never a wrong byte (blocks are verified).
 //!
 //! This module must never do I/O or keep per-key state, and must give every
@@ -130,15 +135,25 @@ impl Placement {
 }
 
 /// The placement key of one block, laid out the same way on every node:
-/// dataset (16 bytes), version (16), block index (u64 LE), block size
-/// (u32 LE).
-pub fn block_key(dataset: &[u8; 16], version: &[u8; 16], block: u64, block_size: u32) -> [u8; 44] {
+/// dataset (16 bytes), file (16: [`path_id`] of the file's path), block
+/// index (u64 LE), block size (u32 LE).
+pub fn block_key(dataset: &[u8; 16], file: &[u8; 16], block: u64, block_size: u32) -> [u8; 44] {
     let mut key = [0u8; 44];
     key[..16].copy_from_slice(dataset);
-    key[16..32].copy_from_slice(version);
+    key[16..32].copy_from_slice(file);
     key[32..40].copy_from_slice(&block.to_le_bytes());
     key[40..].copy_from_slice(&block_size.to_le_bytes());
     key
+}
+
+/// A file's part of a block's placement key: xxh3-128 (little endian) of
+/// its path relative to the data set root, as bytes. The path, not the
+/// version: a file keeps its owner when it changes, and an owner is known
+/// from a listing alone (`locafs where` stats nothing). The version still
+/// names the bytes asked for (`codec::GetBlock` carries it).
+pub fn path_id(rel: &std::path::Path) -> [u8; 16] {
+    use std::os::unix::ffi::OsStrExt;
+    xxhash_rust::xxh3::xxh3_128(rel.as_os_str().as_bytes()).to_le_bytes()
 }
 
 /// A member's score for a key hash: the splitmix64 finalizer of the two

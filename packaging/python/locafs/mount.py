@@ -6,9 +6,12 @@ line, one JSON answer per line, as ``locafs plan`` and ``locafs where`` use
 it (src/control.rs).
 """
 
+import array
+import base64
 import json
 import os
 import socket
+import sys
 import time
 
 CONTROL_XATTR = "user.locafs.control"
@@ -105,8 +108,23 @@ class Mount:
         return self._call(req)
 
     def locate(self, files):
-        """The owner node index of each file (None: not a file of the mount)."""
-        return self.where(files)["owners"]
+        """The owner node index of each file (None: not a file of the mount).
+
+        One call for the whole list, in the packed form (paths joined by NUL
+        characters; owners back as little-endian u32s in base64), so that
+        1.28 M files take well under a second (docs/locality.md)."""
+        answer = self._call({"op": "where", "joined": self._joined(files), "packed": True})
+        return _unpack_owners(answer)
+
+    def _joined(self, files):
+        """``files`` relative to the mount root, joined by NUL characters."""
+        try:
+            joined = "\0".join(files)
+        except TypeError:  # bytes or path objects among them
+            joined = "\0".join(os.fsdecode(f) for f in files)
+        if joined.startswith("/") or "\0/" in joined:
+            joined = "\0".join(_relative(p, self.path) for p in joined.split("\0"))
+        return joined
 
     def plan(self, files):
         """Hands the loader's order (paths relative to the mount root) to the
@@ -116,3 +134,20 @@ class Mount:
 
     def __repr__(self):
         return "locafs.Mount(%r, node %d of %d)" % (self.path, self._node_index, self._num_nodes)
+
+
+def _unpack_owners(answer):
+    """The ``owners`` of a ``where`` answer, plain or packed."""
+    if "owners" in answer:
+        return answer["owners"]
+    for code in ("I", "L"):
+        if array.array(code).itemsize == 4:
+            break
+    owners = array.array(code)
+    owners.frombytes(base64.b64decode(answer.get("owners_packed", "")))
+    if sys.byteorder == "big":
+        owners.byteswap()
+    owners = owners.tolist()
+    if answer.get("unknown"):
+        owners = [None if o == 0xFFFFFFFF else o for o in owners]
+    return owners

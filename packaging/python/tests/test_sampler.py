@@ -301,5 +301,31 @@ class TorchForm(unittest.TestCase):
         self.assertEqual(sum(len(x) for x in loader), len(s))
 
 
+class PackedAnswer(unittest.TestCase):
+    """The packed ``where`` form (src/control.rs): owners as little-endian
+    u32s in base64, 0xFFFFFFFF for a path that is not a file."""
+
+    def test_unpack(self):
+        import base64
+        import struct
+
+        from locafs import mount as M
+
+        raw = struct.pack("<4I", 0, 255, 0xFFFFFFFF, 70000)
+        packed = {"owners_packed": base64.b64encode(raw).decode(), "unknown": 1}
+        self.assertEqual(M._unpack_owners(packed), [0, 255, None, 70000])
+        packed["unknown"] = 0
+        packed["owners_packed"] = base64.b64encode(raw[:8]).decode()
+        self.assertEqual(M._unpack_owners(packed), [0, 255])
+        self.assertEqual(M._unpack_owners({"owners": [1, None]}), [1, None])
+
+    def test_joined_paths_are_made_relative(self):
+        m = Owned([0], 1, 0)
+        m.path = "/mnt/x"
+        self.assertEqual(m._joined(["a/b", "c"]), "a/b\0c")
+        self.assertEqual(m._joined(["a/b", "/mnt/x/c/d"]), "a/b\0c/d")
+        self.assertEqual(m._joined([b"a/b", "c"]), "a/b\0c")
+
+
 if __name__ == "__main__":
     unittest.main()
