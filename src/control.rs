@@ -19,6 +19,8 @@ use crate::prefetch::ReadAhead;
 
 /// The extended attribute of the mount root that names the control socket.
 pub const CONTROL_XATTR: &str = "user.locafs.control";
+/// Read buffer of each end of a connection.
+const IO_BUFFER: usize = 1 << 20;
 /// Longest request line (a plan of a few million paths fits).
 const MAX_LINE: usize = 256 << 20;
 
@@ -158,7 +160,9 @@ pub fn serve(path: &Path, ra: Arc<ReadAhead>, rt: &tokio::runtime::Handle) -> st
             let ra = Arc::clone(&ra);
             tokio::spawn(async move {
                 let (r, mut w) = stream.into_split();
-                let mut lines = BufReader::new(r);
+                // Requests of tens of MB (a plan or a `where` of millions of
+                // paths) in few reads.
+                let mut lines = BufReader::with_capacity(IO_BUFFER, r);
                 let mut line = String::new();
                 loop {
                     line.clear();
@@ -308,7 +312,7 @@ impl Client {
         let s = std::os::unix::net::UnixStream::connect(&path)
             .map_err(|e| format!("control socket {}: {e}", path.display()))?;
         Ok(Client {
-            stream: std::io::BufReader::new(s),
+            stream: std::io::BufReader::with_capacity(IO_BUFFER, s),
         })
     }
 

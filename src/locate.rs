@@ -204,6 +204,8 @@ pub fn locate(ns: &Namespace, cache: &dyn BlockCache, owners: &Owners, asked: As
 #[derive(Default)]
 struct Memo<'a> {
     last: Option<(&'a [u8], Option<u64>)>,
+    /// Where the last name was found in the last directory.
+    near: usize,
     dirs: std::collections::HashMap<&'a [u8], Option<u64>>,
     problems: Vec<String>,
 }
@@ -286,7 +288,7 @@ fn find<'a>(
             dir
         }
     }?;
-    match ns.listed_child(dir, OsStr::from_bytes(name))? {
+    match ns.listed_child(dir, OsStr::from_bytes(name), &mut memo.near)? {
         (_, EntryKind::File, v) => Some((path, v)),
         _ => None,
     }
@@ -308,7 +310,7 @@ fn listed_dir(ns: &Namespace, rel: &[u8], problems: &mut Vec<String>) -> Option<
             return None;
         }
         let Some(name) = name else { break };
-        match ns.listed_child(cur, OsStr::from_bytes(name))? {
+        match ns.listed_child(cur, OsStr::from_bytes(name), &mut 0)? {
             (ino, EntryKind::Dir, _) => cur = ino,
             _ => return None,
         }

@@ -1585,14 +1585,37 @@ impl Namespace {
     /// listed). Never asks the source and counts no kernel lookup: for
     /// `locafs where`, whose owners need only paths (refresh the listing
     /// first with [`Namespace::refresh_dir`]).
+    ///
+    /// `near` is where the last name found in this directory sat: a list of
+    /// names in listing order (an image folder's, as a loader holds it)
+    /// finds each next to the last one, without a binary search.
     pub fn listed_child(
         &self,
         parent: u64,
         name: &OsStr,
+        near: &mut usize,
     ) -> Option<(u64, EntryKind, Option<SourceVersion>)> {
+        let name = name.as_bytes();
         let inner = self.inner.read();
         let dir = inner.dir(inner.node(parent)?)?;
-        let ino = inner.child(dir, name.as_bytes())?;
+        let next = [*near, near.wrapping_add(1)];
+        let hit = next.into_iter().find_map(|i| {
+            let c = *dir.children.get(i)?;
+            (inner.name_of(c as u64) == name).then_some((i, c as u64))
+        });
+        let ino = match hit {
+            Some((i, ino)) => {
+                *near = i;
+                ino
+            }
+            None => match inner.find_child(dir, name).ok()? {
+                Slot::Main(i) => {
+                    *near = i;
+                    dir.children[i] as u64
+                }
+                side => dir.at(side) as u64,
+            },
+        };
         let n = inner.node(ino)?;
         Some((
             ino,
