@@ -1502,6 +1502,42 @@ mod tests {
         c.unpin(&f);
     }
 
+    /// Passthrough pins are counted in 16 bits: past the cap, opens of the
+    /// file are served through the daemon (no pin taken), and the pins
+    /// taken keep the file from eviction until each is given back.
+    #[test]
+    fn passthrough_pins_stop_at_the_cap_and_hold_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 20);
+        let f = file("capped", 1);
+        assert!(c.put(&f, 0, &block(&f, 0)));
+        assert!(c.open_complete(&f).is_some());
+        for _ in 1..MAX_PASSTHROUGH_PINS {
+            assert!(c.pin_complete(&f));
+        }
+        assert!(!c.pin_complete(&f), "a pin beyond the cap");
+        assert!(c.open_complete(&f).is_none(), "an open beyond the cap");
+        let pins = || c.state.lock().books.get(&f.key).map(|e| e.pins);
+        assert_eq!(pins(), Some(MAX_PASSTHROUGH_PINS));
+        // Pinned: not evicted to make room for a stream of other files.
+        let mut st = c.state.lock();
+        st.books.set_capacity(0);
+        let v = st.books.shrink_to_capacity();
+        assert!(v.iter().all(|e| e.key != f.key));
+        st.books.set_capacity(1 << 20);
+        drop(st);
+        c.unpin(&f);
+        assert!(c.pin_complete(&f), "room for one pin again");
+        for _ in 0..MAX_PASSTHROUGH_PINS {
+            c.unpin(&f);
+        }
+        assert_eq!(pins(), Some(0));
+        let mut st = c.state.lock();
+        st.books.set_capacity(0);
+        let v = st.books.shrink_to_capacity();
+        assert!(v.iter().any(|e| e.key == f.key), "unpinned, it may go");
+    }
+
     #[test]
     fn a_complete_file_is_exactly_its_size_whatever_the_write_path() {
         // Odd sizes: the last block does not end on the direct-I/O alignment,
