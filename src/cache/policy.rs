@@ -98,7 +98,9 @@ struct Entry<K, X> {
     bytes: [u32; 2],
     /// The read clock at the last access, in grains (`Policy::grain`).
     last: u32,
-    pins: u32,
+    /// Saturates at `u16::MAX` (the disk cache takes far fewer: see
+    /// `MAX_PASSTHROUGH_PINS`).
+    pins: u16,
     /// [prev, next] record numbers in each list.
     links: [[u32; 2]; 2],
     flags: u8,
@@ -121,7 +123,7 @@ struct List {
 /// intrusive doubly linked lists through the table for the orders the
 /// policy walks (by last access, the guests, the stale entries). The read
 /// clock never goes back, so appending a touched entry at the tail keeps a
-/// list sorted by last access. 33 bytes plus the key and the record per
+/// list sorted by last access. 31 bytes plus the key and the record per
 /// entry.
 #[derive(Debug)]
 pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
