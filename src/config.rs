@@ -129,9 +129,12 @@ pub struct MountFlags {
     /// blocks waiting to be written to the cache. [default: 256MiB]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_memory: Option<Size>,
-    /// Concurrent background fetches of the epoch's unread files. [default: 8]
-    #[arg(long, value_name = "N")]
-    pub prefetch_jobs: Option<usize>,
+    /// Background fetches in flight at once (the epoch's unread files, the
+    /// plan): `auto` tunes the number to the source as it answers (more
+    /// while throughput rises, fewer when reads queue or fail; 4 to 256,
+    /// within --prefetch-memory); a number fixes it. [default: auto]
+    #[arg(long, value_name = "auto|N")]
+    pub prefetch_jobs: Option<crate::concurrency::Jobs>,
     /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_bandwidth: Option<Size>,
@@ -343,6 +346,7 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
             None => (opt.replace('_', "-"), toml::Value::Boolean(true)),
         };
         let v = match k.as_str() {
+            "prefetch-jobs" if v.as_str().is_some_and(|s| s.parse::<i64>().is_err()) => v,
             "fuse-threads" | "prefetch-jobs" => toml::Value::Integer(
                 v.as_str()
                     .and_then(|s| s.parse().ok())
@@ -614,10 +618,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         }
     }
 
-    let prefetch_jobs = f.prefetch_jobs.unwrap_or(8);
-    if !(1..=1024).contains(&prefetch_jobs) {
-        return Err(usage("--prefetch-jobs: must be between 1 and 1024"));
-    }
+    let prefetch_jobs = f.prefetch_jobs.unwrap_or(crate::concurrency::Jobs::Auto);
     let mut readahead = crate::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,
