@@ -6,7 +6,9 @@
 //! LOCAFS_BENCH_ONLY=1,3 picks figures. Figure 5 (issue 16) is the first
 //! epoch over a remote source that adds 20 ms to every request, with the
 //! defaults, with and without a plan, next to the source's own limit
-//! (LOCAFS_BENCH_RUNS, default 3, runs of it; medians printed).
+//! (LOCAFS_BENCH_RUNS, default 3, runs of it; medians printed;
+//! LOCAFS_BENCH_ARGS="--prefetch-jobs 64" adds mount options to its locafs
+//! runs, to compare with the defaults).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -409,7 +411,8 @@ fn remote_first_epoch() {
         }
         for (k, plan) in [false, true].into_iter().enumerate() {
             fresh(&d);
-            let cfg = config(&d, &[]);
+            let extra = std::env::var("LOCAFS_BENCH_ARGS").unwrap_or_default();
+            let cfg = config(&d, &extra.split_whitespace().collect::<Vec<_>>());
             let src = Arc::new(SlowSource::new(&d.src, REMOTE_LATENCY, REMOTE_BANDWIDTH));
             let m = mount(&cfg, src.clone());
             if plan {

@@ -8,10 +8,11 @@
 //! [`Tuner`] measures the source over short windows (bytes per second and
 //! the mean latency of a read) and moves the limit as TCP does: it doubles
 //! while throughput still rises by more than 10 % (slow start); then it adds
-//! an eighth while a read's latency stays near the lowest seen (the source
-//! is not queueing yet) and takes off a sixth once latency climbs past 1.5x
-//! that (requests wait at the source: more in flight buys nothing, as in TCP
-//! Vegas); it halves on any source error or timeout. A window in which
+//! an eighth while a read's latency (smoothed over windows) stays near the
+//! lowest seen (the source is not queueing yet) and takes off a sixth once
+//! latency climbs past 1.5x that while throughput no longer rises (requests
+//! wait at the source: more in flight buys nothing, as in TCP Vegas); it
+//! halves on any source error or timeout. A window in which
 //! read-ahead did not use its whole limit says nothing about the source and
 //! changes nothing. The limit stays between a floor and a ceiling, and under
 //! what the prefetch memory can hold at the mean size of a read.
@@ -112,6 +113,8 @@ pub struct Tuner {
     /// off has reached the floor and reads still take longer (a source that
     /// became slower for good).
     base_latency: f64,
+    /// The mean read latency, smoothed over windows (s).
+    latency: f64,
 }
 
 /// Latency past this multiple of the lowest: the source queues, back off.
@@ -131,6 +134,7 @@ impl Tuner {
             slow_start: true,
             last_rate: 0.0,
             base_latency: f64::INFINITY,
+            latency: f64::INFINITY,
         }
     }
 
@@ -154,14 +158,23 @@ impl Tuner {
         if w.reads == 0 || w.secs <= 0.0 || !w.saturated {
             return self.limit;
         }
-        let latency = w.latency_total.as_secs_f64() / w.reads as f64;
+        // Smoothed over windows: on a busy machine a read's latency jumps
+        // with the scheduler, and one slow window must not cut the limit.
+        let sample = w.latency_total.as_secs_f64() / w.reads as f64;
+        let latency = if self.latency.is_finite() {
+            0.7 * self.latency + 0.3 * sample
+        } else {
+            sample
+        };
+        self.latency = latency;
         let rate = w.bytes as f64 / w.secs;
         if self.limit == self.floor && latency > QUEUEING * self.base_latency {
             self.base_latency = latency;
         }
         self.base_latency = self.base_latency.min(latency);
         let ceiling = self.ceiling_for(w.bytes / w.reads);
-        let queueing = latency > QUEUEING * self.base_latency;
+        // Reads wait at the source, and more in flight did not buy more.
+        let queueing = latency > QUEUEING * self.base_latency && rate < self.last_rate * 1.05;
         let next = if queueing {
             self.slow_start = false;
             self.limit - (self.limit / 6).max(1)
@@ -340,6 +353,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn scheduler_noise_in_latency_does_not_drag_the_limit_down() {
+        // Each window's latency off by -30 %..+50 % (a busy machine's
+        // wake-ups), throughput as the source gives it.
+        let src = Simulated {
+            n: 100,
+            latency: 0.02,
+        };
+        let mut t = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
+        let mut seed = 7u64;
+        let mut limits = Vec::new();
+        for _ in 0..300 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = 0.7 + 0.8 * ((seed >> 33) as f64 / (1u64 << 31) as f64);
+            let mut w = src.window(t.limit(), 0.1);
+            w.latency_total = w.latency_total.mul_f64(noise);
+            limits.push(t.observe(&w));
+        }
+        let mut tail = limits[100..].to_vec();
+        tail.sort();
+        let median = tail[tail.len() / 2];
+        assert!((80..=200).contains(&median), "median {median}: {limits:?}");
     }
 
     #[test]

@@ -143,6 +143,10 @@ struct Plan {
 
 const PLAN_DIVERGED_AFTER: u32 = 64;
 
+/// Background opens at most in flight ahead of their fetches (each may hold
+/// one of the source guard's metadata threads).
+const OPENS_AHEAD: usize = 16;
+
 /// Counters of the engine, for `stats`.
 #[derive(Debug, Default)]
 pub struct ReadAheadStats {
@@ -233,7 +237,7 @@ impl ReadAhead {
     /// `--prefetch-jobs auto`: measures the source over short windows (its
     /// counters: bytes, reads, their latency, errors and timeouts, the
     /// loader's reads included) and resizes the fetch slots by the
-    /// [`Tuner`]'s verdict. A window lasts at least 50 ms and four mean
+    /// [`Tuner`]'s verdict. A window lasts at least 100 ms and five mean
     /// reads, and until it saw enough reads to judge by (half the limit),
     /// at most 1 s.
     async fn tune(self: Arc<Self>) {
@@ -252,7 +256,7 @@ impl ReadAhead {
         loop {
             let base = tuner.base_latency();
             let window = if base.is_finite() {
-                Duration::from_secs_f64((4.0 * base).clamp(0.05, 1.0))
+                Duration::from_secs_f64((5.0 * base).clamp(0.1, 1.0))
             } else {
                 Duration::from_millis(100)
             };
@@ -597,6 +601,7 @@ impl ReadAhead {
     async fn background(self: Arc<Self>) {
         self.walk().await;
         let mut bucket = TokenBucket::new(self.cfg.bandwidth);
+        let mut opening = std::collections::VecDeque::new();
         loop {
             // Nothing to fetch from a stalled source: wait for its return
             // rather than skip the epoch's files on refused fetches.
@@ -613,16 +618,29 @@ impl ReadAhead {
                 }
                 continue;
             }
-            let Some((ino, planned)) = self.next_background() else {
+            // The next files' opens (a fresh stat at the source when the
+            // attributes are old; on the blocking pool) run ahead of their
+            // fetches, as many at once as fetches may be in flight: one at a
+            // time, the hops of each open capped the files fetched per
+            // second whatever the concurrency (with a plan, those fetches are
+            // all the loader has in flight).
+            let ahead = self.jobs.limit().min(OPENS_AHEAD);
+            while opening.len() < ahead {
+                let Some((ino, planned)) = self.next_background() else {
+                    break;
+                };
+                let ns = Arc::clone(&self.ns);
+                opening.push_back((
+                    planned,
+                    tokio::task::spawn_blocking(move || ns.open_file(ino)),
+                ));
+            }
+            let Some((planned, open)) = opening.pop_front() else {
                 let _ =
                     tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
                 continue;
             };
-            // A fresh stat at the source (when the attributes are old): on
-            // the blocking pool.
-            let ns = Arc::clone(&self.ns);
-            let Ok(Ok((rel, attr))) = tokio::task::spawn_blocking(move || ns.open_file(ino)).await
-            else {
+            let Ok(Ok((rel, attr))) = open.await else {
                 continue;
             };
             let file = Arc::new(FileVersion::new(rel, attr.version()));

@@ -564,7 +564,6 @@ impl Reader {
         // at once while the source is stalled.
         let len = file.block_len(index, self.cfg.block_size);
         let t = metrics::timer();
-        let started = std::time::Instant::now();
         let data = Arc::clone(&self.source)
             .read_at_async(
                 Arc::clone(&file.rel),
@@ -580,9 +579,6 @@ impl Reader {
         })?;
         self.stats.source_bytes.fetch_add(len as u64, Relaxed);
         self.stats.source_reads.fetch_add(1, Relaxed);
-        self.stats
-            .source_read_nanos
-            .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
         Ok((ChecksummedBytes::from_source(data), false))
     }
 

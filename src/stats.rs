@@ -22,8 +22,9 @@ pub struct Stats {
     pub started: Instant,
     pub source_bytes: AtomicU64,
     pub source_reads: AtomicU64,
-    /// Sum of the latencies of the data reads counted in `source_reads`
-    /// (what the read-ahead tuner measures the source by; not shown).
+    /// Sum of the latencies of the data reads that reached the source, as
+    /// the source guard's workers time them (what the read-ahead tuner
+    /// measures the source by; not shown).
     pub source_read_nanos: AtomicU64,
     pub source_errors: AtomicU64,
     pub cache_hit_bytes: AtomicU64,
