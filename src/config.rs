@@ -910,6 +910,28 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_jobs_is_auto_or_a_number_from_o_and_file() {
+        use crate::concurrency::Jobs;
+        let f = parse_o(&["prefetch_jobs=auto".into()]).unwrap();
+        assert_eq!(f.prefetch_jobs, Some(Jobs::Auto));
+        let f = parse_o(&["prefetch_jobs=32".into()]).unwrap();
+        assert_eq!(f.prefetch_jobs, Some(Jobs::Fixed(32)));
+        assert!(parse_o(&["prefetch_jobs=lots".into()]).is_err());
+        assert!(parse_o(&["prefetch_jobs=0".into()]).is_err());
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        for (text, want) in [
+            ("prefetch-jobs = \"auto\"\n", Jobs::Auto),
+            ("prefetch-jobs = 16\n", Jobs::Fixed(16)),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(read_config_file(&p).unwrap().prefetch_jobs, Some(want));
+        }
+        std::fs::write(&p, "prefetch-jobs = 5000\n").unwrap();
+        assert!(read_config_file(&p).is_err());
+    }
+
+    #[test]
     fn open_mode_from_flags_o_and_file() {
         assert_eq!(
             "passthrough".parse::<OpenMode>().unwrap(),
