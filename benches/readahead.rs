@@ -3,7 +3,12 @@
 //! each figure next to the same mount with read-ahead off, in one run.
 //!
 //! LOCAFS_BENCH_SCALE (default 1.0) scales the data sizes;
-//! LOCAFS_BENCH_ONLY=1,3 picks figures.
+//! LOCAFS_BENCH_ONLY=1,3 picks figures. Figure 5 (issue 16) is the first
+//! epoch over a remote source that adds 20 ms to every request, with the
+//! defaults, with and without a plan, next to the source's own limit
+//! (LOCAFS_BENCH_RUNS, default 3, runs of it; medians printed;
+//! LOCAFS_BENCH_ARGS="--prefetch-jobs 64" adds mount options to its locafs
+//! runs, to compare with the defaults).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -336,6 +341,175 @@ fn many_handles() {
     );
 }
 
+/// Figure 5's source: 20 ms per request, 400 MB/s for all requests
+/// together (so that, as in issue 16, 64 requests in flight give about 8x
+/// what 8 loader threads get).
+const REMOTE_LATENCY: Duration = Duration::from_millis(20);
+const REMOTE_BANDWIDTH: u64 = 400_000_000;
+
+/// Reads each file of `order` whole from `src` with `threads` readers at
+/// once, straight from the source (no FUSE, no locafs); returns files/s.
+fn raw_reads(src: &SlowSource, root: &Path, order: &[String], threads: usize) -> f64 {
+    use locafs::source::Source;
+    let next = AtomicUsize::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(name) = order.get(i) else { return };
+                let len = std::fs::metadata(root.join(name)).unwrap().len();
+                let attr = src.stat(Path::new(name)).unwrap();
+                src.read_at(Path::new(name), &attr.version(), 0, len as usize)
+                    .unwrap();
+            });
+        }
+    });
+    order.len() as f64 / t.elapsed().as_secs_f64()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Figure 5 (issue 16): the first epoch of image-sized files over a remote
+/// source (20 ms per request), 8 loader threads in a shuffled order.
+fn remote_first_epoch() {
+    let d = Scratch::new();
+    let n = ((2000.0 * scale()) as usize).max(200);
+    let runs: usize = std::env::var("LOCAFS_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut names = Vec::with_capacity(n);
+    let mut bytes = 0;
+    for i in 0..n {
+        let name = format!("class{:02}/img{i:05}.jpg", i % 20);
+        let len = rng.random_range(100 << 10..120 << 10);
+        bytes += len;
+        fill(&d.src.join(&name), len, &mut rng);
+        names.push(name);
+    }
+    // [raw 8, raw 64, raw 128, defaults, defaults + plan] per run, and the
+    // read-ahead concurrency each locafs run ended with.
+    let mut figs: Vec<Vec<f64>> = vec![Vec::new(); 5];
+    let mut ended: Vec<Vec<f64>> = vec![Vec::new(); 2];
+    // The most reads the source had in flight at once, per locafs run.
+    let mut peak: Vec<Vec<f64>> = vec![Vec::new(); 2];
+    for run in 0..runs {
+        let mut order = names.clone();
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(50 + run as u64));
+        let plan_file = d.path().join("plan.txt");
+        std::fs::write(&plan_file, order.join("\n")).unwrap();
+        for (k, threads) in [8, 64, 128].into_iter().enumerate() {
+            drop_page_cache();
+            let src = SlowSource::new(&d.src, REMOTE_LATENCY, REMOTE_BANDWIDTH);
+            figs[k].push(raw_reads(&src, &d.src, &order, threads));
+        }
+        for (k, plan) in [false, true].into_iter().enumerate() {
+            fresh(&d);
+            // The last run's cache files are still being written back by
+            // the kernel: without this, each run pays for the one before
+            // (the first locafs run of the bench was the fastest by up to 2x).
+            let _ = std::process::Command::new("sync").status();
+            let extra = std::env::var("LOCAFS_BENCH_ARGS").unwrap_or_default();
+            let cfg = config(&d, &extra.split_whitespace().collect::<Vec<_>>());
+            let src = Arc::new(SlowSource::new(&d.src, REMOTE_LATENCY, REMOTE_BANDWIDTH));
+            let m = mount(&cfg, src.clone());
+            if plan {
+                // As a user does: `locafs plan MNT FILE` (the control socket).
+                let out = std::process::Command::new(common::bin())
+                    .args(["plan", d.mnt.to_str().unwrap(), plan_file.to_str().unwrap()])
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "locafs plan failed: {out:?}");
+            }
+            figs[3 + k].push(epoch(&d.mnt, &order));
+            ended[k].push(concurrency_of(&d.mnt));
+            let mean = bytes as f64 / n as f64;
+            peak[k].push(src.max_inflight_bytes.load(Ordering::Relaxed) as f64 / mean);
+            drop(m);
+        }
+    }
+    println!(
+        "\n5. first epoch, {n} files of 100-120 KiB ({} MiB), source = {} ms per request and {} MB/s shared, \
+         8 loader threads, shuffled order (files/s, median of {runs} runs){}",
+        bytes / MIB,
+        REMOTE_LATENCY.as_millis(),
+        REMOTE_BANDWIDTH / 1_000_000,
+        std::env::var("LOCAFS_BENCH_ARGS")
+            .map(|a| format!("; locafs runs with {a}"))
+            .unwrap_or_default()
+    );
+    for (k, f) in figs.iter().enumerate() {
+        let all: Vec<String> = f.iter().map(|v| format!("{v:.0}")).collect();
+        println!(
+            "   runs of [{}]: {}",
+            ["raw loader", "raw 64", "raw 128", "defaults", "plan"][k],
+            all.join(" ")
+        );
+    }
+    let m: Vec<f64> = figs.iter_mut().map(|f| median(f)).collect();
+    let raw = m[0];
+    row(
+        "   raw 64 in flight vs raw loader (the source's limit)",
+        format!("{:.0}", m[1]),
+        format!("{raw:.0}"),
+        m[1] / raw,
+        "",
+    );
+    row(
+        "   raw 128 in flight vs raw loader (the source's limit)",
+        format!("{:.0}", m[2]),
+        format!("{raw:.0}"),
+        m[2] / raw,
+        "",
+    );
+    for (k, (label, goal)) in [
+        ("defaults, no plan", "goal >= 4.0"),
+        ("defaults, plan", "goal >= 5.5"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let v = m[3 + k];
+        let c = median(&mut ended[k]);
+        let p = median(&mut peak[k]);
+        row(
+            &format!("   locafs {label} vs raw loader"),
+            format!("{v:.0}"),
+            format!("{raw:.0}"),
+            v / raw,
+            goal,
+        );
+        row(
+            &format!("   locafs {label} vs raw 128 in flight"),
+            format!("{v:.0}"),
+            format!("{:.0}", m[2]),
+            v / m[2],
+            "",
+        );
+        println!("     (read-ahead concurrency at the end: {c:.0}; most reads in flight at the source: {p:.0})");
+    }
+    row(
+        "   plan vs no plan",
+        format!("{:.0}", m[4]),
+        format!("{:.0}", m[3]),
+        m[4] / m[3],
+        "goal >= 1.00",
+    );
+}
+
+/// The read-ahead concurrency a mount reports in `locafs stats --json`.
+fn concurrency_of(mnt: &Path) -> f64 {
+    common::try_stats_of(mnt)
+        .and_then(|v| v.get("prefetch_concurrency").and_then(|c| c.as_f64()))
+        .unwrap_or(f64::NAN)
+}
+
 fn main() {
     // `cargo test --all-targets` runs bench binaries without --bench.
     if !std::env::args().any(|a| a == "--bench") {
@@ -365,5 +539,8 @@ fn main() {
     }
     if wanted(4) {
         many_handles();
+    }
+    if wanted(5) {
+        remote_first_epoch();
     }
 }

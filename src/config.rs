@@ -129,9 +129,12 @@ pub struct MountFlags {
     /// blocks waiting to be written to the cache. [default: 256MiB]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_memory: Option<Size>,
-    /// Concurrent background fetches of the epoch's unread files. [default: 8]
-    #[arg(long, value_name = "N")]
-    pub prefetch_jobs: Option<usize>,
+    /// Background fetches in flight at once (the epoch's unread files, the
+    /// plan): `auto` tunes the number to the source as it answers (more
+    /// while throughput rises, fewer when reads queue or fail; 4 to 256,
+    /// within --prefetch-memory); a number fixes it. [default: auto]
+    #[arg(long, value_name = "auto|N")]
+    pub prefetch_jobs: Option<crate::concurrency::Jobs>,
     /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_bandwidth: Option<Size>,
@@ -343,6 +346,7 @@ pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
             None => (opt.replace('_', "-"), toml::Value::Boolean(true)),
         };
         let v = match k.as_str() {
+            "prefetch-jobs" if v.as_str().is_some_and(|s| s.parse::<i64>().is_err()) => v,
             "fuse-threads" | "prefetch-jobs" => toml::Value::Integer(
                 v.as_str()
                     .and_then(|s| s.parse().ok())
@@ -614,10 +618,14 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         }
     }
 
-    let prefetch_jobs = f.prefetch_jobs.unwrap_or(8);
-    if !(1..=1024).contains(&prefetch_jobs) {
-        return Err(usage("--prefetch-jobs: must be between 1 and 1024"));
-    }
+    // With peers, `auto` is a fixed 8 for now: the tuner measures only this
+    // node's source reads, and more fetches in flight overload the owners'
+    // peer servers, whose refusals then fall back to the source (a block
+    // read twice: tests/peer_cluster.rs caught it).
+    let prefetch_jobs = match f.prefetch_jobs.unwrap_or(crate::concurrency::Jobs::Auto) {
+        crate::concurrency::Jobs::Auto if f.peers.is_some() => crate::concurrency::Jobs::Fixed(8),
+        jobs => jobs,
+    };
     let mut readahead = crate::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,
@@ -906,6 +914,28 @@ mod tests {
         assert_eq!(f.fuse_threads, Some(4));
         assert!(parse_o(&["bogus=1".into()]).is_err());
         assert!(parse_o(&["rw".into()]).is_err());
+    }
+
+    #[test]
+    fn prefetch_jobs_is_auto_or_a_number_from_o_and_file() {
+        use crate::concurrency::Jobs;
+        let f = parse_o(&["prefetch_jobs=auto".into()]).unwrap();
+        assert_eq!(f.prefetch_jobs, Some(Jobs::Auto));
+        let f = parse_o(&["prefetch_jobs=32".into()]).unwrap();
+        assert_eq!(f.prefetch_jobs, Some(Jobs::Fixed(32)));
+        assert!(parse_o(&["prefetch_jobs=lots".into()]).is_err());
+        assert!(parse_o(&["prefetch_jobs=0".into()]).is_err());
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        for (text, want) in [
+            ("prefetch-jobs = \"auto\"\n", Jobs::Auto),
+            ("prefetch-jobs = 16\n", Jobs::Fixed(16)),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(read_config_file(&p).unwrap().prefetch_jobs, Some(want));
+        }
+        std::fs::write(&p, "prefetch-jobs = 5000\n").unwrap();
+        assert!(read_config_file(&p).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod cache;
 pub mod cli;
+pub mod concurrency;
 pub mod config;
 pub mod control;
 pub mod epoch;

@@ -30,6 +30,7 @@ use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
 use crate::cache::FileVersion;
+use crate::concurrency::{Jobs, Limiter, Tuner, Window, AUTO_CEILING, AUTO_FLOOR, AUTO_START};
 use crate::epoch::EpochTracker;
 use crate::namespace::Namespace;
 use crate::reader::Reader;
@@ -48,8 +49,8 @@ pub struct ReadAheadConfig {
     pub max_window: u64,
     /// One budget for all prefetch buffers, in bytes.
     pub memory: u64,
-    /// Concurrent background (cross-file) fetches.
-    pub jobs: usize,
+    /// Background (cross-file) fetches in flight: tuned, or fixed.
+    pub jobs: Jobs,
     /// Bandwidth cap for background fetches, bytes/s (None: no cap).
     pub bandwidth: Option<u64>,
     /// Files up to this size are fetched whole at open.
@@ -142,6 +143,10 @@ struct Plan {
 
 const PLAN_DIVERGED_AFTER: u32 = 64;
 
+/// Background opens at most in flight ahead of their fetches (each may hold
+/// one of the source guard's metadata threads).
+const OPENS_AHEAD: usize = 16;
+
 /// Counters of the engine, for `stats`.
 #[derive(Debug, Default)]
 pub struct ReadAheadStats {
@@ -172,6 +177,9 @@ pub struct ReadAhead {
     ns: Arc<Namespace>,
     /// Permits are KiB of prefetch buffers.
     budget: Arc<Semaphore>,
+    /// Slots of background fetches in flight; resized by the tuner when
+    /// `--prefetch-jobs` is `auto`.
+    jobs: Limiter,
     state: Mutex<EngineState>,
     pub stats: ReadAheadStats,
     wake: tokio::sync::Notify,
@@ -192,8 +200,13 @@ impl ReadAhead {
         rt: tokio::runtime::Handle,
     ) -> Arc<Self> {
         let permits = kib(cfg.memory).max(1) as usize;
+        let jobs = Limiter::new(match cfg.jobs {
+            Jobs::Auto => AUTO_START,
+            Jobs::Fixed(n) => n,
+        });
         let ra = Arc::new(ReadAhead {
             budget: Arc::new(Semaphore::new(permits)),
+            jobs,
             cfg,
             writeback: Arc::clone(reader.writeback()),
             reader,
@@ -213,8 +226,66 @@ impl ReadAhead {
         if ra.cfg.epoch {
             let me = Arc::clone(&ra);
             ra.rt.spawn(async move { me.background().await });
+            if ra.cfg.jobs == Jobs::Auto {
+                let me = Arc::clone(&ra);
+                ra.rt.spawn(async move { me.tune().await });
+            }
         }
         ra
+    }
+
+    /// `--prefetch-jobs auto`: measures the source over short windows (its
+    /// counters: bytes, reads, their latency, errors and timeouts, the
+    /// loader's reads included) and resizes the fetch slots by the
+    /// [`Tuner`]'s verdict. A window lasts at least 100 ms and five mean
+    /// reads, and until it saw enough reads to judge by (half the limit),
+    /// at most 1 s.
+    async fn tune(self: Arc<Self>) {
+        let stats = Arc::clone(self.reader.stats());
+        let mut tuner = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, self.cfg.memory);
+        let counters = || {
+            (
+                stats.source_bytes.load(Relaxed),
+                stats.source_reads.load(Relaxed),
+                stats.source_read_nanos.load(Relaxed),
+                stats.source_errors.load(Relaxed) + stats.source_timeouts.load(Relaxed),
+            )
+        };
+        let mut start = (Instant::now(), counters());
+        self.jobs.take_saturated();
+        loop {
+            let base = tuner.base_latency();
+            let window = if base.is_finite() {
+                Duration::from_secs_f64((5.0 * base).clamp(0.1, 1.0))
+            } else {
+                Duration::from_millis(100)
+            };
+            tokio::time::sleep(window).await;
+            let now = (Instant::now(), counters());
+            let (t0, (b0, r0, n0, e0)) = start;
+            let (t1, (b1, r1, n1, e1)) = now;
+            let secs = t1.duration_since(t0).as_secs_f64();
+            let reads = r1.saturating_sub(r0);
+            let errors = e1.saturating_sub(e0);
+            if errors == 0 && (reads as usize) < (self.jobs.limit() / 2).max(1) && secs < 1.0 {
+                continue;
+            }
+            let w = Window {
+                secs,
+                bytes: b1.saturating_sub(b0),
+                reads,
+                latency_total: Duration::from_nanos(n1.saturating_sub(n0)),
+                errors,
+                saturated: self.jobs.take_saturated(),
+            };
+            let before = self.jobs.limit();
+            let limit = tuner.observe(&w);
+            if limit != before {
+                debug!(limit, before, ?w, "read-ahead concurrency");
+                self.jobs.resize(limit);
+            }
+            start = now;
+        }
     }
 
     pub fn snapshot(&self) -> ReadAheadSnapshot {
@@ -233,6 +304,8 @@ impl ReadAhead {
             prefetch_memory_used: limit
                 .saturating_sub(self.budget.available_permits() as u64 * 1024),
             prefetch_memory_limit: limit,
+            prefetch_concurrency: self.jobs.limit() as u64,
+            prefetch_concurrency_auto: self.cfg.epoch && self.cfg.jobs == Jobs::Auto,
         }
     }
 
@@ -504,12 +577,11 @@ impl ReadAhead {
         self: &Arc<Self>,
         file: Arc<FileVersion>,
         i: u64,
-        jobs: &Arc<Semaphore>,
         bucket: &mut TokenBucket,
     ) -> bool {
         let len = file.block_len(i, self.reader.block_size()) as u64;
         bucket.take(len).await;
-        let Ok(job) = Arc::clone(jobs).acquire_owned().await else {
+        let Some(job) = self.jobs.acquire().await else {
             return false;
         };
         let Ok(mem) = Arc::clone(&self.budget).acquire_many_owned(kib(len)).await else {
@@ -529,8 +601,8 @@ impl ReadAhead {
     /// Background prefetch of the epoch's unread files (or the plan).
     async fn background(self: Arc<Self>) {
         self.walk().await;
-        let jobs = Arc::new(Semaphore::new(self.cfg.jobs.max(1)));
         let mut bucket = TokenBucket::new(self.cfg.bandwidth);
+        let mut opening = std::collections::VecDeque::new();
         loop {
             // Nothing to fetch from a stalled source: wait for its return
             // rather than skip the epoch's files on refused fetches.
@@ -542,21 +614,34 @@ impl ReadAhead {
             // complete (passthrough) before the next epoch; then the epoch's
             // unread files.
             if let Some((file, i)) = self.writeback.take_unwritten() {
-                if !self.fetch_block(file, i, &jobs, &mut bucket).await {
+                if !self.fetch_block(file, i, &mut bucket).await {
                     return;
                 }
                 continue;
             }
-            let Some((ino, planned)) = self.next_background() else {
+            // The next files' opens (a fresh stat at the source when the
+            // attributes are old; on the blocking pool) run ahead of their
+            // fetches, as many at once as fetches may be in flight: one at a
+            // time, the hops of each open capped the files fetched per
+            // second whatever the concurrency (with a plan, those fetches are
+            // all the loader has in flight).
+            let ahead = self.jobs.limit().min(OPENS_AHEAD);
+            while opening.len() < ahead {
+                let Some((ino, planned)) = self.next_background() else {
+                    break;
+                };
+                let ns = Arc::clone(&self.ns);
+                opening.push_back((
+                    planned,
+                    tokio::task::spawn_blocking(move || ns.open_file(ino)),
+                ));
+            }
+            let Some((planned, open)) = opening.pop_front() else {
                 let _ =
                     tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
                 continue;
             };
-            // A fresh stat at the source (when the attributes are old): on
-            // the blocking pool.
-            let ns = Arc::clone(&self.ns);
-            let Ok(Ok((rel, attr))) = tokio::task::spawn_blocking(move || ns.open_file(ino)).await
-            else {
+            let Ok(Ok((rel, attr))) = open.await else {
                 continue;
             };
             let file = Arc::new(FileVersion::new(rel, attr.version()));
@@ -579,10 +664,7 @@ impl ReadAhead {
                 if !planned && !self.reader.owns(&file, i) {
                     continue;
                 }
-                if !self
-                    .fetch_block(Arc::clone(&file), i, &jobs, &mut bucket)
-                    .await
-                {
+                if !self.fetch_block(Arc::clone(&file), i, &mut bucket).await {
                     return;
                 }
             }
@@ -839,7 +921,7 @@ mod tests {
                     epoch,
                     max_window: 8 * BS,
                     memory: 8 * BS,
-                    jobs: 2,
+                    jobs: Jobs::Fixed(2),
                     bandwidth: None,
                     small_file: 4 * BS,
                     plan_ahead: 8,

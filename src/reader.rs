@@ -147,6 +147,11 @@ impl Reader {
         &self.writeback
     }
 
+    /// The mount's counters (read-ahead measures the source by them).
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
     pub fn cache(&self) -> &Arc<dyn BlockCache> {
         &self.cache
     }

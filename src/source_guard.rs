@@ -589,7 +589,16 @@ impl Source for SourceGuard {
     ) -> BoxFuture<'static, Result<Bytes, SourceError>> {
         Box::pin(async move {
             let r = Arc::clone(&rel);
-            let read = move |s: &dyn Source, _: &Progress| s.read_at(&r, &version, offset, len);
+            let stats = Arc::clone(&self.stats);
+            // The source's own latency, timed on the worker (not the
+            // caller's wake-up): what read-ahead tunes its concurrency by.
+            let read = move |s: &dyn Source, _: &Progress| {
+                let t = Instant::now();
+                let got = s.read_at(&r, &version, offset, len);
+                let nanos = t.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+                stats.source_read_nanos.fetch_add(nanos, Relaxed);
+                got
+            };
             match self
                 .call_async(&self.data, self.cfg.data_timeout, "read", read)
                 .await

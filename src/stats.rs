@@ -22,6 +22,10 @@ pub struct Stats {
     pub started: Instant,
     pub source_bytes: AtomicU64,
     pub source_reads: AtomicU64,
+    /// Sum of the latencies of the data reads that reached the source, as
+    /// the source guard's workers time them (what the read-ahead tuner
+    /// measures the source by; not shown).
+    pub source_read_nanos: AtomicU64,
     pub source_errors: AtomicU64,
     pub cache_hit_bytes: AtomicU64,
     pub cache_miss_bytes: AtomicU64,
@@ -163,6 +167,12 @@ pub struct ReadAheadSnapshot {
     pub prefetch_background_bytes: u64,
     pub prefetch_memory_used: u64,
     pub prefetch_memory_limit: u64,
+    /// Background fetches allowed in flight now (tuned, or the fixed
+    /// `--prefetch-jobs N`), and whether it is tuned.
+    #[serde(default)]
+    pub prefetch_concurrency: u64,
+    #[serde(default)]
+    pub prefetch_concurrency_auto: bool,
 }
 
 /// One member of the peer list as `locafs stats` shows it.
@@ -191,6 +201,7 @@ impl Default for Stats {
             started: Instant::now(),
             source_bytes: AtomicU64::new(0),
             source_reads: AtomicU64::new(0),
+            source_read_nanos: AtomicU64::new(0),
             source_errors: AtomicU64::new(0),
             cache_hit_bytes: AtomicU64::new(0),
             cache_miss_bytes: AtomicU64::new(0),
@@ -456,12 +467,19 @@ impl StatsSnapshot {
             (
                 "read-ahead",
                 format!(
-                    "{} blocks within files, {} files ({}) ahead of the loader, memory {} of {}",
+                    "{} blocks within files, {} files ({}) ahead of the loader, memory {} of {}, \
+                     {} fetches in flight at most ({})",
                     self.read_ahead.prefetch_sequential_blocks,
                     self.read_ahead.prefetch_background_files,
                     format_size(self.read_ahead.prefetch_background_bytes),
                     format_size(self.read_ahead.prefetch_memory_used),
-                    format_size(self.read_ahead.prefetch_memory_limit)
+                    format_size(self.read_ahead.prefetch_memory_limit),
+                    self.read_ahead.prefetch_concurrency,
+                    if self.read_ahead.prefetch_concurrency_auto {
+                        "auto"
+                    } else {
+                        "fixed"
+                    }
                 ),
             ),
             (

@@ -16,6 +16,7 @@ const LEAVES: &[&str] = &[
     "src/metrics.rs",
     "src/units.rs",
     "src/epoch.rs",
+    "src/concurrency.rs",
     "src/logging.rs",
 ];
 

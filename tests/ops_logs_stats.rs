@@ -75,6 +75,7 @@ fn stats_json_schema_and_watch() {
         "prefetch_background_bytes",
         "prefetch_memory_used",
         "prefetch_memory_limit",
+        "prefetch_concurrency",
         "cache_budget_bytes",
         "cache_budget_effective_bytes",
         "cache_dir_used_bytes",
@@ -90,13 +91,16 @@ fn stats_json_schema_and_watch() {
     assert!(obj["source_stalled_since"].is_null(), "{v}");
     assert!(obj["cache_writable"].is_boolean());
     assert!(obj["plan_active"].is_boolean());
+    // The default --prefetch-jobs is auto; it starts at 4.
+    assert_eq!(obj["prefetch_concurrency_auto"], serde_json::json!(true));
+    assert!(obj["prefetch_concurrency"].as_u64().is_some_and(|c| c >= 4));
     assert!(obj["peers"].as_array().is_some_and(|p| p.is_empty()));
     // This mount's own share of the cache directory.
     assert!(obj["cache_shares"].as_array().is_some_and(|p| p.len() == 1));
     assert!(obj["uptime_s"].is_f64());
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 6,
+        strings.len() + counts.len() + 7,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();

@@ -690,3 +690,77 @@ impl locafs::source::Source for Burst {
         self.inner.statvfs()
     }
 }
+
+/// A data set of `n` files of 64 KiB (one block each) behind a source that
+/// takes 20 ms per read and has no bandwidth cap: more reads in flight
+/// always buy more. Mounted with `args`; one file read starts the epoch,
+/// and the background prefetch fetches the others.
+fn remote_epoch(n: usize, args: &[&str]) -> (Scratch, Arc<SlowSource>, locafs::mount::Mount) {
+    let d = Scratch::new();
+    for i in 0..n {
+        write_file(&d.src.join(format!("img{i:04}.jpg")), i as u64, 64 << 10);
+    }
+    let mut a = vec!["--no-passthrough", "--cache-size", "1G"];
+    a.extend_from_slice(args);
+    let cfg = config(&d, &a);
+    let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(20), 0));
+    let m = mount(&cfg, source.clone());
+    let mut v = Vec::new();
+    File::open(d.mnt.join("img0000.jpg"))
+        .unwrap()
+        .read_to_end(&mut v)
+        .unwrap();
+    (d, source, m)
+}
+
+#[test]
+fn auto_concurrency_rises_above_its_start_when_the_source_rewards_it() {
+    require_fuse!();
+    let (d, source, m) = remote_epoch(3000, &[]);
+    let start = locafs::concurrency::AUTO_START as u64;
+    let s = snapshot(&d.mnt);
+    assert!(
+        s.read_ahead.prefetch_concurrency_auto,
+        "auto is the default"
+    );
+    wait_until(
+        "the tuned concurrency to reach 4x its start",
+        Duration::from_secs(60),
+        || snapshot(&d.mnt).read_ahead.prefetch_concurrency >= 4 * start,
+    );
+    // And the source did see more reads at once than the start allows.
+    let most = source
+        .max_inflight_bytes
+        .load(std::sync::atomic::Ordering::SeqCst)
+        / (64 << 10);
+    assert!(most > start, "at most {most} reads in flight at the source");
+    let s = snapshot(&d.mnt);
+    assert_eq!(s.read_errors, 0);
+    assert_each_block_read_once(&source);
+    drop(m);
+}
+
+#[test]
+fn fixed_prefetch_jobs_stays_fixed() {
+    require_fuse!();
+    let (d, source, m) = remote_epoch(400, &["--prefetch-jobs", "8"]);
+    wait_until(
+        "the background prefetch to fetch every file",
+        Duration::from_secs(60),
+        || snapshot(&d.mnt).read_ahead.prefetch_background_files >= 399,
+    );
+    let s = snapshot(&d.mnt);
+    assert!(!s.read_ahead.prefetch_concurrency_auto);
+    assert_eq!(s.read_ahead.prefetch_concurrency, 8);
+    // 8 background fetches, and the loader's one read (the background
+    // starts at its open): never more at the source.
+    let most = source
+        .max_inflight_bytes
+        .load(std::sync::atomic::Ordering::SeqCst)
+        / (64 << 10);
+    assert!(
+        most <= 9,
+        "{most} reads in flight at the source with 8 jobs"
+    );
+    drop(m);
+}

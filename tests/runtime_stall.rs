@@ -132,7 +132,7 @@ fn lateness_of_unrelated_tasks_while_a_plan_of_100k_paths_is_installed() {
             epoch: false,
             max_window: 8 << 20,
             memory: 64 << 20,
-            jobs: 4,
+            jobs: locafs::concurrency::Jobs::Fixed(4),
             bandwidth: None,
             small_file: 4 << 20,
             plan_ahead: 64,

@@ -126,6 +126,7 @@ fn update(s: &StatsSnapshot) {
     gauge!("locafs_dataset_files").set(ra.epoch_files_total as f64);
     gauge!("locafs_prefetch_memory_bytes").set(ra.prefetch_memory_used as f64);
     gauge!("locafs_prefetch_memory_limit_bytes").set(ra.prefetch_memory_limit as f64);
+    gauge!("locafs_prefetch_concurrency").set(ra.prefetch_concurrency as f64);
     counter!("locafs_prefetch_blocks_total", "kind" => "sequential")
         .absolute(ra.prefetch_sequential_blocks);
     counter!("locafs_prefetch_bytes_total", "kind" => "background")
@@ -257,6 +258,10 @@ fn describe() {
         "Files in the data set (as listed for read-ahead)."
     );
     describe_gauge!("locafs_prefetch_memory_bytes", "Prefetch buffers in use.");
+    describe_gauge!(
+        "locafs_prefetch_concurrency",
+        "Background fetches allowed in flight now (tuned unless --prefetch-jobs N)."
+    );
     describe_gauge!(
         "locafs_prefetch_memory_limit_bytes",
         "The prefetch buffer budget."

@@ -162,7 +162,7 @@ impl Harness {
                 epoch: false,
                 max_window: 8 * BS,
                 memory: 64 * BS,
-                jobs: 1,
+                jobs: locafs::concurrency::Jobs::Fixed(1),
                 bandwidth: None,
                 small_file: 0,
                 plan_ahead: 0,
