@@ -225,21 +225,6 @@ fn find_files(dir: &Path) -> (usize, f64) {
     })
 }
 
-/// CPU seconds (user + system) that process `pid` has used so far: the
-/// query's cost apart from what other jobs on the machine take.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // After the command name (which may hold spaces): utime and stime are
-    // the 12th and 13th fields.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / hz.max(1.0)
-}
-
 /// The `where` query over a data set of ImageNet's file count.
 fn query_figure(work: &Path) {
     let files: usize = std::env::var("LOCAFS_WHERE_FILES")
@@ -320,20 +305,15 @@ fn query_figure(work: &Path) {
     assert_eq!((n_src, n_mnt), (files, files));
     let joined = rels.join("\0");
     let mut c = Client::connect(&node.mnt).expect("control socket");
-    let pid = node.child.id();
-    let me = std::process::id();
     let mut ask = |joined: Option<String>| {
-        let (cpu, mine) = (cpu_seconds(pid), cpu_seconds(me));
-        let (r, t) = timed(|| {
+        timed(|| {
             c.call(&Request::Where {
                 paths: None,
                 joined,
                 packed: true,
             })
             .expect("where")
-        });
-        let cpu = (cpu_seconds(pid) - cpu, cpu_seconds(me) - mine);
-        (r, (t, cpu))
+        })
     };
     let (cold, t_cold) = ask(Some(joined.clone()));
     let (warm, t_warm) = ask(Some(joined));
@@ -358,32 +338,31 @@ fn query_figure(work: &Path) {
         files.div_ceil(per_dir)
     );
     println!(
-        "{:<58} {:>10} {:>10} {:>8} {:>19}",
-        "figure", "seconds", "baseline", "ratio", "CPU s daemon+client"
+        "{:<58} {:>10} {:>10} {:>8}",
+        "figure", "seconds", "baseline", "ratio"
     );
-    let row = |name: &str, t: f64, base: f64, cpu: Option<(f64, f64)>| {
-        let cpu = cpu.map_or("-".to_owned(), |(d, c)| format!("{d:.2} + {c:.2}"));
-        println!(
-            "{name:<58} {t:>10.3} {base:>10.3} {:>8.2} {cpu:>13}",
-            t / base
-        )
+    let row = |name: &str, t: f64, base: f64| {
+        println!("{name:<58} {t:>10.3} {base:>10.3} {:>8.2}", t / base)
     };
-    let rows = [
-        (
-            "where, all paths, cold (after a walk) / find on source",
-            t_cold,
-        ),
-        ("where, all paths, warm / find on source", t_warm),
-        ("where, whole data set, warm / find on source", t_all),
-    ];
-    for (name, (t, cpu)) in rows {
-        row(name, t, t_find_src, Some(cpu));
-    }
+    row(
+        "where, all paths, cold (after a walk) / find on source",
+        t_cold,
+        t_find_src,
+    );
+    row(
+        "where, all paths, warm / find on source",
+        t_warm,
+        t_find_src,
+    );
+    row(
+        "where, whole data set, warm / find on source",
+        t_all,
+        t_find_src,
+    );
     row(
         "find through the mount, cold / find on source",
         t_find_mnt,
         t_find_src,
-        None,
     );
     println!("goal: one call for 1.28 M files under 1 s");
     drop(node);
