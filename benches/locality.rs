@@ -74,11 +74,15 @@ struct EpochFigures {
 fn owners(mnt: &Path, files: &[String]) -> (Vec<u32>, u32, u32) {
     let mut c = Client::connect(mnt).expect("control socket");
     let r = c
-        .call(&Request::Where {
-            paths: None,
-            joined: Some(files.join("\0")),
-            packed: true,
-        })
+        .call_with(
+            &Request::Where {
+                paths: None,
+                joined: None,
+                payload: Some(files.join("\0").len() as u64),
+                packed: true,
+            },
+            files.join("\0").as_bytes(),
+        )
         .expect("where");
     assert!(r.ok, "where failed: {:?}", r.error);
     let owners: Vec<u32> = r
@@ -305,14 +309,17 @@ fn query_figure(work: &Path) {
     assert_eq!((n_src, n_mnt), (files, files));
     let joined = rels.join("\0");
     let mut c = Client::connect(&node.mnt).expect("control socket");
+    // As the Python package asks: the paths as a raw payload.
     let mut ask = |joined: Option<String>| {
         timed(|| {
-            c.call(&Request::Where {
+            let payload = joined.unwrap_or_default();
+            let req = Request::Where {
                 paths: None,
-                joined,
+                joined: None,
+                payload: (!payload.is_empty()).then_some(payload.len() as u64),
                 packed: true,
-            })
-            .expect("where")
+            };
+            c.call_with(&req, payload.as_bytes()).expect("where")
         })
     };
     let (cold, t_cold) = ask(Some(joined.clone()));

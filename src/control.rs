@@ -42,6 +42,11 @@ pub enum Request {
         /// for millions of files; used instead of `paths`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         joined: Option<String>,
+        /// The paths follow the request line as this many raw bytes,
+        /// separated by NUL bytes (no JSON escaping to pay for, and names
+        /// need not be UTF-8; used instead of `paths` and `joined`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        payload: Option<u64>,
         /// Answer in the packed form: `owners_packed`, `cached_packed` and
         /// `paths_joined` instead of `owners`, `cached` and `paths`.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -174,7 +179,23 @@ pub fn serve(path: &Path, ra: Arc<ReadAhead>, rt: &tokio::runtime::Handle) -> st
                         Ok(0) | Err(_) => return,
                         Ok(_) => {}
                     }
-                    let resp = handle(&ra, &line).await;
+                    let req = serde_json::from_str::<Request>(&line);
+                    // A `where` with a payload: that many raw bytes follow
+                    // the line.
+                    let mut payload = Vec::new();
+                    if let Ok(Request::Where {
+                        payload: Some(n), ..
+                    }) = &req
+                    {
+                        if *n > MAX_LINE as u64 {
+                            return;
+                        }
+                        payload.resize(*n as usize, 0);
+                        if lines.read_exact(&mut payload).await.is_err() {
+                            return;
+                        }
+                    }
+                    let resp = handle(&ra, req, payload).await;
                     let mut out = serde_json::to_vec(&resp).unwrap_or_default();
                     out.push(b'\n');
                     if w.write_all(&out).await.is_err() {
@@ -189,8 +210,12 @@ pub fn serve(path: &Path, ra: Arc<ReadAhead>, rt: &tokio::runtime::Handle) -> st
 
 use tokio::io::AsyncReadExt;
 
-async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
-    let req: Request = match serde_json::from_str(line) {
+async fn handle(
+    ra: &Arc<ReadAhead>,
+    req: serde_json::Result<Request>,
+    payload: Vec<u8>,
+) -> Response {
+    let req: Request = match req {
         Ok(r) => r,
         Err(e) => {
             return Response {
@@ -223,12 +248,14 @@ async fn handle(ra: &Arc<ReadAhead>, line: &str) -> Response {
         Request::Where {
             paths,
             joined,
+            payload: bytes,
             packed,
         } => match ra
-            .locate(match (paths, joined) {
-                (_, Some(j)) => Asked::Joined(j),
-                (Some(p), None) => Asked::Paths(p),
-                (None, None) => Asked::All,
+            .locate(match (paths, joined, bytes) {
+                (_, _, Some(_)) => Asked::Joined(payload),
+                (_, Some(j), None) => Asked::Joined(j.into_bytes()),
+                (Some(p), None, None) => Asked::Paths(p),
+                (None, None, None) => Asked::All,
             })
             .await
         {
@@ -317,12 +344,19 @@ impl Client {
     }
 
     pub fn call(&mut self, req: &Request) -> Result<Response, String> {
+        self.call_with(req, &[])
+    }
+
+    /// [`Client::call`] with `payload` sent after the request line (a
+    /// `where` whose `payload` is `payload.len()`).
+    pub fn call_with(&mut self, req: &Request, payload: &[u8]) -> Result<Response, String> {
         use std::io::{BufRead, Write};
         let mut out = serde_json::to_vec(req).map_err(|e| e.to_string())?;
         out.push(b'\n');
-        self.stream
-            .get_mut()
+        let stream = self.stream.get_mut();
+        stream
             .write_all(&out)
+            .and_then(|()| stream.write_all(payload))
             .map_err(|e| format!("control socket: {e}"))?;
         let mut line = String::new();
         self.stream

@@ -111,7 +111,7 @@ pub enum Asked {
     Paths(Vec<PathBuf>),
     /// These paths, separated by NUL bytes (the compact form for millions
     /// of files: no name holds a NUL).
-    Joined(String),
+    Joined(Vec<u8>),
 }
 
 /// The answer: one entry per file asked (or per file of the data set, in
@@ -185,7 +185,7 @@ pub fn locate(ns: &Namespace, cache: &dyn BlockCache, owners: &Owners, asked: As
         Asked::Joined(s) => {
             let list: Vec<&[u8]> = match s.is_empty() {
                 true => Vec::new(),
-                false => s.as_bytes().split(|b| *b == 0).collect(),
+                false => s.split(|b| *b == 0).collect(),
             };
             ((out.owners, out.cached), out.problems) =
                 in_parallel(&list, |p, memo| match find(ns, p, memo) {

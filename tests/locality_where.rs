@@ -231,14 +231,23 @@ fn one_call_answers_a_large_data_set() {
         |paths: Option<Vec<PathBuf>>, joined: Option<String>, packed: bool| Request::Where {
             paths,
             joined,
+            payload: None,
             packed,
         };
     let (first, t_first) = call(where_(None, None, true));
     let (all, t_all) = call(where_(None, None, true));
     let (plain, _) = call(where_(None, None, false));
+    let joined_bytes = joined.clone();
     let (some, t_paths) = call(where_(None, Some(joined), true));
     let (by_list, _) = call(where_(Some(rels.clone()), None, false));
-    for r in [&first, &all, &plain, &some, &by_list] {
+    let raw = Request::Where {
+        paths: None,
+        joined: None,
+        payload: Some(joined_bytes.len() as u64),
+        packed: true,
+    };
+    let by_payload = client.call_with(&raw, joined_bytes.as_bytes()).unwrap();
+    for r in [&first, &all, &plain, &some, &by_list, &by_payload] {
         assert!(r.ok, "{:?}", r.error);
         assert_eq!(r.files, files as u64);
         assert_eq!(r.unknown, 0);
@@ -262,7 +271,7 @@ fn one_call_answers_a_large_data_set() {
     assert_eq!(plain_listed, rels);
     let owners = plain.where_owners().unwrap();
     assert_eq!(owners.len(), files);
-    for r in [&first, &all, &some, &by_list] {
+    for r in [&first, &all, &some, &by_list, &by_payload] {
         assert_eq!(r.where_owners().unwrap(), owners);
         assert_eq!(r.where_cached().unwrap(), plain.where_cached().unwrap());
     }

@@ -331,6 +331,7 @@ fn where_answers_from_listings_without_a_stat() {
         .call(&Request::Where {
             paths: None,
             joined: None,
+            payload: None,
             packed: true,
         })
         .unwrap();
@@ -347,13 +348,17 @@ fn where_answers_from_listings_without_a_stat() {
     // By paths: one read through the mount shows as cached; a name the
     // listing lacks is not found; still no stat beyond the read's own.
     std::fs::read(m.mountpoint().join("d/f0007")).unwrap();
+    // (The paths as a raw payload after the line, as the Python package
+    // sends them.)
+    let asked = b"d/f0007\0d/f1999\0d/nothere\0d";
     let mut ask = || {
-        c.call(&Request::Where {
+        let req = Request::Where {
             paths: None,
-            joined: Some("d/f0007\0d/f1999\0d/nothere\0d".into()),
+            joined: None,
+            payload: Some(asked.len() as u64),
             packed: true,
-        })
-        .unwrap()
+        };
+        c.call_with(&req, asked).unwrap()
     };
     common::wait_until("f0007 cached", Duration::from_secs(10), || {
         ask().where_cached().unwrap()[0]

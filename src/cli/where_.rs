@@ -42,6 +42,7 @@ pub fn main(args: WhereArgs) -> ExitCode {
     let r = match c.call(&Request::Where {
         paths: asked.clone(),
         joined: None,
+        payload: None,
         packed: !args.json,
     }) {
         Ok(r) => r,

@@ -79,11 +79,13 @@ class Mount:
         """The number of nodes in the configured peer list (1 without peers)."""
         return self._num_nodes
 
-    def _call(self, request, check=True):
+    def _call(self, request, check=True, payload=b""):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(self.socket_path)
             s.sendall(json.dumps(request).encode("utf-8") + b"\n")
+            if payload:
+                s.sendall(payload)
             with s.makefile("rb") as f:
                 line = f.readline()
         except OSError as e:
@@ -110,11 +112,13 @@ class Mount:
     def locate(self, files):
         """The owner node index of each file (None: not a file of the mount).
 
-        One call for the whole list, in the packed form (paths joined by NUL
-        characters; owners back as little-endian u32s in base64), so that
-        1.28 M files take well under a second (docs/locality.md)."""
-        answer = self._call({"op": "where", "joined": self._joined(files), "packed": True})
-        return _unpack_owners(answer)
+        One call for the whole list, in the packed form: the paths as raw
+        bytes after the request line, separated by NULs (no JSON escaping;
+        names need not be UTF-8), the owners back as little-endian u32s in
+        base64 (docs/locality.md)."""
+        payload = self._joined(files).encode("utf-8", "surrogateescape")
+        request = {"op": "where", "payload": len(payload), "packed": True}
+        return _unpack_owners(self._call(request, payload=payload))
 
     def _joined(self, files):
         """``files`` relative to the mount root, joined by NUL characters."""
