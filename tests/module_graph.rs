@@ -25,7 +25,8 @@ const LEAVES: &[&str] = &[
 const AT_MOST: &[(&str, &[&str])] = &[
     ("stats", &["units"]),
     ("metrics", &["stats", "units"]),
-    ("control", &["logging", "prefetch", "sys"]),
+    // (locate: the `where` request names what it asks, `locate::Asked`.)
+    ("control", &["locate", "logging", "prefetch", "sys"]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
