@@ -157,7 +157,7 @@ pub fn locate(ns: &Namespace, cache: &dyn BlockCache, owners: &Owners, asked: As
         });
         (Some(owners.owner(rel)), cached)
     };
-    match asked {
+    match &asked {
         Asked::All => {
             // Paths in one buffer, a NUL between two.
             let mut buf: Vec<u8> = Vec::new();
@@ -174,18 +174,11 @@ pub fn locate(ns: &Namespace, cache: &dyn BlockCache, owners: &Owners, asked: As
             (out.owners, out.cached) = found.0;
             out.paths = Some(String::from_utf8_lossy(&buf).into_owned());
         }
-        Asked::Paths(paths) => {
-            let list: Vec<&[u8]> = paths.iter().map(|p| p.as_os_str().as_bytes()).collect();
-            ((out.owners, out.cached), out.problems) =
-                in_parallel(&list, |p, memo| match find(ns, p, memo) {
-                    Some((rel, v)) => answer(rel, v),
-                    None => (None, false),
-                });
-        }
-        Asked::Joined(s) => {
-            let list: Vec<&[u8]> = match s.is_empty() {
-                true => Vec::new(),
-                false => s.split(|b| *b == 0).collect(),
+        Asked::Paths(_) | Asked::Joined(_) => {
+            let list: Vec<&[u8]> = match &asked {
+                Asked::Paths(paths) => paths.iter().map(|p| p.as_os_str().as_bytes()).collect(),
+                Asked::Joined(s) if !s.is_empty() => s.split(|b| *b == 0).collect(),
+                _ => Vec::new(),
             };
             ((out.owners, out.cached), out.problems) =
                 in_parallel(&list, |p, memo| match find(ns, p, memo) {
@@ -212,7 +205,7 @@ struct Memo<'a> {
 
 /// `one` over every item, in order, on as many threads as there are cores
 /// (up to 8), each with its own [`Memo`]: at 256 members an owner costs
-/// about 0.3 µs, a path a binary search in its directory, a cached check a
+/// about 0.6 µs on this project's 2-core VM, a path a binary search in its directory, a cached check a
 /// hash of the version and a lookup in the cache's books.
 #[allow(clippy::type_complexity)]
 fn in_parallel<'a, T: Sync>(
