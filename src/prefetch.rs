@@ -619,6 +619,13 @@ impl ReadAhead {
                 }
                 continue;
             }
+            // Then the blocks the disk cache refused (its share of a shared
+            // budget was taken), once their backoff has passed: from memory
+            // only, never from the source again.
+            if let Some((file, i)) = self.writeback.take_refused() {
+                Arc::clone(&self.reader).write_again(file, i).await;
+                continue;
+            }
             // The next files' opens (a fresh stat at the source when the
             // attributes are old; on the blocking pool) run ahead of their
             // fetches, as many at once as fetches may be in flight: one at a

@@ -425,6 +425,7 @@ impl Reader {
                     index,
                     block,
                     guest,
+                    again: true,
                 };
                 self.writeback.submit(write, Some(room), || {});
             }
@@ -437,6 +438,39 @@ impl Reader {
         .await
         .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))?
         .map(|_| ())
+    }
+
+    /// Writes a block the disk cache refused before again, from the memory
+    /// tier, with room taken in the write-back queue as read-ahead takes
+    /// it; nothing if the block is cached by now, no longer in memory (the
+    /// next read of it caches it) or being fetched (that fetch writes it).
+    /// Never reads the source.
+    pub async fn write_again(self: Arc<Self>, file: Arc<FileVersion>, index: u64) {
+        let id = BlockId {
+            key: file.key,
+            index,
+        };
+        if self.cache.is_block_cached(&file, index) || !self.memory.contains_key(&id) {
+            return;
+        }
+        let kib = crate::writeback::kib(file.block_len(index, self.cfg.block_size));
+        let Some(room) = self.writeback.room_ahead(kib).await else {
+            return;
+        };
+        let Some(block) = self.memory.get(&id) else {
+            return;
+        };
+        if self.cache.is_block_cached(&file, index) || self.inflight.lock().contains_key(&id) {
+            return;
+        }
+        let write = Write {
+            file,
+            index,
+            block,
+            guest: false,
+            again: true,
+        };
+        self.writeback.submit(write, Some(room), || {});
     }
 
     /// The single-flight fetch of one block: from the owner peer when another
@@ -503,6 +537,7 @@ impl Reader {
                         index,
                         block: block.clone(),
                         guest: *from_peer,
+                        again: false,
                     };
                     let me2 = Arc::clone(&me);
                     me.writeback.submit(write, ahead, move || {

@@ -34,6 +34,9 @@ pub struct Stats {
     /// Blocks served to the loader but not written to the disk cache: the
     /// write-back queue was full (the cache disk slower than the source).
     pub cache_writes_skipped: AtomicU64,
+    /// Blocks the disk cache refused (no room in its share of the budget,
+    /// or writes off), tried again later from memory.
+    pub cache_writes_refused: AtomicU64,
     pub peer_bytes: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub opens: AtomicU64,
@@ -208,6 +211,7 @@ impl Default for Stats {
             corrupt_blocks: AtomicU64::new(0),
             cache_write_errors: AtomicU64::new(0),
             cache_writes_skipped: AtomicU64::new(0),
+            cache_writes_refused: AtomicU64::new(0),
             peer_bytes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             opens: AtomicU64::new(0),
@@ -255,6 +259,7 @@ pub struct StatsSnapshot {
     /// Absent from the stats of older daemons.
     #[serde(default)]
     pub cache_writes_skipped: u64,
+    pub cache_writes_refused: u64,
     pub files_cached: u64,
     pub peer_bytes: u64,
     pub opens: u64,
@@ -335,6 +340,7 @@ impl Stats {
             corrupt_blocks: self.corrupt_blocks.load(Relaxed),
             cache_write_errors: self.cache_write_errors.load(Relaxed),
             cache_writes_skipped: self.cache_writes_skipped.load(Relaxed),
+            cache_writes_refused: self.cache_writes_refused.load(Relaxed),
             files_cached: cache.files_cached,
             peer_bytes: self.peer_bytes.load(Relaxed),
             opens: self.opens.load(Relaxed),
@@ -529,6 +535,16 @@ impl StatsSnapshot {
                     "{} blocks served but not written (the cache disk fell behind the source; \
                      read-ahead completes those files in the background)",
                     self.cache_writes_skipped
+                ),
+            ));
+        }
+        if self.cache_writes_refused > 0 {
+            rows.push((
+                "not taken",
+                format!(
+                    "{} block writes refused by the cache (its share of the budget was full); \
+                     tried again from memory in the background",
+                    self.cache_writes_refused
                 ),
             ));
         }

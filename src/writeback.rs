@@ -15,11 +15,20 @@
 //! once, the write runs on the blocking pool. It never drops a block it
 //! took without saying so (skipped blocks are counted and remembered), and
 //! its memory is bounded by its two bounds and [`UNWRITTEN_MAX`] entries.
+//!
+//! A block the disk cache itself refuses (no room in its share of a shared
+//! budget, writes turned off after disk errors) is remembered too, apart
+//! ([`WriteBack::take_refused`]): background prefetch writes it again from
+//! the memory tier after a backoff that doubles while the cache keeps
+//! refusing ([`REFUSED_FIRST_RETRY`] up to [`REFUSED_LAST_RETRY`]), and
+//! never fetches it from the source again for that. Without this, a block
+//! read every epoch stays in the memory tier (its admission favours blocks
+//! read often) and its file never becomes complete on disk.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
@@ -73,6 +82,8 @@ pub struct Write {
     pub block: ChecksummedBytes,
     /// Fetched from a peer (stored as a guest).
     pub guest: bool,
+    /// Written again from memory: it was skipped or refused before.
+    pub again: bool,
 }
 
 /// Room read-ahead took in the queue before fetching its block
@@ -89,9 +100,28 @@ enum Room {
 /// Blocks in the order they were turned away, and the same as a set.
 type Unwritten = (Vec<(Arc<FileVersion>, u64)>, HashSet<(VersionKey, u64)>);
 
+/// Adds a block to a list of blocks to write later, once, if it has room.
+fn remember(u: &mut Unwritten, file: &Arc<FileVersion>, index: u64) {
+    if u.0.len() < UNWRITTEN_MAX && u.1.insert((file.key, index)) {
+        u.0.push((Arc::clone(file), index));
+    }
+}
+
 /// Unwritten blocks remembered, at most (a block beyond that is cached by
 /// the next epoch's read of it instead).
 pub const UNWRITTEN_MAX: usize = 4096;
+
+/// The first wait before blocks the disk cache refused are tried again.
+pub const REFUSED_FIRST_RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between tries while the cache keeps refusing.
+pub const REFUSED_LAST_RETRY: Duration = Duration::from_secs(300);
+
+/// Blocks the disk cache refused, and when they may be tried again.
+struct Refused {
+    blocks: Unwritten,
+    next_try: Instant,
+    backoff: Duration,
+}
 
 /// The write-back queue of one mount.
 pub struct WriteBack {
@@ -107,6 +137,9 @@ pub struct WriteBack {
     /// Blocks the loader read that were not written (skipped), for
     /// background prefetch; at most [`UNWRITTEN_MAX`].
     unwritten: Mutex<Unwritten>,
+    /// Blocks the disk cache refused, for a later try from memory; at most
+    /// [`UNWRITTEN_MAX`].
+    refused: Mutex<Refused>,
 }
 
 impl WriteBack {
@@ -130,6 +163,11 @@ impl WriteBack {
             wait: Arc::new(Semaphore::new(wait_kib)),
             wait_kib: wait_kib as u32,
             unwritten: Mutex::new((Vec::new(), HashSet::new())),
+            refused: Mutex::new(Refused {
+                blocks: (Vec::new(), HashSet::new()),
+                next_try: Instant::now(),
+                backoff: REFUSED_FIRST_RETRY,
+            }),
         })
     }
 
@@ -229,29 +267,65 @@ impl WriteBack {
     }
 
     fn note_unwritten(&self, file: &Arc<FileVersion>, index: u64) {
-        let mut u = self.unwritten.lock();
-        if u.0.len() < UNWRITTEN_MAX && u.1.insert((file.key, index)) {
-            u.0.push((Arc::clone(file), index));
+        remember(&mut self.unwritten.lock(), file, index);
+    }
+
+    /// A block the disk cache refused, the latest first, once the backoff
+    /// since the last refusal has passed: to be written again from memory
+    /// (if it is no longer there, the next read of it caches it).
+    pub fn take_refused(&self) -> Option<(Arc<FileVersion>, u64)> {
+        let mut r = self.refused.lock();
+        if Instant::now() < r.next_try {
+            return None;
         }
+        let (f, i) = r.blocks.0.pop()?;
+        r.blocks.1.remove(&(f.key, i));
+        Some((f, i))
+    }
+
+    /// The disk cache refused a block: remembered, and the next try put off
+    /// by the backoff, which doubles with each refusal after a wait.
+    fn note_refused(&self, file: &Arc<FileVersion>, index: u64) {
+        let mut r = self.refused.lock();
+        remember(&mut r.blocks, file, index);
+        let now = Instant::now();
+        if now >= r.next_try {
+            r.next_try = now + r.backoff;
+            r.backoff = (r.backoff * 2).min(REFUSED_LAST_RETRY);
+        }
+    }
+
+    /// A block tried again was taken: the cache has room again.
+    fn note_taken_again(&self) {
+        self.refused.lock().backoff = REFUSED_FIRST_RETRY;
     }
 
     /// Writes a block to the disk cache on a blocking thread, then releases
     /// `room` and runs `done`.
     fn write_later(
-        &self,
+        self: &Arc<Self>,
         w: Write,
         ahead: bool,
         room: impl Send + 'static,
         done: impl FnOnce() + Send + 'static,
     ) {
-        let cache = Arc::clone(&self.cache);
+        let me = Arc::clone(self);
         self.rt.spawn_blocking(move || {
-            if ahead {
-                cache.put_ahead(&w.file, w.index, &w.block, w.guest);
+            let cache = &me.cache;
+            let stored = if ahead {
+                cache.put_ahead(&w.file, w.index, &w.block, w.guest)
             } else if w.guest {
-                cache.put_guest(&w.file, w.index, &w.block);
+                cache.put_guest(&w.file, w.index, &w.block)
             } else {
-                cache.put(&w.file, w.index, &w.block);
+                cache.put(&w.file, w.index, &w.block)
+            };
+            // A guest block refused is the policy at work (guests live in
+            // spare room only): not tried again.
+            if !stored && !w.guest {
+                me.stats.cache_writes_refused.fetch_add(1, Relaxed);
+                me.note_refused(&w.file, w.index);
+            } else if stored && w.again {
+                me.note_taken_again();
             }
             drop(room);
             done();
@@ -287,6 +361,8 @@ mod tests {
         open: Mutex<bool>,
         opened: parking_lot::Condvar,
         puts: Mutex<Vec<(u64, &'static str)>>,
+        /// `put`s refused (its share of the budget is taken) while set.
+        refuse: std::sync::atomic::AtomicBool,
     }
 
     impl GatedCache {
@@ -308,11 +384,17 @@ mod tests {
         }
         fn put(&self, _: &FileVersion, index: u64, _: &ChecksummedBytes) -> bool {
             self.wait_gate();
+            if self.refuse.load(Relaxed) {
+                return false;
+            }
             self.puts.lock().push((index, "put"));
             true
         }
         fn put_guest(&self, _: &FileVersion, index: u64, _: &ChecksummedBytes) -> bool {
             self.wait_gate();
+            if self.refuse.load(Relaxed) {
+                return false;
+            }
             self.puts.lock().push((index, "guest"));
             true
         }
@@ -390,6 +472,7 @@ mod tests {
                 index,
                 block: block.clone(),
                 guest,
+                again: false,
             };
             wb.submit(w, None, move || {
                 d.fetch_add(1, Relaxed);
@@ -431,6 +514,7 @@ mod tests {
             index: 5,
             block: block.clone(),
             guest: false,
+            again: false,
         };
         assert!(wb.submit(w, Some(room), move || {
             d.fetch_add(1, Relaxed);
@@ -438,5 +522,82 @@ mod tests {
         assert!(wait_for(|| done.load(Relaxed) == 6));
         assert!(cache.puts.lock().contains(&(5, "ahead")));
         assert!(wait_for(|| wb.free() == Free { queue: 4, wait: 8 }));
+    }
+
+    #[test]
+    fn blocks_the_cache_refused_come_back_after_a_backoff_that_grows() {
+        const BS: u64 = 4096;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let cache = Arc::new(GatedCache::default());
+        cache.open_gate();
+        cache.refuse.store(true, Relaxed);
+        let stats = Arc::new(Stats::default());
+        let wb = WriteBack::new(
+            8 * BS,
+            8 * BS,
+            BS,
+            cache.clone(),
+            rt.handle().clone(),
+            Arc::clone(&stats),
+        );
+        let file = Arc::new(FileVersion::new(
+            Arc::from(std::path::Path::new("f")),
+            crate::source::SourceVersion {
+                size: 8 * BS,
+                mtime_ns: 1,
+                ino: 1,
+            },
+        ));
+        let block = ChecksummedBytes::from_source(bytes::Bytes::from(vec![1u8; BS as usize]));
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let submit = |index, guest, again| {
+            let d = Arc::clone(&done);
+            let w = Write {
+                file: Arc::clone(&file),
+                index,
+                block: block.clone(),
+                guest,
+                again,
+            };
+            wb.submit(w, None, move || {
+                d.fetch_add(1, Relaxed);
+            })
+        };
+        // Two of this node's blocks and a guest block, all refused.
+        assert!(submit(0, false, false));
+        assert!(submit(1, false, false));
+        assert!(submit(2, true, false));
+        assert!(wait_for(|| done.load(Relaxed) == 3));
+        // Not before the first backoff; then this node's blocks, the latest
+        // first, each once (a guest refused is the policy at work).
+        let t0 = Instant::now();
+        assert!(wb.take_refused().is_none());
+        assert!(wait_for(|| t0.elapsed() >= REFUSED_FIRST_RETRY));
+        let left: Vec<u64> = std::iter::from_fn(|| wb.take_refused())
+            .map(|(_, i)| i)
+            .collect();
+        assert_eq!(left, vec![1, 0]);
+        // Refused again: the wait doubled.
+        assert!(submit(0, false, true));
+        assert!(wait_for(|| done.load(Relaxed) == 4));
+        let t1 = Instant::now();
+        assert!(wait_for(|| t1.elapsed() >= REFUSED_FIRST_RETRY));
+        assert!(wb.take_refused().is_none(), "the backoff did not grow");
+        assert!(wait_for(|| t1.elapsed() >= 2 * REFUSED_FIRST_RETRY));
+        assert_eq!(wb.take_refused().map(|(_, i)| i), Some(0));
+        // Taken this time: nothing left, and the backoff is back to its first
+        // wait for the next refusal.
+        cache.refuse.store(false, Relaxed);
+        assert!(submit(0, false, true));
+        assert!(wait_for(|| done.load(Relaxed) == 5));
+        assert_eq!(cache.puts.lock().clone(), vec![(0, "put")]);
+        assert!(wb.take_refused().is_none());
+        assert_eq!(wb.refused.lock().backoff, REFUSED_FIRST_RETRY);
+        assert_eq!(stats.cache_writes_skipped.load(Relaxed), 0);
+        assert_eq!(stats.cache_writes_refused.load(Relaxed), 3);
     }
 }

@@ -47,6 +47,7 @@ fn stats_json_schema_and_watch() {
         "corrupt_blocks",
         "cache_write_errors",
         "cache_writes_skipped",
+        "cache_writes_refused",
         "files_cached",
         "peer_bytes",
         "opens",

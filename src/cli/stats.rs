@@ -157,6 +157,7 @@ mod tests {
             corrupt_blocks: 0,
             cache_write_errors: 0,
             cache_writes_skipped: 0,
+            cache_writes_refused: 0,
             files_cached: 0,
             peer_bytes: 0,
             opens: 0,

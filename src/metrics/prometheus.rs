@@ -149,6 +149,7 @@ fn update(s: &StatsSnapshot) {
         ("cache_corrupt", s.corrupt_blocks),
         ("cache_write", s.cache_write_errors),
         ("cache_write_skipped", s.cache_writes_skipped),
+        ("cache_write_refused", s.cache_writes_refused),
         ("peer", peer_failures()),
     ];
     for (kind, n) in errors {
