@@ -15,7 +15,7 @@ fn opts<'a>(peers: &'a [u16], c: &'a Cluster) -> NodeOpts<'a> {
         peers,
         secret: &c.secret,
         cache_size: "256M",
-        peer_timeout: "1s",
+        peer_timeout: "4s",
     }
 }
 
