@@ -498,6 +498,7 @@ impl<B: Send + Sync + 'static> FsCore<B> {
     /// entries after), refreshed from the source when the listing starts
     /// (offset 0) and is stale.
     pub fn readdir(&self, ino: u64, offset: u64, reply: impl DirReply) {
+        self.readahead.on_listing();
         if offset > 0 {
             return fill_dir(&self.ns, ino, offset, reply);
         }
@@ -524,6 +525,7 @@ impl<B: Send + Sync + 'static> FsCore<B> {
     /// before the first entry whose attributes did not come (the kernel
     /// asks again from there), and fails only if that is its first entry.
     pub fn readdirplus(&self, ino: u64, offset: u64, reply: impl DirPlusReply) {
+        self.readahead.on_listing();
         if offset > 1 {
             let asks = self.ns.plus_asks(ino, offset - 2, PLUS_BATCH);
             if asks.is_empty() {

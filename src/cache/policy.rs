@@ -18,6 +18,7 @@
 //! and does the unlinking; the simulation test drives this exact code.
 
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 
 use hashbrown::HashTable;
@@ -57,9 +58,6 @@ impl Tier {
             Tier::Guest => GUEST,
         }
     }
-    fn ix(self) -> usize {
-        (self == Tier::Guest) as usize
-    }
 }
 
 /// What the caller keeps in each entry's record (the disk cache: its file
@@ -87,25 +85,55 @@ const OWN: u8 = 1;
 const GUEST: u8 = 2;
 const BOTH: u8 = OWN | GUEST;
 const STALE_F: u8 = 4;
+/// [`Entry::own`] of an entry without an own part.
+const NO_PART: u32 = u32::MAX;
+/// A part's units saturate here (below [`NO_PART`]).
+const MAX_UNITS: u32 = u32::MAX - 1;
+/// [`Entry::last`]'s top bit: the entry has a [`Side`] record.
+const SIDE_BIT: u32 = 1 << 31;
+/// The read clock saturates here, in grains (31 bits).
+const MAX_LAST: u32 = SIDE_BIT - 1;
 
-/// One entry of the dense table: its key, the books of its two parts (own
-/// and guest blocks), its places in the lists (`links[0]` in [`BY_LAST`],
-/// `links[1]` in [`GUESTS`] or [`STALE`]) and the caller's record.
+/// One entry of the dense table: its key, the units of its own part, its
+/// last access and its place in [`BY_LAST`], and the caller's record. 32
+/// bytes with a 16-byte key. What few entries need (a guest part, stale,
+/// pinned) is in a [`Side`] record, found by record number.
 #[derive(Debug, Clone, Copy)]
 struct Entry<K, X> {
     key: K,
-    /// Bytes of the own and the guest part, in units of `Policy::unit`.
-    bytes: [u32; 2],
-    /// The read clock at the last access, in grains (`Policy::grain`).
+    /// Units (`Policy::unit`) of the own part; [`NO_PART`] if it has none.
+    own: u32,
+    /// The read clock at the last access, in grains (`Policy::grain`), 31
+    /// bits; the top bit is [`SIDE_BIT`].
     last: u32,
+    /// [prev, next] record numbers in [`BY_LAST`].
+    links: [u32; 2],
+    x: X,
+}
+
+/// What an entry with a guest part, a stale one or a pinned one keeps
+/// besides its record (16 bytes plus the map's). Such entries are few: the
+/// guests and stale versions are what goes first, pins are the files open
+/// in passthrough and the writes under way.
+#[derive(Debug, Clone, Copy)]
+struct Side {
+    /// [prev, next] record numbers in [`GUESTS`] or [`STALE`].
+    links: [u32; 2],
+    /// Units of the guest part.
+    guest: u32,
     /// Saturates at `u16::MAX` (the disk cache takes far fewer: see
     /// `MAX_PASSTHROUGH_PINS`).
     pins: u16,
-    /// [prev, next] record numbers in each list.
-    links: [[u32; 2]; 2],
+    /// [`GUEST`], [`STALE_F`].
     flags: u8,
-    x: X,
 }
+
+const NO_SIDE: Side = Side {
+    links: [NIL, NIL],
+    guest: 0,
+    pins: 0,
+    flags: 0,
+};
 
 #[derive(Debug, Clone, Copy)]
 struct List {
@@ -120,11 +148,11 @@ struct List {
 /// The books are one dense table (`Vec`, no holes: a removed entry's place
 /// is taken by the last one), a hash table of u32 record numbers to find an
 /// entry by key (and, for grouped payloads, a second one by group), and
-/// intrusive doubly linked lists through the table for the orders the
-/// policy walks (by last access, the guests, the stale entries). The read
-/// clock never goes back, so appending a touched entry at the tail keeps a
-/// list sorted by last access. 31 bytes plus the key and the record per
-/// entry.
+/// intrusive doubly linked lists for the orders the policy walks (by last
+/// access through the table; the guests and the stale entries through the
+/// side records). The read clock never goes back, so appending a touched
+/// entry at the tail keeps a list sorted by last access. 16 bytes plus the
+/// key and the record per entry.
 #[derive(Debug)]
 pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
     capacity: u64,
@@ -138,17 +166,21 @@ pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
     clock: u64,
     /// Accesses less than this many bytes of reading apart are one moment:
     /// an entry is re-sorted at most once per grain (1 by default; the disk
-    /// cache uses its block size). Last accesses are kept in grains (u32).
+    /// cache uses its block size). Last accesses are kept in grains (31
+    /// bits).
     grain: u64,
     /// Parts' bytes are kept in this unit (u32 each; 1 by default, the disk
     /// cache books in multiples of 256 bytes). A part saturates at
-    /// `u32::MAX` units.
+    /// `u32::MAX - 1` units.
     unit: u64,
     dataset_bytes: u64,
     entries: Vec<Entry<K, X>>,
     index: HashTable<u32>,
     /// Grouped payloads: every entry by its group (a multiset).
     groups: HashTable<u32>,
+    /// The side records, by record number (the entries whose
+    /// [`SIDE_BIT`] is set).
+    side: HashMap<u32, Side>,
     hasher: RandomState,
     lists: [List; 3],
     evictions: u64,
@@ -167,6 +199,7 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
             entries: Vec::new(),
             index: HashTable::new(),
             groups: HashTable::new(),
+            side: HashMap::new(),
             hasher: RandomState::new(),
             lists: [List {
                 head: NIL,
@@ -207,7 +240,7 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     /// Whether the entry has a part of this tier.
     pub fn has_part(&self, key: &K, tier: Tier) -> bool {
         self.find(key)
-            .is_some_and(|i| self.entries[i as usize].flags & tier.bit() != 0)
+            .is_some_and(|i| self.flags(i) & tier.bit() != 0)
     }
 
     /// Bytes of one record of the table.
@@ -218,9 +251,17 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     /// Heap bytes the books hold (for the documentation of per-file
     /// memory).
     pub fn heap_bytes(&self) -> usize {
+        // (A map's bucket: the key, the side record and a control byte.)
+        let side = if self.side.capacity() == 0 {
+            0
+        } else {
+            (self.side.capacity() * 8 / 7).next_power_of_two()
+                * (std::mem::size_of::<(u32, Side)>() + 1)
+        };
         self.entries.capacity() * Self::record_size()
             + table_bytes(&self.index)
             + table_bytes(&self.groups)
+            + side
     }
 
     /// Makes room for `n` more entries at once (a start-up that books a
@@ -291,38 +332,139 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
             .map(|e| e.key)
     }
 
+    /// Entry `i`'s side record, if it has one.
+    fn side_of(&self, i: u32) -> Option<&Side> {
+        if self.entries[i as usize].last & SIDE_BIT == 0 {
+            None
+        } else {
+            self.side.get(&i)
+        }
+    }
+
+    /// Entry `i`'s side record, made if it has none.
+    fn side_mut(&mut self, i: u32) -> &mut Side {
+        self.entries[i as usize].last |= SIDE_BIT;
+        self.side.entry(i).or_insert(NO_SIDE)
+    }
+
+    /// Drops entry `i`'s side record if it holds nothing (call once the
+    /// entry is out of the side lists its flags no longer call for).
+    fn tidy_side(&mut self, i: u32) {
+        if let Some(s) = self.side_of(i) {
+            if s.flags == 0 && s.pins == 0 && s.guest == 0 {
+                debug_assert_eq!(s.links, [NIL, NIL]);
+                self.side.remove(&i);
+                self.entries[i as usize].last &= !SIDE_BIT;
+            }
+        }
+    }
+
+    /// Entry `i`'s flags: [`OWN`], [`GUEST`], [`STALE_F`].
+    fn flags(&self, i: u32) -> u8 {
+        let own = if self.entries[i as usize].own == NO_PART {
+            0
+        } else {
+            OWN
+        };
+        own | self.side_of(i).map_or(0, |s| s.flags)
+    }
+
+    /// Sets entry `i`'s flags (its lists are the caller's: see
+    /// [`Policy::reside`]). A part whose flag goes keeps no units.
+    fn set_flags(&mut self, i: u32, flags: u8) {
+        let e = &mut self.entries[i as usize];
+        if flags & OWN == 0 {
+            e.own = NO_PART;
+        } else if e.own == NO_PART {
+            e.own = 0;
+        }
+        let side = flags & (GUEST | STALE_F);
+        if side != 0 || e.last & SIDE_BIT != 0 {
+            let s = self.side_mut(i);
+            s.flags = side;
+            if side & GUEST == 0 {
+                s.guest = 0;
+            }
+        }
+    }
+
+    /// Units of part `tier` of entry `i`.
+    fn units(&self, i: u32, tier: Tier) -> u32 {
+        match tier {
+            Tier::Own => match self.entries[i as usize].own {
+                NO_PART => 0,
+                u => u,
+            },
+            Tier::Guest => self.side_of(i).map_or(0, |s| s.guest),
+        }
+    }
+
+    /// Sets the units of part `tier` of entry `i`, which has that part.
+    fn set_units(&mut self, i: u32, tier: Tier, units: u32) {
+        debug_assert!(self.flags(i) & tier.bit() != 0);
+        let units = units.min(MAX_UNITS);
+        match tier {
+            Tier::Own => self.entries[i as usize].own = units,
+            Tier::Guest => self.side_mut(i).guest = units,
+        }
+    }
+
+    fn pins(&self, i: u32) -> u16 {
+        self.side_of(i).map_or(0, |s| s.pins)
+    }
+
+    /// The last access of entry `i`, in grains.
+    fn last(&self, i: u32) -> u32 {
+        self.entries[i as usize].last & MAX_LAST
+    }
+
+    /// Entry `i`'s [prev, next] in list `l`.
+    fn links(&self, l: usize, i: u32) -> [u32; 2] {
+        if l == BY_LAST {
+            self.entries[i as usize].links
+        } else {
+            self.side_of(i).map_or([NIL, NIL], |s| s.links)
+        }
+    }
+
+    fn links_mut(&mut self, l: usize, i: u32) -> &mut [u32; 2] {
+        if l == BY_LAST {
+            &mut self.entries[i as usize].links
+        } else {
+            &mut self.side_mut(i).links
+        }
+    }
+
     /// Appends entry `i` at the tail of list `l`.
     fn push_back(&mut self, l: usize, i: u32) {
-        let which = (l != BY_LAST) as usize;
         let tail = self.lists[l].tail;
-        self.entries[i as usize].links[which] = [tail, NIL];
+        *self.links_mut(l, i) = [tail, NIL];
         if tail == NIL {
             self.lists[l].head = i;
         } else {
-            self.entries[tail as usize].links[which][1] = i;
+            self.links_mut(l, tail)[1] = i;
         }
         self.lists[l].tail = i;
     }
 
     /// Takes entry `i` out of list `l`.
     fn unlink(&mut self, l: usize, i: u32) {
-        let which = (l != BY_LAST) as usize;
-        let [prev, next] = self.entries[i as usize].links[which];
+        let [prev, next] = self.links(l, i);
         if prev == NIL {
             self.lists[l].head = next;
         } else {
-            self.entries[prev as usize].links[which][1] = next;
+            self.links_mut(l, prev)[1] = next;
         }
         if next == NIL {
             self.lists[l].tail = prev;
         } else {
-            self.entries[next as usize].links[which][0] = prev;
+            self.links_mut(l, next)[0] = prev;
         }
-        self.entries[i as usize].links[which] = [NIL, NIL];
+        *self.links_mut(l, i) = [NIL, NIL];
     }
 
     /// The second list an entry is in, if any.
-    fn side(flags: u8) -> Option<usize> {
+    fn side_list(flags: u8) -> Option<usize> {
         if flags & STALE_F != 0 {
             Some(STALE)
         } else if flags & GUEST != 0 {
@@ -332,39 +474,42 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         }
     }
 
-    /// Moves entry `i` to the side list its flags (now `flags`, before
-    /// `was`) call for.
-    fn reside(&mut self, i: u32, was: u8) {
-        let (a, b) = (Self::side(was), Self::side(self.entries[i as usize].flags));
+    /// Sets entry `i`'s flags (before: `was`) and moves it to the side
+    /// list they call for.
+    fn reflag(&mut self, i: u32, was: u8, flags: u8) {
+        let (a, b) = (Self::side_list(was), Self::side_list(flags));
         if a != b {
             if let Some(l) = a {
                 self.unlink(l, i);
             }
+        }
+        self.set_flags(i, flags);
+        if a != b {
             if let Some(l) = b {
                 self.push_back(l, i);
             }
         }
+        self.tidy_side(i);
     }
 
     /// The record numbers of list `l`, head first.
     fn iter_list(&self, l: usize) -> impl Iterator<Item = u32> + '_ {
-        let which = (l != BY_LAST) as usize;
         let mut at = self.lists[l].head;
         std::iter::from_fn(move || {
             if at == NIL {
                 return None;
             }
             let i = at;
-            at = self.entries[i as usize].links[which][1];
+            at = self.links(l, i)[1];
             Some(i)
         })
     }
 
-    fn part_bytes(&self, e: &Entry<K, X>, parts: u8) -> u64 {
+    fn part_bytes(&self, i: u32, parts: u8) -> u64 {
         let mut b = 0;
         for t in [Tier::Own, Tier::Guest] {
             if parts & t.bit() != 0 {
-                b += e.bytes[t.ix()] as u64 * self.unit;
+                b += self.units(i, t) as u64 * self.unit;
             }
         }
         b
@@ -381,10 +526,10 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         2 * self.dataset_bytes.max(self.capacity)
     }
 
-    /// Bytes read since an entry's last access.
-    fn age(&self, e: &Entry<K, X>) -> u64 {
+    /// Bytes read since entry `i`'s last access.
+    fn age(&self, i: u32) -> u64 {
         self.clock
-            .saturating_sub((e.last as u64).saturating_mul(self.grain))
+            .saturating_sub((self.last(i) as u64).saturating_mul(self.grain))
     }
 
     /// Bytes of entries read within the horizon (two passes over the data
@@ -396,20 +541,19 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         let mut cold = 0;
         if self.clock > horizon {
             for i in self.iter_list(BY_LAST) {
-                let e = &self.entries[i as usize];
-                if self.age(e) <= horizon {
+                if self.age(i) <= horizon {
                     break;
                 }
-                if e.flags & STALE_F == 0 {
-                    cold += self.part_bytes(e, OWN);
+                if self.flags(i) & STALE_F == 0 {
+                    cold += self.part_bytes(i, OWN);
                 }
             }
         }
         for i in self.iter_list(STALE) {
-            cold += self.part_bytes(&self.entries[i as usize], BOTH);
+            cold += self.part_bytes(i, BOTH);
         }
         for i in self.iter_list(GUESTS) {
-            cold += self.part_bytes(&self.entries[i as usize], GUEST);
+            cold += self.part_bytes(i, GUEST);
         }
         self.used.saturating_sub(cold)
     }
@@ -440,12 +584,8 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     /// so that the lists stay sorted).
     fn now(&self) -> u32 {
         let tail = self.lists[BY_LAST].tail;
-        let newest = if tail == NIL {
-            0
-        } else {
-            self.entries[tail as usize].last
-        };
-        ((self.clock / self.grain).min(u32::MAX as u64) as u32).max(newest)
+        let newest = if tail == NIL { 0 } else { self.last(tail) };
+        ((self.clock / self.grain).min(MAX_LAST as u64) as u32).max(newest)
     }
 
     /// Notes an access to an entry (a hit or a write).
@@ -457,16 +597,15 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
 
     fn touch_at(&mut self, i: u32) {
         let now = self.now();
-        let e = &mut self.entries[i as usize];
-        if e.last == now {
+        if self.last(i) == now {
             // Already in place: many small files are opened per grain.
             return;
         }
-        e.last = now;
-        let side = Self::side(e.flags);
+        let e = &mut self.entries[i as usize];
+        e.last = (e.last & SIDE_BIT) | now;
         self.unlink(BY_LAST, i);
         self.push_back(BY_LAST, i);
-        if side == Some(GUESTS) {
+        if Self::side_list(self.flags(i)) == Some(GUESTS) {
             self.unlink(GUESTS, i);
             self.push_back(GUESTS, i);
         }
@@ -474,8 +613,8 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
 
     /// The tier of an entry: own if it has an own part, else guest.
     pub fn tier(&self, key: &K) -> Option<Tier> {
-        let e = &self.entries[self.find(key)? as usize];
-        Some(if e.flags & GUEST != 0 && e.flags & OWN == 0 {
+        let f = self.flags(self.find(key)?);
+        Some(if f & GUEST != 0 && f & OWN == 0 {
             Tier::Guest
         } else {
             Tier::Own
@@ -499,11 +638,9 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         let group = x.group();
         self.entries.push(Entry {
             key,
-            bytes: [0; 2],
+            own: NO_PART,
             last,
-            pins: 0,
-            links: [[NIL; 2]; 2],
-            flags: 0,
+            links: [NIL; 2],
             x,
         });
         let Policy {
@@ -526,14 +663,12 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     /// Adds `bytes` to part `tier` of entry `i` (creating the part).
     fn add_at(&mut self, i: u32, bytes: u64, tier: Tier) {
         let units = bytes.div_ceil(self.unit);
-        let e = &mut self.entries[i as usize];
-        let was = e.flags;
-        let have = e.bytes[tier.ix()];
-        let now = (have as u64 + units).min(u32::MAX as u64) as u32;
-        e.bytes[tier.ix()] = now;
-        e.flags |= tier.bit();
+        let was = self.flags(i);
+        self.reflag(i, was, was | tier.bit());
+        let have = self.units(i, tier);
+        let now = (have as u64 + units).min(MAX_UNITS as u64) as u32;
+        self.set_units(i, tier, now);
         self.used += (now - have) as u64 * self.unit;
-        self.reside(i, was);
     }
 
     /// Books every entry at once (a start-up): `f` tells the bytes of its
@@ -682,25 +817,25 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     ) -> Vec<(K, u8)> {
         let mut out = Vec::new();
         let mut freed = 0;
-        // The parts of `e` that may go, of `parts`.
-        let usable = |e: &Entry<K, X>, parts: u8| {
-            if e.pins != 0 {
+        // The parts of entry `i` that may go, of `parts`.
+        let usable = |i: u32, parts: u8| {
+            if self.pins(i) != 0 {
                 return 0;
             }
+            let f = self.flags(i);
             match spare {
-                Some((k, t)) if k == e.key => e.flags & parts & !t.bit(),
-                _ => e.flags & parts,
+                Some((k, t)) if k == self.entries[i as usize].key => f & parts & !t.bit(),
+                _ => f & parts,
             }
         };
         for i in self.iter_list(STALE) {
             if freed >= need {
                 break;
             }
-            let e = &self.entries[i as usize];
-            let p = usable(e, BOTH);
+            let p = usable(i, BOTH);
             if p != 0 {
-                out.push((e.key, p));
-                freed += self.part_bytes(e, p);
+                out.push((self.entries[i as usize].key, p));
+                freed += self.part_bytes(i, p);
             }
         }
         if evict_guests {
@@ -708,10 +843,9 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
                 if freed >= need {
                     break;
                 }
-                let e = &self.entries[i as usize];
-                if usable(e, GUEST) != 0 {
-                    out.push((e.key, GUEST));
-                    freed += self.part_bytes(e, GUEST);
+                if usable(i, GUEST) != 0 {
+                    out.push((self.entries[i as usize].key, GUEST));
+                    freed += self.part_bytes(i, GUEST);
                 }
             }
         }
@@ -722,14 +856,13 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
             if freed >= need {
                 break;
             }
-            let e = &self.entries[i as usize];
-            if !force && self.age(e) <= horizon {
+            if !force && self.age(i) <= horizon {
                 break;
             }
-            let p = usable(e, parts);
-            if e.flags & STALE_F == 0 && p != 0 {
-                out.push((e.key, p));
-                freed += self.part_bytes(e, p);
+            let p = usable(i, parts);
+            if self.flags(i) & STALE_F == 0 && p != 0 {
+                out.push((self.entries[i as usize].key, p));
+                freed += self.part_bytes(i, p);
             }
         }
         if freed >= need {
@@ -746,27 +879,19 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         for &(key, parts) in victims {
             let Some(i) = self.find(&key) else { continue };
             self.evictions += 1;
-            let e = &mut self.entries[i as usize];
-            let was = e.flags;
+            let was = self.flags(i);
             let parts = parts & was;
-            let mut freed = 0;
-            for t in [Tier::Own, Tier::Guest] {
-                if parts & t.bit() != 0 {
-                    freed += e.bytes[t.ix()] as u64;
-                    e.bytes[t.ix()] = 0;
-                }
-            }
-            e.flags &= !parts;
-            self.used -= freed * self.unit;
+            let freed = self.part_bytes(i, parts);
+            // (Out of the guests' list if its guest part went.)
+            self.reflag(i, was, was & !parts);
+            self.used -= freed;
             let tier = if parts & GUEST != 0 && parts & OWN == 0 {
                 Tier::Guest
             } else {
                 Tier::Own
             };
-            // (Out of the guests' list if its guest part went.)
-            self.reside(i, was);
             let kept = spare.is_some_and(|(k, _)| k == key);
-            if self.entries[i as usize].flags & BOTH == 0 && !kept {
+            if self.flags(i) & BOTH == 0 && !kept {
                 let (x, _) = self.remove_at(i);
                 out.push(Evicted {
                     key,
@@ -783,7 +908,6 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         }
         out
     }
-
     /// Removes entries until the books fit the capacity (after start-up or a
     /// smaller --cache-size), stale ones first. Returns what went.
     pub fn shrink_to_capacity(&mut self) -> Vec<Evicted<K, X>> {
@@ -803,13 +927,16 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     }
 
     fn remove_at(&mut self, i: u32) -> (X, u64) {
+        let flags = self.flags(i);
         let e = &self.entries[i as usize];
-        let flags = e.flags;
         let (key, group) = (e.key, e.x.group());
-        let bytes = self.part_bytes(e, BOTH);
+        let bytes = self.part_bytes(i, BOTH);
         self.unlink(BY_LAST, i);
-        if let Some(l) = Self::side(flags) {
+        if let Some(l) = Self::side_list(flags) {
             self.unlink(l, i);
+        }
+        if self.entries[i as usize].last & SIDE_BIT != 0 {
+            self.side.remove(&i);
         }
         let h = self.hasher.hash_one(key);
         if let Ok(o) = self.index.find_entry(h, |&j| j == i) {
@@ -825,20 +952,25 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         let e = self.entries.swap_remove(i as usize);
         if i != last {
             let moved = &self.entries[i as usize];
-            let (links, flags) = (moved.links, moved.flags);
             let (mkey, mgroup) = (moved.key, moved.x.group());
-            for (which, l) in [(0, Some(BY_LAST)), (1, Self::side(flags))] {
+            if moved.last & SIDE_BIT != 0 {
+                if let Some(s) = self.side.remove(&last) {
+                    self.side.insert(i, s);
+                }
+            }
+            let mflags = self.flags(i);
+            for l in [Some(BY_LAST), Self::side_list(mflags)] {
                 let Some(l) = l else { continue };
-                let [prev, next] = links[which];
+                let [prev, next] = self.links(l, i);
                 if prev == NIL {
                     self.lists[l].head = i;
                 } else {
-                    self.entries[prev as usize].links[which][1] = i;
+                    self.links_mut(l, prev)[1] = i;
                 }
                 if next == NIL {
                     self.lists[l].tail = i;
                 } else {
-                    self.entries[next as usize].links[which][0] = i;
+                    self.links_mut(l, next)[0] = i;
                 }
             }
             let h = self.hasher.hash_one(mkey);
@@ -859,11 +991,13 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     /// a failed write).
     pub fn shrink(&mut self, key: &K, bytes: u64, tier: Tier) {
         if let Some(i) = self.find(key) {
-            let unit = self.unit;
-            let e = &mut self.entries[i as usize];
-            let u = bytes.div_ceil(unit).min(e.bytes[tier.ix()] as u64);
-            e.bytes[tier.ix()] -= u as u32;
-            self.used -= u * unit;
+            let have = self.units(i, tier);
+            if have == 0 {
+                return;
+            }
+            let u = bytes.div_ceil(self.unit).min(have as u64) as u32;
+            self.set_units(i, tier, have - u);
+            self.used -= u as u64 * self.unit;
         }
     }
 
@@ -871,25 +1005,26 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     /// changed or vanished at the source): it goes first when room is needed.
     pub fn mark_stale(&mut self, key: &K) {
         let Some(i) = self.find(key) else { return };
-        let e = &mut self.entries[i as usize];
-        let was = e.flags;
-        e.flags |= STALE_F;
-        self.reside(i, was);
+        let was = self.flags(i);
+        self.reflag(i, was, was | STALE_F);
     }
 
     /// Pinned entries are never evicted (a file open in passthrough mode, a
     /// block being written).
     pub fn pin(&mut self, key: &K) {
         if let Some(i) = self.find(key) {
-            let e = &mut self.entries[i as usize];
-            e.pins = e.pins.saturating_add(1);
+            let s = self.side_mut(i);
+            s.pins = s.pins.saturating_add(1);
         }
     }
 
     pub fn unpin(&mut self, key: &K) {
         if let Some(i) = self.find(key) {
-            let e = &mut self.entries[i as usize];
-            e.pins = e.pins.saturating_sub(1);
+            if self.pins(i) > 0 {
+                let s = self.side_mut(i);
+                s.pins -= 1;
+                self.tidy_side(i);
+            }
         }
     }
 }
@@ -924,7 +1059,7 @@ mod tests {
     }
 
     fn last(p: &Policy<u32>, k: u32) -> u32 {
-        p.entries[p.find(&k).unwrap() as usize].last
+        p.last(p.find(&k).unwrap())
     }
 
     /// Plain LRU, for comparison in the simulation.
@@ -1004,7 +1139,7 @@ mod tests {
         assert_eq!(last(&p, 1), 1, "next grain: moved");
         let order: Vec<_> = p
             .iter_list(BY_LAST)
-            .map(|i| (p.entries[i as usize].last, p.entries[i as usize].key))
+            .map(|i| (p.last(i), p.entries[i as usize].key))
             .collect();
         assert_eq!(order, vec![(0, 2), (1, 1)]);
         // Without a grain every read moves the clock.
@@ -1155,7 +1290,7 @@ mod tests {
         p.set_dataset_bytes(50);
         for _ in 0..20_000 {
             let k = rng.random_range(0..60u32);
-            match rng.random_range(0..10) {
+            match rng.random_range(0..13) {
                 0 => {
                     let _ = p.admit(k, rng.random_range(1..8));
                 }
@@ -1170,6 +1305,9 @@ mod tests {
                     let _ = p.admit_fixed(rng.random_range(1..8));
                 }
                 9 => p.release_fixed(rng.random_range(1..8)),
+                10 => p.pin(&k),
+                11 => p.unpin(&k),
+                12 => p.shrink(&k, rng.random_range(0..4), Tier::Guest),
                 4 => p.mark_stale(&k),
                 5 => p.record_read(rng.random_range(0..20)),
                 _ => {
@@ -1183,35 +1321,34 @@ mod tests {
             }
             let all: Vec<u32> = p.iter_list(BY_LAST).collect();
             assert_eq!(all.len(), p.len());
-            assert!(all
-                .windows(2)
-                .all(|w| p.entries[w[0] as usize].last <= p.entries[w[1] as usize].last));
+            assert!(all.windows(2).all(|w| p.last(w[0]) <= p.last(w[1])));
             let guests: Vec<u32> = p.iter_list(GUESTS).collect();
             let stale: Vec<u32> = p.iter_list(STALE).collect();
-            assert!(guests
-                .windows(2)
-                .all(|w| p.entries[w[0] as usize].last <= p.entries[w[1] as usize].last));
-            let stale_f = |e: &Entry<u32, ()>| e.flags & STALE_F != 0;
-            let want_g = p
-                .entries
-                .iter()
-                .filter(|e| e.flags & GUEST != 0 && !stale_f(e));
+            assert!(guests.windows(2).all(|w| p.last(w[0]) <= p.last(w[1])));
+            let n = p.len() as u32;
+            let stale_f = |i: u32| p.flags(i) & STALE_F != 0;
+            let want_g = (0..n).filter(|&i| p.flags(i) & GUEST != 0 && !stale_f(i));
             assert_eq!(guests.len(), want_g.count());
-            assert_eq!(stale.len(), p.entries.iter().filter(|e| stale_f(e)).count());
-            assert!(guests
-                .iter()
-                .all(|&i| p.entries[i as usize].flags & GUEST != 0));
-            assert!(stale.iter().all(|&i| stale_f(&p.entries[i as usize])));
-            // Every entry has a part; a part without its flag holds nothing.
-            for e in &p.entries {
-                assert_ne!(e.flags & BOTH, 0);
-                assert!(e.flags & OWN != 0 || e.bytes[0] == 0);
-                assert!(e.flags & GUEST != 0 || e.bytes[1] == 0);
+            assert_eq!(stale.len(), (0..n).filter(|&i| stale_f(i)).count());
+            assert!(guests.iter().all(|&i| p.flags(i) & GUEST != 0));
+            assert!(stale.iter().all(|&i| stale_f(i)));
+            // Every entry has a part; a part without its flag holds nothing;
+            // exactly the entries with something besides their record (a
+            // guest part, stale, pinned) have a side record.
+            for i in 0..n {
+                assert_ne!(p.flags(i) & BOTH, 0);
+                assert!(p.flags(i) & OWN != 0 || p.units(i, Tier::Own) == 0);
+                assert!(p.flags(i) & GUEST != 0 || p.units(i, Tier::Guest) == 0);
+                let needs_side = p.flags(i) & (GUEST | STALE_F) != 0 || p.pins(i) != 0;
+                assert_eq!(p.side_of(i).is_some(), needs_side, "entry {i}");
+                assert_eq!(p.side.contains_key(&i), needs_side, "entry {i}");
             }
-            let booked: u64 = p
-                .entries
-                .iter()
-                .map(|e| (e.bytes[0] + e.bytes[1]) as u64)
+            assert_eq!(
+                p.side.len(),
+                (0..n).filter(|&i| p.side_of(i).is_some()).count()
+            );
+            let booked: u64 = (0..n)
+                .map(|i| (p.units(i, Tier::Own) + p.units(i, Tier::Guest)) as u64)
                 .sum();
             assert_eq!(p.used(), booked + p.fixed);
         }
