@@ -422,10 +422,11 @@ mod tests {
             w.latency_total = w.latency_total.mul_f64(1.7);
             limits.push(t.observe(&w));
         }
-        let mut tail = limits[100..].to_vec();
-        tail.sort();
-        let median = tail[tail.len() / 2];
-        assert!(median >= 80, "median {median}: {limits:?}");
+        // Never down to half of what the source serves at once (the
+        // latency-only cut walked it down to the floor, where the lowest
+        // latency is learnt again, and back up).
+        let low = *limits.iter().min().unwrap();
+        assert!(low >= 50, "lowest {low}: {limits:?}");
     }
 
     #[test]
