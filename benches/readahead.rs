@@ -3,7 +3,9 @@
 //! each figure next to the same mount with read-ahead off, in one run.
 //!
 //! LOCAFS_BENCH_SCALE (default 1.0) scales the data sizes;
-//! LOCAFS_BENCH_ONLY=1,3 picks figures. Figure 5 (issue 16) is the first
+//! LOCAFS_BENCH_ONLY=1,3 picks figures. Figure 1 (issue 16) is 4 shards of
+//! 128 MiB read cold with the defaults, 5 runs (LOCAFS_BENCH_SHARD_RUNS),
+//! each next to a raw reader with as many reads in flight as locafs had. Figure 5 (issue 16) is the first
 //! epoch over a remote source that adds 20 ms to every request, with the
 //! defaults, with and without a plan, next to the source's own limit
 //! (LOCAFS_BENCH_RUNS, default 3, runs of it; medians printed;
