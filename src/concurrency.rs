@@ -9,9 +9,12 @@
 //! the mean latency of a read) and moves the limit as TCP does: it doubles
 //! while throughput still rises by more than 10 % (slow start); then it adds
 //! an eighth while a read's latency (smoothed over windows) stays near the
-//! lowest seen (the source is not queueing yet) and takes off a sixth once
-//! latency climbs past 1.5x that while throughput no longer rises (requests
-//! wait at the source: more in flight buys nothing, as in TCP Vegas); it
+//! lowest seen (the source is not queueing yet). Once latency climbs past
+//! 1.5x that, latency alone cannot say whether the source queues or only
+//! this host is busy (a loaded machine's wake-ups slow every read), so
+//! throughput decides: it takes off a sixth when throughput fell or when
+//! its last step up bought nothing (requests wait at the source), and
+//! otherwise steps up again and judges that step by the next window; it
 //! halves on any source error or timeout. A window in which
 //! read-ahead did not use its whole limit says nothing about the source and
 //! changes nothing. The limit stays between a floor and a ceiling, and under
@@ -115,6 +118,11 @@ pub struct Tuner {
     base_latency: f64,
     /// The mean read latency, smoothed over windows (s).
     latency: f64,
+    /// The last window stepped the limit up (past slow start): this one
+    /// says whether that step bought throughput.
+    probed: bool,
+    /// The last window cut the limit.
+    cut: bool,
 }
 
 /// Latency past this multiple of the lowest: the source queues, back off.
@@ -135,6 +143,8 @@ impl Tuner {
             last_rate: 0.0,
             base_latency: f64::INFINITY,
             latency: f64::INFINITY,
+            probed: false,
+            cut: false,
         }
     }
 
@@ -152,6 +162,7 @@ impl Tuner {
     pub fn observe(&mut self, w: &Window) -> usize {
         if w.errors > 0 {
             self.slow_start = false;
+            (self.probed, self.cut) = (false, true);
             self.set(self.limit / 2);
             return self.limit;
         }
@@ -173,11 +184,22 @@ impl Tuner {
         }
         self.base_latency = self.base_latency.min(latency);
         let ceiling = self.ceiling_for(w.bytes / w.reads);
-        // Reads wait at the source, and more in flight did not buy more.
-        let queueing = latency > QUEUEING * self.base_latency && rate < self.last_rate * 1.05;
+        // Reads take longer than they did: the source queues, or only this
+        // host is busy (its wake-ups inflate every read's latency, while
+        // more in flight still pays: figure 5 of `cargo bench --bench
+        // readahead` ended at 18-32 in flight where the raw reader still
+        // gained from 64 to 128). Only throughput tells them apart: cut when
+        // it fell, or when the last step up bought nothing; else step up
+        // and judge that step by the next window. (Throughput that fell
+        // after a cut of ours says nothing about the source.)
+        let slow = latency > QUEUEING * self.base_latency;
+        let fell = !self.cut && rate < self.last_rate * 0.9;
+        let queueing = slow && (fell || (self.probed && rate < self.last_rate * 1.05));
         let next = if queueing {
             self.slow_start = false;
-            self.limit - (self.limit / 6).max(1)
+            // Below where a step up that bought nothing started (at small
+            // limits both steps are one).
+            self.limit - (self.limit / 6).max(1 + self.probed as usize)
         } else if self.slow_start {
             if rate > self.last_rate * 1.1 {
                 self.limit * 2
@@ -186,11 +208,13 @@ impl Tuner {
                 self.slow_start = false;
                 self.limit * 3 / 4
             }
-        } else if latency < UNLOADED * self.base_latency {
+        } else if slow || latency < UNLOADED * self.base_latency {
             self.limit + (self.limit / 8).max(1)
         } else {
             self.limit
         };
+        self.probed = !self.slow_start && next > self.limit;
+        self.cut = next < self.limit;
         self.last_rate = rate;
         self.set(next.min(ceiling));
         self.limit
@@ -379,6 +403,30 @@ mod tests {
         tail.sort();
         let median = tail[tail.len() / 2];
         assert!((80..=200).contains(&median), "median {median}: {limits:?}");
+    }
+
+    #[test]
+    fn a_busy_host_that_slows_every_read_does_not_drag_the_limit_down() {
+        // The source serves 100 at a time at 20 ms; after a while this host
+        // gets busy and every read it times takes 1.7x as long (wake-ups),
+        // while the source still gives what it did: more in flight pays.
+        let src = Simulated {
+            n: 100,
+            latency: 0.02,
+        };
+        let mut t = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
+        run(&mut t, &src, 30);
+        let mut limits = Vec::new();
+        for _ in 0..200 {
+            let mut w = src.window(t.limit(), 0.1);
+            w.latency_total = w.latency_total.mul_f64(1.7);
+            limits.push(t.observe(&w));
+        }
+        // Never down to half of what the source serves at once (the
+        // latency-only cut walked it down to the floor, where the lowest
+        // latency is learnt again, and back up).
+        let low = *limits.iter().min().unwrap();
+        assert!(low >= 50, "lowest {low}: {limits:?}");
     }
 
     #[test]
