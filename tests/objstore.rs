@@ -2,7 +2,13 @@
 //! loopback, a real `locafs mount s3://...` over it, and the tree and bytes
 //! the mount shows compared with what was put in the bucket, cold and after
 //! a remount; reads across block boundaries; keys that cannot be file names;
-//! a missing bucket and a dead endpoint refused with exit status 2.
+//! a missing bucket and a dead endpoint refused with exit status 2. Then,
+//! with the proxy of tests/common/proxy.rs between the mount and the server:
+//! no GET for cached data after a remount; every read served while the store
+//! answers 503 SlowDown to a share of the requests; cached reads going on and
+//! uncached ones failing within --source-timeout while the store stalls; an
+//! object replaced mid-epoch (EIO for the old version's uncached blocks, the
+//! new bytes after revalidation).
 
 mod common;
 
@@ -11,8 +17,10 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::proxy::Proxy;
 use common::s3::{Bucket, Moto};
 use common::*;
+use std::sync::atomic::Ordering::Relaxed;
 
 const BLOCK: usize = 256 * 1024;
 
@@ -262,4 +270,173 @@ fn a_missing_bucket_or_a_dead_endpoint_exits_2_before_mounting() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--endpoint"), "{err}");
+}
+
+/// A setup with a proxy between the mount and moto.
+fn setup_proxied(bucket: &str) -> (Setup, Proxy) {
+    let s = setup(bucket, "ds");
+    let p = Proxy::start(&format!("127.0.0.1:{}", s.moto.port));
+    (s, p)
+}
+
+fn mount_via(s: &Setup, p: &Proxy, extra: &[&str]) -> common::Mount {
+    let mut args = vec!["--endpoint", p.endpoint.as_str(), "--block-size", "256K"];
+    args.extend_from_slice(extra);
+    let url = format!("s3://{}/ds", s.bucket.name);
+    Mount::start(Path::new(&url), &s.scratch.mnt, &s.scratch.cache, &args)
+}
+
+#[test]
+fn a_remount_reads_cached_data_with_no_get() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("persist");
+    let mut m = mount_via(&s, &p, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    let cold = p.counts.total_gets();
+    // Every non-empty object was fetched, in cache blocks (a few more
+    // GETs than objects: the multi-block file).
+    let objects = list_files(s.data.path())
+        .iter()
+        .filter(|r| fs::metadata(s.data.path().join(r)).unwrap().len() > 0)
+        .count() as u64;
+    assert!(cold >= objects, "{cold} GETs for {objects} objects");
+    // Listings give every attribute: no HEAD per lookup or open.
+    assert_eq!(p.counts.heads.load(Relaxed), 0, "HEAD requests were sent");
+    assert!(m.unmount().success());
+    let gets = p.counts.gets.lock().clone();
+    let lists = p.counts.lists.load(Relaxed);
+
+    let m = mount_via(&s, &p, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    assert_eq!(m.stat("source_reads"), 0);
+    assert_eq!(
+        *p.counts.gets.lock(),
+        gets,
+        "the remount sent GETs for cached data"
+    );
+    // The tree came from the manifest: no listing but the one that checks
+    // the bucket and credentials before mounting.
+    assert_eq!(
+        p.counts.lists.load(Relaxed),
+        lists + 1,
+        "the remount listed"
+    );
+}
+
+#[test]
+fn throttling_answers_are_retried_and_every_read_succeeds() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("throttle");
+    // Every third request answered 503 SlowDown, listings included.
+    p.knobs.slowdown_every.store(3, Relaxed);
+    let m = mount_via(&s, &p, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    assert!(
+        p.counts.slowdowns.load(Relaxed) > 0,
+        "nothing was throttled"
+    );
+    assert_eq!(m.stat("read_errors"), 0);
+}
+
+#[test]
+fn a_stalled_store_serves_what_is_cached_and_times_out_the_rest() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("stall");
+    let m = mount_via(
+        &s,
+        &p,
+        &[
+            "--source-timeout",
+            "4s",
+            "--metadata-timeout",
+            "2s",
+            "--no-readahead",
+        ],
+    );
+    let mnt = &s.scratch.mnt;
+    let files = list_files(s.data.path());
+    let (cached, uncached) = files.split_at(files.len() / 2);
+    for rel in cached {
+        assert_same_content(&s.data.path().join(rel), &mnt.join(rel));
+    }
+    p.knobs.stalled.store(true, Relaxed);
+    let t0 = std::time::Instant::now();
+    for rel in cached {
+        assert_same_content(&s.data.path().join(rel), &mnt.join(rel));
+    }
+    let mut failed = 0;
+    for rel in uncached {
+        if fs::metadata(s.data.path().join(rel)).unwrap().len() == 0 {
+            continue;
+        }
+        let t = std::time::Instant::now();
+        let r = fs::read(mnt.join(rel));
+        let took = t.elapsed();
+        let e = r.expect_err("an uncached read succeeded while the store stalled");
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::ETIMEDOUT) | Some(libc::EIO)),
+            "{rel:?}: {e}"
+        );
+        assert!(took < Duration::from_secs(15), "{rel:?} waited {took:?}");
+        failed += 1;
+    }
+    assert!(failed > 0);
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    p.knobs.stalled.store(false, Relaxed);
+    // Once the store answers again, so does the mount.
+    wait_until(
+        "the uncached files read again",
+        Duration::from_secs(30),
+        || {
+            uncached.iter().all(|rel| {
+                fs::read(mnt.join(rel))
+                    .is_ok_and(|b| b == fs::read(s.data.path().join(rel)).unwrap())
+            })
+        },
+    );
+    drop(m);
+}
+
+#[test]
+fn an_object_replaced_mid_epoch_fails_old_blocks_then_shows_new_bytes() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("replace");
+    let _m = mount_via(
+        &s,
+        &p,
+        &[
+            "--revalidate",
+            "2s",
+            "--no-readahead",
+            "--kernel-readahead",
+            "0",
+        ],
+    );
+    let rel = "train/dog/deep/er/x.bin";
+    let key = format!("ds/{rel}");
+    let old = fs::read(s.data.path().join(rel)).unwrap();
+    let f = File::open(s.scratch.mnt.join(rel)).unwrap();
+    let mut buf = vec![0u8; 100];
+    assert_eq!(read_full_at(&f, &mut buf, 0).unwrap(), 100);
+    assert!(buf[..] == old[..100]);
+    // The same size, other bytes: only the ETag tells.
+    let new: Vec<u8> = old.iter().map(|b| b.wrapping_add(1)).collect();
+    s.bucket.put(&key, &new);
+    let mut buf = vec![0u8; 1000];
+    let e = read_full_at(&f, &mut buf, 2 * BLOCK as u64 + 10)
+        .expect_err("an uncached block of the replaced object was served");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // The cached block of the open version still reads as it was.
+    let mut buf = vec![0u8; 100];
+    assert_eq!(read_full_at(&f, &mut buf, 0).unwrap(), 100);
+    assert!(buf[..] == old[..100]);
+    drop(f);
+    // After revalidation, the new object, whole.
+    wait_until("the new bytes", Duration::from_secs(30), || {
+        fs::read(s.scratch.mnt.join(rel)).is_ok_and(|b| b == new)
+    });
 }

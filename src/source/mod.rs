@@ -106,6 +106,10 @@ pub struct DirName {
     pub name: OsString,
     pub kind: EntryKind,
     pub ino: u64,
+    /// The entry's attributes when the listing gives them at no extra cost
+    /// (an object store's listing does, `getdents` does not): the namespace
+    /// then needs no stat (no HEAD request) to hand them out.
+    pub attr: Option<SourceAttr>,
 }
 
 /// Why a read from the source failed; each maps to one errno for the reader.
@@ -181,6 +185,7 @@ pub trait Source: Send + Sync + 'static {
                 name,
                 kind: a.kind,
                 ino: a.ino,
+                attr: Some(a),
             })
             .collect())
     }

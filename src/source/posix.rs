@@ -187,6 +187,7 @@ impl Source for DirSource {
                 name: entry.file_name(),
                 kind,
                 ino: entry.ino(),
+                attr: None,
             });
         }
         Ok(out)
@@ -273,6 +274,7 @@ mod tests {
                 name,
                 kind: a.kind,
                 ino: a.ino,
+                attr: None,
             })
             .collect();
         full.sort_by(|a, b| a.name.cmp(&b.name));

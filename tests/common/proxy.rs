@@ -45,6 +45,8 @@ pub struct Counts {
     pub slowdowns: AtomicU64,
     /// Listing requests (GET on a bucket with a query).
     pub lists: AtomicU64,
+    /// HEAD requests.
+    pub heads: AtomicU64,
 }
 
 impl Counts {
@@ -212,6 +214,8 @@ async fn serve(
             *counts.gets.lock().entry(key.to_owned()).or_default() += 1;
         } else if method == "GET" && query.contains("list-type") {
             counts.lists.fetch_add(1, Relaxed);
+        } else if method == "HEAD" {
+            counts.heads.fetch_add(1, Relaxed);
         }
         while knobs.stalled.load(Relaxed) {
             tokio::time::sleep(Duration::from_millis(50)).await;
