@@ -8,7 +8,8 @@
 //! answers 503 SlowDown to a share of the requests; cached reads going on and
 //! uncached ones failing within --source-timeout while the store stalls; an
 //! object replaced mid-epoch (EIO for the old version's uncached blocks, the
-//! new bytes after revalidation).
+//! new bytes after revalidation). Last, three nodes with peers mounting the
+//! same s3:// URL GET each block of each object once over three epochs.
 
 mod common;
 
@@ -439,4 +440,65 @@ fn an_object_replaced_mid_epoch_fails_old_blocks_then_shows_new_bytes() {
     wait_until("the new bytes", Duration::from_secs(30), || {
         fs::read(s.scratch.mnt.join(rel)).is_ok_and(|b| b == new)
     });
+}
+
+#[test]
+fn three_nodes_with_peers_get_each_object_once_over_three_epochs() {
+    use common::cluster::*;
+    require_fuse!();
+    require_moto!();
+    let moto = Moto::start();
+    let bucket = moto.bucket("peers");
+    bucket.create();
+    let mut c = Cluster::new(60, 1_000, 300_000, 7);
+    bucket.put_tree(&c.source(), "ds");
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    c.url = Some("s3://peers/ds".into());
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let spec = NodeSpec {
+                listen: format!("127.0.0.1:{}", ports[i]),
+                peers: ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+                secret: &c.secret,
+                cache_size: "256M",
+                peer_timeout: "5s",
+                netns: None,
+            };
+            Node::start_spec_with(&c, &format!("n{i}"), spec, &["--endpoint", &proxy.endpoint])
+        })
+        .collect();
+    for n in &nodes {
+        n.wait_peers_up(&ports);
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    for epoch in 0..3 {
+        run_epoch(&c, &refs, epoch, 1);
+    }
+    for n in &nodes {
+        let s = n.stats();
+        eprintln!(
+            "{}: source {} peers {} served {}; peer failures {}",
+            n.name, s.source_bytes, s.peer_bytes, s.peer_served_bytes, s.peer_failures
+        );
+        assert_eq!(s.read_errors, 0, "{}", n.name);
+        assert!(s.peer_bytes > 0, "{} got nothing from its peers", n.name);
+    }
+    // Counted at the store: each block of each object GET once, by one node.
+    let gets = proxy.counts.gets.lock().clone();
+    let mut twice = Vec::new();
+    for (rel, data) in &c.files {
+        let blocks = (data.len() as u64).div_ceil(BLOCK);
+        let got = gets.get(&format!("peers/ds/{rel}")).copied().unwrap_or(0);
+        if got != blocks {
+            twice.push(format!("{rel}: {got} GETs for {blocks} blocks"));
+        }
+    }
+    assert!(twice.is_empty(), "{twice:#?}");
+    let source: u64 = nodes.iter().map(|n| n.stats().source_bytes).sum();
+    assert_eq!(
+        source,
+        c.total_bytes(),
+        "bytes GET over 3 epochs on 3 nodes"
+    );
 }
