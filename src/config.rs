@@ -1073,6 +1073,55 @@ mod tests {
     }
 
     #[test]
+    fn object_urls_resolve_to_a_spec_and_a_cache_id_stable_per_url_and_endpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let mnt = d.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let req = |src: &str, o: &[&str]| MountRequest {
+            source: Some(PathBuf::from(src)),
+            mountpoint: Some(mnt.clone()),
+            o: o.iter().map(|s| s.to_string()).collect(),
+            flags: MountFlags {
+                cache_dir: Some(d.path().join("cache")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let a = resolve(&req(
+            "s3://b/img/train/",
+            &["endpoint=http://10.0.0.5:9000"],
+        ))
+        .unwrap();
+        let spec = a.object.clone().unwrap();
+        assert_eq!(a.source, PathBuf::from("s3://b/img/train"));
+        assert_eq!(spec.endpoint.as_deref(), Some("http://10.0.0.5:9000"));
+        assert!(a.dataset_name.starts_with("train-"), "{}", a.dataset_name);
+        // The same URL (however written) and endpoint: the same cache; the
+        // region does not change it, another endpoint does.
+        let b = resolve(&req(
+            "s3://b//img/train",
+            &["endpoint=http://10.0.0.5:9000,region=eu-west-1"],
+        ))
+        .unwrap();
+        assert_eq!(a.dataset_dir, b.dataset_dir);
+        let c = resolve(&req("s3://b/img/train", &[])).unwrap();
+        assert_ne!(a.dataset_dir, c.dataset_dir);
+        for (url, scheme) in [
+            ("gs://g/x", crate::source::object::Scheme::Gcs),
+            ("az://ctr/x", crate::source::object::Scheme::Azure),
+        ] {
+            let r = resolve(&req(url, &["no_sign_request"])).unwrap();
+            let o = r.object.unwrap();
+            assert_eq!(o.scheme, scheme);
+            assert!(o.no_sign_request);
+        }
+        let e = resolve(&req("s3://b/x", &["endpoint=10.0.0.5:9000"])).unwrap_err();
+        assert!(e.0.contains("http://"), "{}", e.0);
+        let e = resolve(&req("s3://", &[])).unwrap_err();
+        assert!(e.0.contains("no bucket"), "{}", e.0);
+    }
+
+    #[test]
     fn metadata_timeout_defaults_to_5s_and_never_exceeds_the_source_timeout() {
         let d = tempfile::tempdir().unwrap();
         let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
