@@ -22,7 +22,8 @@
 //! LOCAFS_OBJ_FILES [2000], LOCAFS_OBJ_FILE_KB [110], LOCAFS_OBJ_SHARDS [2],
 //! LOCAFS_OBJ_SHARD_MB [64], LOCAFS_OBJ_LATENCY_MS [20],
 //! LOCAFS_OBJ_BANDWIDTH_MB [100] (MB/s, 0: none), LOCAFS_OBJ_WORKERS [16],
-//! LOCAFS_BENCH_DIR [/var/tmp/locafs-bench-objstore].
+//! LOCAFS_BENCH_DIR [/var/tmp/locafs-bench-objstore], LOCAFS_BENCH_LOCAFS_ARGS
+//! (extra `locafs mount` options: a figure for a flag) [none].
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -229,7 +230,12 @@ fn main() {
     // locafs, defaults.
     let url = PathBuf::from("s3://bench/ds");
     let cache_s = cache.to_string_lossy().into_owned();
-    let args = ["--endpoint", proxy.endpoint.as_str()];
+    let extra = std::env::var("LOCAFS_BENCH_LOCAFS_ARGS").unwrap_or_default();
+    let mut args = vec!["--endpoint", proxy.endpoint.as_str()];
+    args.extend(extra.split_whitespace());
+    if !extra.is_empty() {
+        println!("locafs mount options: {extra}");
+    }
     let run = |seed: u64| {
         common::drop_page_cache();
         let g = proxy.counts.total_gets();
