@@ -20,8 +20,9 @@ use crate::units::{ParseError, Size, Span};
 /// arguments of `locafs mount`, which adds `--daemon`: see `cli`).
 #[derive(Args, Debug, Default, Clone)]
 pub struct MountRequest {
-    /// The data set: a directory (read-only for locafs). May instead be
-    /// given as `source = "..."` in the --config file.
+    /// The data set: a directory, or an object store URL (s3://bucket/prefix,
+    /// gs://bucket/prefix, az://container/prefix); read-only for locafs. May
+    /// instead be given as `source = "..."` in the --config file.
     pub source: Option<PathBuf>,
     /// An existing, empty directory to mount on. May instead be given as
     /// `mountpoint = "..."` in the --config file.
@@ -182,6 +183,20 @@ pub struct MountFlags {
     /// the source. [default: 2s]
     #[arg(long, value_name = "DURATION")]
     pub peer_timeout: Option<Span>,
+    /// Object stores: the endpoint URL of an S3-compatible store (or of an
+    /// emulator), e.g. http://10.0.0.5:9000. Part of the data set's identity
+    /// (its cache directory). [default: the provider's]
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// s3:// only: the bucket's region. [default: AWS_REGION or
+    /// AWS_DEFAULT_REGION, else us-east-1]
+    #[arg(long, value_name = "REGION")]
+    pub region: Option<String>,
+    /// Object stores: send requests unsigned (public buckets); no
+    /// credentials are looked up.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_sign_request: bool,
 }
 
 /// How opens of files are served (`--open-mode`).
@@ -222,7 +237,10 @@ fn usage(msg: impl Into<String>) -> UsageError {
 /// Everything a mount needs, resolved and checked.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
+    /// The directory, or the normalized URL of an object data set.
     pub source: PathBuf,
+    /// The object store, when the source is one (then `source` is its URL).
+    pub object: Option<crate::source::object::ObjectSpec>,
     pub mountpoint: PathBuf,
     pub cache_dir: PathBuf,
     pub dataset_dir: PathBuf,
@@ -289,6 +307,9 @@ impl MountFlags {
             peer_cert: self.peer_cert.or(other.peer_cert),
             peer_key: self.peer_key.or(other.peer_key),
             peer_timeout: self.peer_timeout.or(other.peer_timeout),
+            endpoint: self.endpoint.or(other.endpoint),
+            region: self.region.or(other.region),
+            no_sign_request: self.no_sign_request || other.no_sign_request,
         }
     }
 }
@@ -499,6 +520,18 @@ pub fn dataset_id(source: &Path) -> String {
     format!("{base}-{}", &h.to_hex()[..16])
 }
 
+/// The cache subdirectory name of an object data set: its last prefix
+/// segment (or bucket) for humans, and a hash of its URL and endpoint, so
+/// that the same URL finds the same cache at every mount.
+pub fn object_dataset_id(spec: &crate::source::object::ObjectSpec) -> String {
+    let last = spec.prefix.rsplit('/').next().filter(|s| !s.is_empty());
+    let base = Path::new(last.unwrap_or(&spec.bucket));
+    let id = dataset_id(base);
+    let h = blake3::hash(spec.identity().as_bytes());
+    let (name, _) = id.rsplit_once('-').unwrap_or((&id, ""));
+    format!("{name}-{}", &h.to_hex()[..16])
+}
+
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let file = match &args.config {
@@ -513,14 +546,43 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         usage("missing MOUNTPOINT (give it on the command line or as mountpoint = \"...\" in --config)")
     })?;
 
-    let source = std::fs::canonicalize(&source_arg)
-        .map_err(|e| usage(format!("source {}: {}", source_arg.display(), short_io(&e))))?;
-    if !source.is_dir() {
-        return Err(usage(format!(
-            "source {}: not a directory",
-            source_arg.display()
-        )));
+    let object = match source_arg.to_str() {
+        Some(s) if crate::source::object::is_object_url(s) => {
+            let mut spec = crate::source::object::ObjectSpec::parse(s).map_err(usage)?;
+            spec.endpoint = f.endpoint.clone();
+            spec.region = f.region.clone();
+            spec.no_sign_request = f.no_sign_request;
+            if let Some(e) = &spec.endpoint {
+                if !(e.starts_with("http://") || e.starts_with("https://")) {
+                    return Err(usage(format!(
+                        "--endpoint {e}: expected an http:// or https:// URL"
+                    )));
+                }
+            }
+            Some(spec)
+        }
+        _ => None,
+    };
+    if object.is_none() && (f.endpoint.is_some() || f.region.is_some() || f.no_sign_request) {
+        return Err(usage(
+            "--endpoint, --region and --no-sign-request are for object-store sources \
+             (s3://, gs://, az://)",
+        ));
     }
+    let source = match &object {
+        Some(spec) => PathBuf::from(spec.url()),
+        None => {
+            let source = std::fs::canonicalize(&source_arg)
+                .map_err(|e| usage(format!("source {}: {}", source_arg.display(), short_io(&e))))?;
+            if !source.is_dir() {
+                return Err(usage(format!(
+                    "source {}: not a directory",
+                    source_arg.display()
+                )));
+            }
+            source
+        }
+    };
     let mountpoint = std::fs::canonicalize(mp)
         .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
     if !mountpoint.is_dir() {
@@ -549,7 +611,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
             )))
         }
     }
-    if source == mountpoint || mountpoint.starts_with(&source) {
+    if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
         return Err(usage(format!(
             "mountpoint {} is inside the source",
             mp.display()
@@ -643,7 +705,10 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     };
 
     let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let id = f.dataset_id.clone().unwrap_or_else(|| dataset_id(&source));
+    let id = f.dataset_id.clone().unwrap_or_else(|| match &object {
+        Some(spec) => object_dataset_id(spec),
+        None => dataset_id(&source),
+    });
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
@@ -702,6 +767,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         dataset_name: id_for_peers,
         peer,
         source,
+        object,
         mountpoint,
         cache_dir,
         dataset_dir,
@@ -1004,6 +1070,55 @@ mod tests {
         assert!(resolve_peer(&f).unwrap_err().0.contains("--listen"));
         f.listen = None;
         assert!(resolve_peer(&f).is_err());
+    }
+
+    #[test]
+    fn object_urls_resolve_to_a_spec_and_a_cache_id_stable_per_url_and_endpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let mnt = d.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let req = |src: &str, o: &[&str]| MountRequest {
+            source: Some(PathBuf::from(src)),
+            mountpoint: Some(mnt.clone()),
+            o: o.iter().map(|s| s.to_string()).collect(),
+            flags: MountFlags {
+                cache_dir: Some(d.path().join("cache")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let a = resolve(&req(
+            "s3://b/img/train/",
+            &["endpoint=http://10.0.0.5:9000"],
+        ))
+        .unwrap();
+        let spec = a.object.clone().unwrap();
+        assert_eq!(a.source, PathBuf::from("s3://b/img/train"));
+        assert_eq!(spec.endpoint.as_deref(), Some("http://10.0.0.5:9000"));
+        assert!(a.dataset_name.starts_with("train-"), "{}", a.dataset_name);
+        // The same URL (however written) and endpoint: the same cache; the
+        // region does not change it, another endpoint does.
+        let b = resolve(&req(
+            "s3://b//img/train",
+            &["endpoint=http://10.0.0.5:9000,region=eu-west-1"],
+        ))
+        .unwrap();
+        assert_eq!(a.dataset_dir, b.dataset_dir);
+        let c = resolve(&req("s3://b/img/train", &[])).unwrap();
+        assert_ne!(a.dataset_dir, c.dataset_dir);
+        for (url, scheme) in [
+            ("gs://g/x", crate::source::object::Scheme::Gcs),
+            ("az://ctr/x", crate::source::object::Scheme::Azure),
+        ] {
+            let r = resolve(&req(url, &["no_sign_request"])).unwrap();
+            let o = r.object.unwrap();
+            assert_eq!(o.scheme, scheme);
+            assert!(o.no_sign_request);
+        }
+        let e = resolve(&req("s3://b/x", &["endpoint=10.0.0.5:9000"])).unwrap_err();
+        assert!(e.0.contains("http://"), "{}", e.0);
+        let e = resolve(&req("s3://", &[])).unwrap_err();
+        assert!(e.0.contains("no bucket"), "{}", e.0);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
 use crate::reader::{Reader, ReaderConfig};
+use crate::source::object::ObjectSource;
 use crate::source::{DirSource, Source};
 use crate::source_guard::{GuardConfig, SourceGuard};
 use crate::stats::Stats;
@@ -161,7 +162,15 @@ fn daemonize() -> ExitCode {
 
 /// Mounts and serves until unmounted or signalled.
 fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
-    let source: Arc<dyn Source> = Arc::new(DirSource::new(cfg.source.clone()));
+    let source: Arc<dyn Source> = match &cfg.object {
+        None => Arc::new(DirSource::new(cfg.source.clone())),
+        // One listing request before anything is mounted: a missing bucket,
+        // refused credentials or a dead endpoint end here, with exit 2.
+        Some(spec) => Arc::new(
+            ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout)
+                .map_err(|e| (2, e.to_string()))?,
+        ),
+    };
     let mount = Mount::start(&cfg, source)?;
     announce_ready(&mount.summary);
     mount.serve_until_stopped();
@@ -284,6 +293,12 @@ impl Mount {
             GuardConfig::new(cfg.metadata_timeout, cfg.source_timeout),
             Arc::clone(&stats),
         ));
+        {
+            let s = Arc::clone(&source);
+            stats
+                .source_skipped
+                .set(Arc::new(move || s.skipped_entries()));
+        }
         // Unbounded until the shared budget of the cache directory gives
         // this mount its grant (below, before anything is served).
         let (cache, rec) =

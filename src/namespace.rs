@@ -1402,6 +1402,12 @@ impl Namespace {
                     }
                 },
             };
+            // Attributes that came with the listing: as fresh as a stat.
+            if let Some(a) = &e.attr {
+                let prev = inner.attr_of(c);
+                inner.account(prev.as_ref(), Some(a));
+                inner.set_attr(c, a, now);
+            }
             children.push(c as u32);
         }
         while oi < old.len() {

@@ -648,6 +648,10 @@ impl Source for SourceGuard {
     fn stalled(&self) -> bool {
         self.is_stalled()
     }
+
+    fn skipped_entries(&self) -> u64 {
+        self.inner.skipped_entries()
+    }
 }
 
 #[cfg(test)]

@@ -80,6 +80,9 @@ pub struct Stats {
     pub memory_cache: ViewSlot<u64>,
     /// The shared budget of the cache directory.
     pub budget: ViewSlot<BudgetSnapshot>,
+    /// Source entries skipped because they cannot be file names (object
+    /// keys with an empty segment, `.`, `..`, or both a file and a prefix).
+    pub source_skipped: ViewSlot<u64>,
 }
 
 /// The budget that every mount of one cache directory shares (filled from
@@ -235,6 +238,7 @@ impl Default for Stats {
             cache: ViewSlot::default(),
             memory_cache: ViewSlot::default(),
             budget: ViewSlot::default(),
+            source_skipped: ViewSlot::default(),
         }
     }
 }
@@ -304,6 +308,10 @@ pub struct StatsSnapshot {
     pub source_threads: u64,
     #[serde(default)]
     pub source_threads_peak: u64,
+    /// Source entries skipped because they cannot be file names, each
+    /// warned about once in the log.
+    #[serde(default)]
+    pub source_entries_skipped: u64,
     /// Empty without --peers.
     #[serde(default)]
     pub peers: Vec<PeerSnapshot>,
@@ -364,6 +372,7 @@ impl Stats {
             stale_answers: self.stale_answers.load(Relaxed),
             source_threads: self.source_threads.load(Relaxed),
             source_threads_peak: self.source_threads_peak.load(Relaxed),
+            source_entries_skipped: self.source_skipped.get(),
             peers: self.peers.get(),
             read_ahead: self.read_ahead.get(),
             budget: self.budget.get(),

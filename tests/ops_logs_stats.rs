@@ -66,6 +66,7 @@ fn stats_json_schema_and_watch() {
         "stale_answers",
         "source_threads",
         "source_threads_peak",
+        "source_entries_skipped",
         "epoch",
         "epoch_files_read",
         "epoch_files_total",

@@ -69,6 +69,9 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub files: Vec<(String, Vec<u8>)>,
     pub secret: PathBuf,
+    /// What the nodes mount instead of the source directory (an object
+    /// store URL holding the same files).
+    pub url: Option<String>,
 }
 
 impl Cluster {
@@ -89,11 +92,25 @@ impl Cluster {
         }
         let secret = dir.path().join("secret");
         std::fs::write(&secret, random_secret(&mut rng)).unwrap();
-        Cluster { dir, files, secret }
+        Cluster {
+            dir,
+            files,
+            secret,
+            url: None,
+        }
     }
 
+    /// The source directory (the files' home, whatever the nodes mount).
     pub fn source(&self) -> PathBuf {
         self.dir.path().join("source")
+    }
+
+    /// What the nodes mount: [`Cluster::url`] if set, else the source.
+    pub fn mounted(&self) -> PathBuf {
+        match &self.url {
+            Some(u) => PathBuf::from(u),
+            None => self.source(),
+        }
     }
 
     pub fn total_bytes(&self) -> u64 {
@@ -253,7 +270,7 @@ impl Node {
         };
         let child = cmd
             .arg("mount")
-            .arg(c.source())
+            .arg(c.mounted())
             .arg(&mountpoint)
             .arg("--cache-dir")
             .arg(&cache)

@@ -23,6 +23,9 @@
 //! - [`cluster`]: several `locafs mount` processes talking QUIC (the peer
 //!   tests), and what a hand-made peer needs.
 //! - [`netns`]: network namespaces joined by a bridge.
+//! - [`s3`]: a real S3 server (moto_server) and a client to fill its buckets.
+//! - [`proxy`]: an HTTP proxy before it that counts GETs per key and adds
+//!   latency, a bandwidth cap, 503 SlowDown answers or a stall.
 //!
 //! It must never leak a mount, a process or a namespace: each is owned by
 //! a guard whose `Drop` cleans up, even when a test panics.
@@ -37,6 +40,8 @@ pub mod inproc;
 pub mod netns;
 pub mod pki;
 pub mod prom;
+pub mod proxy;
+pub mod s3;
 pub mod skip;
 pub mod sys;
 

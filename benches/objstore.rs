@@ -1,0 +1,321 @@
+//! `cargo bench --bench objstore`: locafs over an S3 store, with the
+//! defaults, against reading the store directly with its own client
+//! (object_store) at the same concurrency, the limit of what the store can
+//! give. The store is moto_server behind the test proxy
+//! (tests/common/proxy.rs), which adds a latency to every request and caps
+//! the bandwidth, as a region-local store does.
+//!
+//! The data set is an image folder plus tar-like shards (scaled down from the
+//! issue's 20 k files and 8 x 256 MiB so that one run takes minutes on two
+//! cores; the knobs below scale it back up). Each epoch reads every image
+//! file with `LOCAFS_OBJ_WORKERS` threads in a new random order, and every
+//! shard sequentially, one thread each. It prints, each next to its
+//! baseline measured in the same run and the ratio: the first epoch's
+//! files/s and MB/s, a warm epoch (page cache dropped), the GET requests of
+//! each epoch, and the GETs of an epoch after a remount.
+//!
+//! rclone (`rclone mount --vfs-cache-mode full`) is compared when it is on
+//! PATH; otherwise the line says it was skipped.
+//!
+//! It measures and asserts nothing. Root, /dev/fuse and moto_server are
+//! needed (else it says SKIPPED). Environment (defaults in brackets):
+//! LOCAFS_OBJ_FILES [2000], LOCAFS_OBJ_FILE_KB [110], LOCAFS_OBJ_SHARDS [2],
+//! LOCAFS_OBJ_SHARD_MB [64], LOCAFS_OBJ_LATENCY_MS [20],
+//! LOCAFS_OBJ_BANDWIDTH_MB [100] (MB/s, 0: none), LOCAFS_OBJ_WORKERS [16],
+//! LOCAFS_BENCH_DIR [/var/tmp/locafs-bench-objstore], LOCAFS_BENCH_LOCAFS_ARGS
+//! (extra `locafs mount` options: a figure for a flag) [none].
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::proxy::Proxy;
+use common::s3::Moto;
+use futures::StreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What one epoch did.
+struct Epoch {
+    secs: f64,
+    files: usize,
+    bytes: u64,
+    gets: u64,
+}
+
+impl Epoch {
+    fn files_per_s(&self) -> f64 {
+        self.files as f64 / self.secs
+    }
+    fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.secs
+    }
+}
+
+fn line(what: &str, v: f64, base_name: &str, base: f64) {
+    let ratio = if base > 0.0 { v / base } else { f64::NAN };
+    println!("{what:<34} {v:>10.1}   {base_name} {base:>10.1}   ratio {ratio:.2}");
+}
+
+/// One epoch through a mount: the image files by `workers` threads in a
+/// shuffled order, each shard by a thread of its own, every byte checked
+/// against its length.
+fn epoch_fs(
+    mnt: &Path,
+    images: &[(String, u64)],
+    shards: &[(String, u64)],
+    workers: usize,
+    seed: u64,
+) -> (f64, u64) {
+    let mut order: Vec<usize> = (0..images.len()).collect();
+    common::Rng(seed).shuffle(&mut order);
+    let next = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let bytes = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for (rel, len) in shards {
+            let bytes = &bytes;
+            s.spawn(move || {
+                let b = std::fs::read(mnt.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+                assert_eq!(b.len() as u64, *len, "{rel}");
+                bytes.fetch_add(*len, Relaxed);
+            });
+        }
+        for _ in 0..workers {
+            let (next, order, bytes) = (&next, &order, &bytes);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, Relaxed);
+                let Some(&k) = order.get(i) else { break };
+                let (rel, len) = &images[k];
+                let b = std::fs::read(mnt.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+                assert_eq!(b.len() as u64, *len, "{rel}");
+                bytes.fetch_add(*len, Relaxed);
+            });
+        }
+    });
+    (t0.elapsed().as_secs_f64(), bytes.load(Relaxed))
+}
+
+/// One epoch read directly with object_store through the proxy: whole-object
+/// GETs, `workers` at once for the images, one task per shard.
+fn epoch_direct(
+    endpoint: &str,
+    images: &[(String, u64)],
+    shards: &[(String, u64)],
+    workers: usize,
+    seed: u64,
+) -> (f64, u64) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(endpoint)
+            .with_allow_http(true)
+            .with_bucket_name("bench")
+            .with_region("us-east-1")
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .build()
+            .unwrap(),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut order: Vec<usize> = (0..images.len()).collect();
+    common::Rng(seed).shuffle(&mut order);
+    let keys: Vec<(String, u64)> = order.iter().map(|&i| images[i].clone()).collect();
+    let shards = shards.to_vec();
+    let t0 = Instant::now();
+    let bytes = rt.block_on(async move {
+        let get = |store: Arc<dyn ObjectStore>, rel: String, len: u64| async move {
+            let k = object_store::path::Path::parse(format!("ds/{rel}")).unwrap();
+            let b = store.get(&k).await.unwrap().bytes().await.unwrap();
+            assert_eq!(b.len() as u64, len, "{rel}");
+            len
+        };
+        let sh = futures::future::join_all(
+            shards
+                .into_iter()
+                .map(|(r, l)| tokio::spawn(get(Arc::clone(&store), r, l))),
+        );
+        let im = futures::stream::iter(keys)
+            .map(|(r, l)| get(Arc::clone(&store), r, l))
+            .buffer_unordered(workers)
+            .fold(0u64, |a, b| async move { a + b });
+        let (sh, im) = tokio::join!(sh, im);
+        im + sh.into_iter().map(|r| r.unwrap()).sum::<u64>()
+    });
+    (t0.elapsed().as_secs_f64(), bytes)
+}
+
+fn main() {
+    require_fuse!();
+    require_moto!();
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let files = knob("LOCAFS_OBJ_FILES", 2000) as usize;
+    let file_kb = knob("LOCAFS_OBJ_FILE_KB", 110);
+    let nshards = knob("LOCAFS_OBJ_SHARDS", 2) as usize;
+    let shard_mb = knob("LOCAFS_OBJ_SHARD_MB", 64);
+    let latency_ms = knob("LOCAFS_OBJ_LATENCY_MS", 20);
+    let bw_mb = knob("LOCAFS_OBJ_BANDWIDTH_MB", 100);
+    let workers = knob("LOCAFS_OBJ_WORKERS", 16) as usize;
+    let root = PathBuf::from(
+        std::env::var("LOCAFS_BENCH_DIR")
+            .unwrap_or_else(|_| "/var/tmp/locafs-bench-objstore".into()),
+    );
+    let _ = std::fs::remove_dir_all(&root);
+    let (mnt, cache) = (root.join("mnt"), root.join("cache"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+
+    let moto = Moto::start();
+    let bucket = moto.bucket("bench");
+    bucket.create();
+    let mut rng = common::Rng(17);
+    let mut images = Vec::new();
+    let t0 = Instant::now();
+    for i in 0..files {
+        // Image-sized: +-50% around the mean.
+        let len = (file_kb * 1024 / 2 + rng.below(file_kb * 1024)) as usize;
+        let rel = format!("train/c{:03}/img{i:06}.jpg", i % 100);
+        bucket.put(&format!("ds/{rel}"), &common::pattern(i as u64, len));
+        images.push((rel, len as u64));
+    }
+    let mut shards = Vec::new();
+    for i in 0..nshards {
+        let len = (shard_mb << 20) as usize;
+        let rel = format!("shards/shard-{i:04}.tar");
+        bucket.put(
+            &format!("ds/{rel}"),
+            &common::pattern(1_000_000 + i as u64, len),
+        );
+        shards.push((rel, len as u64));
+    }
+    let total: u64 = images.iter().chain(&shards).map(|(_, l)| l).sum();
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    proxy.knobs.latency_us.store(latency_ms * 1000, Relaxed);
+    proxy.knobs.bandwidth.store(bw_mb * 1_000_000, Relaxed);
+    println!(
+        "objstore bench: {files} files of ~{file_kb} KiB + {nshards} shards of {shard_mb} MiB \
+         ({:.0} MB), moto_server behind a proxy adding {latency_ms} ms per request, \
+         {bw_mb} MB/s cap; {workers} loader threads (uploaded in {:.0} s)",
+        total as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    let n = files + nshards;
+
+    // Direct: the store's own client, the limit.
+    let gets0 = proxy.counts.total_gets();
+    let (secs, bytes) = epoch_direct(&proxy.endpoint, &images, &shards, workers, 1);
+    let direct = Epoch {
+        secs,
+        files: n,
+        bytes,
+        gets: proxy.counts.total_gets() - gets0,
+    };
+
+    // locafs, defaults.
+    let url = PathBuf::from("s3://bench/ds");
+    let cache_s = cache.to_string_lossy().into_owned();
+    let extra = std::env::var("LOCAFS_BENCH_LOCAFS_ARGS").unwrap_or_default();
+    let mut args = vec!["--endpoint", proxy.endpoint.as_str()];
+    args.extend(extra.split_whitespace());
+    if !extra.is_empty() {
+        println!("locafs mount options: {extra}");
+    }
+    let run = |seed: u64| {
+        common::drop_page_cache();
+        let g = proxy.counts.total_gets();
+        let (secs, bytes) = epoch_fs(&mnt, &images, &shards, workers, seed);
+        Epoch {
+            secs,
+            files: n,
+            bytes,
+            gets: proxy.counts.total_gets() - g,
+        }
+    };
+    let mut m = common::Mount::start(&url, &mnt, Path::new(&cache_s), &args);
+    let cold = run(2);
+    let warm = run(3);
+    assert!(m.unmount().success());
+    let m = common::Mount::start(&url, &mnt, Path::new(&cache_s), &args);
+    let remount = run(4);
+    drop(m);
+
+    println!(
+        "{:<34} {:>10}   {:<6} {:>10}",
+        "figure", "locafs", "direct", ""
+    );
+    line(
+        "first epoch files/s",
+        cold.files_per_s(),
+        "direct",
+        direct.files_per_s(),
+    );
+    line(
+        "first epoch MB/s",
+        cold.mb_per_s(),
+        "direct",
+        direct.mb_per_s(),
+    );
+    line(
+        "warm epoch files/s",
+        warm.files_per_s(),
+        "direct",
+        direct.files_per_s(),
+    );
+    line(
+        "warm epoch MB/s",
+        warm.mb_per_s(),
+        "direct",
+        direct.mb_per_s(),
+    );
+    line(
+        "GETs, first epoch",
+        cold.gets as f64,
+        "direct",
+        direct.gets as f64,
+    );
+    line(
+        "GETs, warm epoch",
+        warm.gets as f64,
+        "direct",
+        direct.gets as f64,
+    );
+    line(
+        "GETs, epoch after a remount",
+        remount.gets as f64,
+        "direct",
+        direct.gets as f64,
+    );
+    line(
+        "epoch after a remount files/s",
+        remount.files_per_s(),
+        "direct",
+        direct.files_per_s(),
+    );
+    println!(
+        "(seconds: direct {:.1}, locafs first {:.1}, warm {:.1}, after remount {:.1}; \
+         503s injected: none)",
+        direct.secs, cold.secs, warm.secs, remount.secs
+    );
+    match common::which("rclone") {
+        None => println!("rclone mount --vfs-cache-mode full: rclone is not installed, skipped"),
+        Some(_) => {
+            println!("rclone mount --vfs-cache-mode full: not wired in this bench yet, skipped")
+        }
+    }
+}

@@ -1,0 +1,819 @@
+//! The object-store source: a bucket (or container) and a key prefix of S3,
+//! GCS or Azure Blob Storage, read through the `object_store` crate, behind
+//! the same [`Source`] trait as a directory.
+//!
+//! Directories are the `/`-separated prefixes of the keys: one paged
+//! ListObjectsV2 (delimiter `/`) per directory gives its files with their
+//! size, last-modified time and ETag, so no HEAD is sent per open. A file's
+//! version is its size, its last-modified time (whole seconds: the only
+//! precision both a listing and a GET's headers carry) and a 64-bit hash of
+//! its ETag (in `ino`). Every ranged GET sends `If-Match` with the ETag when
+//! this source has seen it (a bounded table), and the answer's ETag and size
+//! are checked against the version in every case: a replaced object fails
+//! the read with [`SourceError::Changed`], never mixing old and new bytes.
+//!
+//! The crate is async and needs a tokio runtime; the trait's synchronous
+//! methods are called from the source guard's plain threads. So this source
+//! owns a small runtime of its own and its synchronous methods wait on a
+//! task spawned there: nothing here blocks a tokio worker of the mount.
+//!
+//! It must never write to the store, never return bytes whose ETag it did not
+//! check, and never name a key that is not a valid file name (such keys are
+//! skipped with one warning each and counted).
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::path::Path as Key;
+use object_store::{GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt};
+use tracing::warn;
+
+use super::{EntryKind, Source, SourceAttr, SourceError, SourceVersion};
+
+/// Which object store a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// `s3://bucket/prefix` (AWS S3 or any S3-compatible store).
+    S3,
+    /// `gs://bucket/prefix` (Google Cloud Storage).
+    Gcs,
+    /// `az://container/prefix` (Azure Blob Storage).
+    Azure,
+}
+
+/// Where an object data set lives and how to reach it: the URL's parts and
+/// the options that go with it (`--endpoint`, `--region`,
+/// `--no-sign-request`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectSpec {
+    pub scheme: Scheme,
+    pub bucket: String,
+    /// The key prefix without leading or trailing `/` ("" for the bucket's
+    /// root).
+    pub prefix: String,
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub no_sign_request: bool,
+}
+
+/// Whether a SOURCE argument is an object-store URL rather than a path.
+pub fn is_object_url(s: &str) -> bool {
+    ["s3://", "gs://", "az://"].iter().any(|p| s.starts_with(p))
+}
+
+impl ObjectSpec {
+    /// Parses `s3://bucket/prefix` (or gs://, az://). The prefix is
+    /// normalized (no leading, trailing or doubled `/`); an empty bucket, or
+    /// a `.` or `..` in the prefix, is refused with a sentence saying so.
+    pub fn parse(url: &str) -> Result<ObjectSpec, String> {
+        let (scheme, rest) = if let Some(r) = url.strip_prefix("s3://") {
+            (Scheme::S3, r)
+        } else if let Some(r) = url.strip_prefix("gs://") {
+            (Scheme::Gcs, r)
+        } else if let Some(r) = url.strip_prefix("az://") {
+            (Scheme::Azure, r)
+        } else {
+            return Err(format!(
+                "{url}: not an object-store URL (s3://, gs:// or az://)"
+            ));
+        };
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let what = if scheme == Scheme::Azure {
+            "container"
+        } else {
+            "bucket"
+        };
+        if bucket.is_empty() {
+            return Err(format!("{url}: no {what} name"));
+        }
+        if !bucket
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(format!("{url}: {bucket:?} is not a valid {what} name"));
+        }
+        let mut parts = Vec::new();
+        for seg in prefix.split('/').filter(|s| !s.is_empty()) {
+            if seg == "." || seg == ".." {
+                return Err(format!("{url}: the prefix may not contain '.' or '..'"));
+            }
+            parts.push(seg);
+        }
+        Ok(ObjectSpec {
+            scheme,
+            bucket: bucket.to_owned(),
+            prefix: parts.join("/"),
+            endpoint: None,
+            region: None,
+            no_sign_request: false,
+        })
+    }
+
+    /// The normalized URL (`s3://bucket/prefix`), as the mount names its
+    /// source.
+    pub fn url(&self) -> String {
+        let s = match self.scheme {
+            Scheme::S3 => "s3",
+            Scheme::Gcs => "gs",
+            Scheme::Azure => "az",
+        };
+        if self.prefix.is_empty() {
+            format!("{s}://{}", self.bucket)
+        } else {
+            format!("{s}://{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    /// What names the data set for its cache directory: the URL and the
+    /// endpoint (the same bucket name at two endpoints is two data sets).
+    /// Region and credentials are left out: they do not change the bytes.
+    pub fn identity(&self) -> String {
+        match &self.endpoint {
+            Some(e) => format!("{} @ {}", self.url(), e.trim_end_matches('/')),
+            None => self.url(),
+        }
+    }
+
+    /// The store client for this spec: credentials from the provider's
+    /// standard chain (environment, web identity, instance metadata), none
+    /// with `no_sign_request`. `timeout` bounds each HTTP request and the
+    /// retries of one call (throttling answers are retried with backoff).
+    pub fn build(&self, timeout: Duration) -> Result<Built, String> {
+        use object_store::{ClientOptions, RetryConfig};
+        // object_store's HTTP client (rustls) and the peer cache (quinn, on
+        // ring) bring two crypto providers: name one for the process before
+        // any TLS configuration is built.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = ClientOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout.min(Duration::from_secs(10)))
+            .with_allow_http(true);
+        let retry = RetryConfig {
+            retry_timeout: timeout,
+            ..RetryConfig::default()
+        };
+        let err = |e: object_store::Error| format!("{}: {e}", self.url());
+        match self.scheme {
+            Scheme::S3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(&self.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry)
+                    .with_skip_signature(self.no_sign_request);
+                if let Some(r) = &self.region {
+                    b = b.with_region(r);
+                }
+                if let Some(e) = &self.endpoint {
+                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
+                }
+                let s = Arc::new(b.build().map_err(err)?);
+                Ok(Built {
+                    store: Arc::clone(&s) as Arc<dyn ObjectStore>,
+                    paged: Some(s as Arc<dyn PaginatedListStore>),
+                })
+            }
+            Scheme::Gcs => {
+                if self.region.is_some() {
+                    return Err(format!("{}: --region is for s3:// only", self.url()));
+                }
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(&self.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry)
+                    .with_skip_signature(self.no_sign_request);
+                if let Some(e) = &self.endpoint {
+                    b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
+                }
+                let s = Arc::new(b.build().map_err(err)?);
+                Ok(Built {
+                    store: Arc::clone(&s) as Arc<dyn ObjectStore>,
+                    paged: Some(s as Arc<dyn PaginatedListStore>),
+                })
+            }
+            Scheme::Azure => {
+                if self.region.is_some() {
+                    return Err(format!("{}: --region is for s3:// only", self.url()));
+                }
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(&self.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry)
+                    .with_skip_signature(self.no_sign_request);
+                if let Some(e) = &self.endpoint {
+                    b = b.with_endpoint(e.clone());
+                }
+                let s = Arc::new(b.build().map_err(|e| {
+                    if e.to_string().contains("Account must be specified") {
+                        format!(
+                            "{}: no storage account: set AZURE_STORAGE_ACCOUNT_NAME \
+                             (and a key, SAS or identity: see docs/objstore.md)",
+                            self.url()
+                        )
+                    } else {
+                        err(e)
+                    }
+                })?);
+                Ok(Built {
+                    store: s as Arc<dyn ObjectStore>,
+                    paged: None,
+                })
+            }
+        }
+    }
+}
+
+/// A store client and, where the store has it, its page-at-a-time listing
+/// (a listing that reports progress to the guard after each page).
+pub struct Built {
+    pub store: Arc<dyn ObjectStore>,
+    pub paged: Option<Arc<dyn PaginatedListStore>>,
+}
+
+/// ETags this source has seen, by path and version, for the `If-Match` of
+/// the GETs that follow: bounded (a miss only means the GET goes without
+/// `If-Match`, and its answer's ETag is still checked).
+const ETAGS_KEPT: u64 = 64 * 1024;
+
+/// One S3 ListObjectsV2 page holds at most 1000 keys.
+const PAGE_KEYS: usize = 1000;
+
+/// A data set in an object store (see the module comment).
+pub struct ObjectSource {
+    store: Arc<dyn ObjectStore>,
+    paged: Option<Arc<dyn PaginatedListStore>>,
+    /// The data set's key prefix, without a trailing `/`.
+    prefix: String,
+    label: String,
+    /// The source's own runtime (see the module comment); shut down in the
+    /// background when the source is dropped, wherever that happens.
+    rt: Option<tokio::runtime::Runtime>,
+    etags: moka::sync::Cache<(PathBuf, u64), Arc<str>>,
+    /// Keys skipped because they cannot be file names, each warned about
+    /// once.
+    warned: parking_lot::Mutex<HashSet<String>>,
+    skipped: AtomicU64,
+}
+
+impl Drop for ObjectSource {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which tokio refuses inside another
+        // runtime (the mount's may drop the last reference).
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// What a failed probe of the store at mount time says.
+#[derive(Debug)]
+pub enum ProbeError {
+    /// One line naming the problem (a missing bucket, refused credentials,
+    /// an unreachable endpoint).
+    Refused(String),
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeError::Refused(s) => f.write_str(s),
+        }
+    }
+}
+
+impl ObjectSource {
+    /// Builds the client and asks the store for the first page of the data
+    /// set's root, once, within `probe_timeout`: a bucket that does not
+    /// exist, refused credentials or an endpoint that does not answer are
+    /// found here, before anything is mounted.
+    pub fn open(
+        spec: &ObjectSpec,
+        timeout: Duration,
+        probe_timeout: Duration,
+    ) -> Result<ObjectSource, ProbeError> {
+        let built = spec.build(timeout).map_err(ProbeError::Refused)?;
+        let src = ObjectSource::new(built, &spec.prefix, &spec.url())
+            .map_err(|e| ProbeError::Refused(format!("{}: {e}", spec.url())))?;
+        let store = Arc::clone(&src.store);
+        let prefix = src.prefix.clone();
+        let probe = async move {
+            let p = key_prefix(&prefix, Path::new(""))
+                .map(|p| parse_key(&p))
+                .transpose()?;
+            let mut s = store.list(p.as_ref());
+            match s.next().await {
+                None | Some(Ok(_)) => Ok(()),
+                Some(Err(e)) => Err(e),
+            }
+        };
+        let what = match spec.scheme {
+            Scheme::Azure => "container",
+            _ => "bucket",
+        };
+        let r = src.run(async move { tokio::time::timeout(probe_timeout, probe).await });
+        let where_ = spec
+            .endpoint
+            .as_deref()
+            .map(|e| format!(" at {e}"))
+            .unwrap_or_default();
+        match r {
+            Ok(Ok(Ok(()))) => Ok(src),
+            Ok(Ok(Err(e))) => Err(ProbeError::Refused({
+                let text = one_line(&e);
+                let missing = matches!(e, object_store::Error::NotFound { .. })
+                    || [
+                        "NoSuchBucket",
+                        "ContainerNotFound",
+                        "The specified bucket does not exist",
+                    ]
+                    .iter()
+                    .any(|c| text.contains(c));
+                let refused = matches!(
+                    e,
+                    object_store::Error::Unauthenticated { .. }
+                        | object_store::Error::PermissionDenied { .. }
+                ) || [
+                    "InvalidAccessKeyId",
+                    "SignatureDoesNotMatch",
+                    "AccessDenied",
+                    "403 Forbidden",
+                    "401 Unauthorized",
+                ]
+                .iter()
+                .any(|c| text.contains(c));
+                if missing {
+                    format!(
+                        "{}: {what} {:?} does not exist{where_}",
+                        spec.url(),
+                        spec.bucket
+                    )
+                } else if refused {
+                    format!(
+                        "{}: the credentials were refused{where_} (see docs/objstore.md): {}",
+                        spec.url(),
+                        short(&text)
+                    )
+                } else {
+                    format!("{}: cannot list{where_}: {}", spec.url(), short(&text))
+                }
+            })),
+            Ok(Err(_)) => Err(ProbeError::Refused(format!(
+                "{}: the store{where_} did not answer within {}s",
+                spec.url(),
+                probe_timeout.as_secs_f64()
+            ))),
+            Err(e) => Err(ProbeError::Refused(format!("{}: {e}", spec.url()))),
+        }
+    }
+
+    /// A source over a built client (no request is sent).
+    pub fn new(built: Built, prefix: &str, label: &str) -> io::Result<ObjectSource> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("locafs-objstore")
+            .enable_all()
+            .build()?;
+        Ok(ObjectSource {
+            store: built.store,
+            paged: built.paged,
+            prefix: prefix.trim_matches('/').to_owned(),
+            label: label.to_owned(),
+            rt: Some(rt),
+            etags: moka::sync::Cache::new(ETAGS_KEPT),
+            warned: parking_lot::Mutex::new(HashSet::new()),
+            skipped: AtomicU64::new(0),
+        })
+    }
+
+    /// Runs `f` on this source's runtime and waits for it (from a plain
+    /// thread: the source guard's).
+    fn run<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> io::Result<T> {
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| io::Error::other("object source shut down"))?;
+        let h = rt.spawn(f);
+        futures::executor::block_on(h).map_err(io::Error::other)
+    }
+
+    /// The key of a path of the data set.
+    fn key(&self, rel: &Path) -> io::Result<Key> {
+        let s = key_prefix(&self.prefix, rel).unwrap_or_default();
+        Key::parse(&s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+    }
+
+    /// Skips `key` (warning once) because it cannot be a file name.
+    fn skip(&self, key: &str, why: &str) {
+        if self.warned.lock().insert(key.to_owned()) {
+            self.skipped.fetch_add(1, Relaxed);
+            warn!("{}: key {key:?} skipped: {why}", self.label);
+        }
+    }
+
+    /// One directory: every page of a delimited listing of its prefix.
+    fn list_dir(&self, rel: &Path, progress: &dyn Fn()) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        let dir = key_prefix(&self.prefix, rel).map(|p| format!("{p}/"));
+        let mut files: Vec<ObjectMeta> = Vec::new();
+        let mut dirs: Vec<Key> = Vec::new();
+        match &self.paged {
+            Some(paged) => {
+                let mut token = None;
+                loop {
+                    let (paged, dir, t) = (Arc::clone(paged), dir.clone(), token.take());
+                    let page = self
+                        .run(async move {
+                            let opts = PaginatedListOptions {
+                                delimiter: Some("/".into()),
+                                max_keys: Some(PAGE_KEYS),
+                                page_token: t,
+                                ..Default::default()
+                            };
+                            paged.list_paginated(dir.as_deref(), opts).await
+                        })?
+                        .map_err(store_io)?;
+                    progress();
+                    files.extend(page.result.objects);
+                    dirs.extend(page.result.common_prefixes);
+                    match page.page_token {
+                        Some(t) => token = Some(t),
+                        None => break,
+                    }
+                }
+            }
+            None => {
+                let store = Arc::clone(&self.store);
+                let key = dir
+                    .as_deref()
+                    .map(parse_key)
+                    .transpose()
+                    .map_err(store_io)?;
+                let r = self
+                    .run(async move { store.list_with_delimiter(key.as_ref()).await })?
+                    .map_err(store_io)?;
+                progress();
+                files = r.objects;
+                dirs = r.common_prefixes;
+            }
+        }
+        let dir_key = dir.as_deref().unwrap_or("").trim_end_matches('/');
+        let mut out: BTreeMap<String, SourceAttr> = BTreeMap::new();
+        for d in dirs {
+            let Some(name) = child_name(dir_key, d.as_ref()) else {
+                self.skip(d.as_ref(), "not a name under its directory");
+                continue;
+            };
+            out.insert(name.to_owned(), dir_attr(d.as_ref()));
+        }
+        for f in files {
+            let k = f.location.as_ref();
+            // "dir/" (a directory marker) parses to the directory itself.
+            if k == dir_key {
+                continue;
+            }
+            let Some(name) = child_name(dir_key, k) else {
+                self.skip(k, "not a name under its directory");
+                continue;
+            };
+            if out.contains_key(name) {
+                self.skip(k, "it is both an object and a prefix of other keys");
+                continue;
+            }
+            let a = file_attr(&f);
+            if let Some(e) = &f.e_tag {
+                self.etags
+                    .insert((rel.join(name), a.ino), Arc::from(e.as_str()));
+            }
+            out.insert(name.to_owned(), a);
+        }
+        Ok(out
+            .into_iter()
+            .map(|(n, a)| (OsString::from(n), a))
+            .collect())
+    }
+}
+
+/// `prefix/rel` without leading or trailing `/`; None for the bucket's root.
+fn key_prefix(prefix: &str, rel: &Path) -> Option<String> {
+    let rel = rel.to_string_lossy();
+    let rel = rel.trim_matches('/');
+    match (prefix.is_empty(), rel.is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(rel.to_owned()),
+        (false, true) => Some(prefix.to_owned()),
+        (false, false) => Some(format!("{prefix}/{rel}")),
+    }
+}
+
+/// A key or listing prefix as the store should see it, taken as it is (no
+/// escaping; object_store adds a listing's trailing `/` itself).
+fn parse_key(s: &str) -> Result<Key, object_store::Error> {
+    Ok(Key::parse(s.trim_end_matches('/'))?)
+}
+
+/// The name of `key` as an entry of directory `dir` (keys without leading
+/// or trailing `/`), if it is one plain name.
+fn child_name<'a>(dir: &str, key: &'a str) -> Option<&'a str> {
+    let rest = if dir.is_empty() {
+        key
+    } else {
+        key.strip_prefix(dir)?.strip_prefix('/')?
+    };
+    let rest = rest.trim_end_matches('/');
+    (!rest.is_empty() && !rest.contains('/') && rest != "." && rest != "..").then_some(rest)
+}
+
+/// A 64-bit hash of an ETag, quotes and weak marker left out (a listing and
+/// a GET may quote it differently).
+pub fn etag_hash(etag: &str) -> u64 {
+    let t = etag.trim().trim_start_matches("W/").trim_matches('"');
+    xxhash_rust::xxh3::xxh3_64(t.as_bytes())
+}
+
+fn file_attr(m: &ObjectMeta) -> SourceAttr {
+    // Whole seconds: a GET's Last-Modified header has no more.
+    let mtime_ns = m.last_modified.timestamp() * 1_000_000_000;
+    let ino = match &m.e_tag {
+        Some(e) => etag_hash(e),
+        // No ETag (some stores): the size and time stand for the version.
+        None => xxhash_rust::xxh3::xxh3_64(&mtime_ns.to_le_bytes()),
+    };
+    SourceAttr {
+        kind: EntryKind::File,
+        size: m.size,
+        blocks: m.size.div_ceil(512),
+        mode: libc::S_IFREG | 0o444,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        ino,
+        atime_ns: mtime_ns,
+        mtime_ns,
+        ctime_ns: mtime_ns,
+    }
+}
+
+fn dir_attr(key: &str) -> SourceAttr {
+    SourceAttr {
+        kind: EntryKind::Dir,
+        size: 0,
+        blocks: 0,
+        mode: libc::S_IFDIR | 0o555,
+        nlink: 2,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        ino: xxhash_rust::xxh3::xxh3_64(key.as_bytes()),
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+    }
+}
+
+/// A store error as the io::Error the trait speaks.
+fn store_io(e: object_store::Error) -> io::Error {
+    use object_store::Error as E;
+    let kind = match &e {
+        E::NotFound { .. } => io::ErrorKind::NotFound,
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::ErrorKind::PermissionDenied,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, one_line(&e))
+}
+
+/// At most 300 characters of an error (a store's XML answer can be long).
+fn short(s: &str) -> String {
+    match s.char_indices().nth(300) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// An error and its causes on one line.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s.replace('\n', " ")
+}
+
+impl Source for ObjectSource {
+    fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
+        let store = Arc::clone(&self.store);
+        let prefix = key_prefix(&self.prefix, rel);
+        if rel.as_os_str().is_empty() {
+            // The root: one page of one key says the store answers.
+            let r = self.run(async move {
+                let key = prefix.as_deref().map(parse_key).transpose()?;
+                let mut s = store.list(key.as_ref());
+                s.next().await.transpose()
+            })?;
+            r.map_err(store_io)?;
+            return Ok(dir_attr(""));
+        }
+        let key = self.key(rel)?;
+        let r = self.run(async move {
+            // Both at once (one round trip): a key that is an object and
+            // also a prefix of other keys is a directory, as in a listing.
+            let mut under = store.list(Some(&key));
+            let (head, under) = tokio::join!(store.head(&key), under.next());
+            match (head, under.transpose()?) {
+                (_, Some(_)) => Ok(None),
+                (Ok(m), None) => Ok(Some(m)),
+                (Err(e), None) => Err(e),
+            }
+        })?;
+        match r.map_err(store_io)? {
+            Some(m) => {
+                let a = file_attr(&m);
+                if let Some(e) = &m.e_tag {
+                    self.etags
+                        .insert((rel.to_owned(), a.ino), Arc::from(e.as_str()));
+                }
+                Ok(a)
+            }
+            None => Ok(dir_attr(prefix.as_deref().unwrap_or(""))),
+        }
+    }
+
+    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        self.list_dir(rel, &|| {})
+    }
+
+    fn list_with_progress(
+        &self,
+        rel: &Path,
+        progress: &dyn Fn(),
+    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        self.list_dir(rel, progress)
+    }
+
+    fn read_link(&self, _: &Path) -> io::Result<PathBuf> {
+        // An object store has no symlinks.
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn read_at(
+        &self,
+        rel: &Path,
+        version: &SourceVersion,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes, SourceError> {
+        let changed = || SourceError::Changed {
+            path: rel.to_owned(),
+        };
+        if offset.saturating_add(len as u64) > version.size {
+            return Err(changed());
+        }
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let key = self.key(rel).map_err(|e| SourceError::io(rel, e))?;
+        let if_match = self
+            .etags
+            .get(&(rel.to_owned(), version.ino))
+            .map(|e| e.to_string());
+        let store = Arc::clone(&self.store);
+        let range = offset..offset + len as u64;
+        let r = self
+            .run(async move {
+                let opts = GetOptions {
+                    if_match,
+                    range: Some(range.into()),
+                    ..Default::default()
+                };
+                let got = store.get_opts(&key, opts).await?;
+                let meta = got.meta.clone();
+                let bytes = got.bytes().await?;
+                Ok::<_, object_store::Error>((meta, bytes))
+            })
+            .map_err(|e| SourceError::io(rel, e))?;
+        let (meta, bytes) = match r {
+            Ok(x) => x,
+            // The object is gone or is another version: the opened one is
+            // gone.
+            Err(object_store::Error::Precondition { .. })
+            | Err(object_store::Error::NotFound { .. }) => return Err(changed()),
+            Err(e) => return Err(SourceError::io(rel, store_io(e))),
+        };
+        let etag_ok = meta.e_tag.as_deref().map(etag_hash) == Some(version.ino)
+            || (meta.e_tag.is_none() && file_attr(&meta).ino == version.ino);
+        if !etag_ok || meta.size != version.size || bytes.len() != len {
+            return Err(changed());
+        }
+        Ok(bytes)
+    }
+
+    fn statvfs(&self) -> io::Result<libc::statvfs> {
+        // SAFETY: statvfs is plain old data; all zeros is a valid value.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        s.f_bsize = 1 << 20;
+        s.f_frsize = 1 << 20;
+        s.f_namemax = 1024;
+        Ok(s)
+    }
+
+    fn skipped_entries(&self) -> u64 {
+        self.skipped.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_into_bucket_and_normalized_prefix() {
+        let s = ObjectSpec::parse("s3://my-bucket/imagenet//train/").unwrap();
+        assert_eq!(s.scheme, Scheme::S3);
+        assert_eq!(s.bucket, "my-bucket");
+        assert_eq!(s.prefix, "imagenet/train");
+        assert_eq!(s.url(), "s3://my-bucket/imagenet/train");
+        let s = ObjectSpec::parse("gs://b").unwrap();
+        assert_eq!((s.scheme, s.prefix.as_str()), (Scheme::Gcs, ""));
+        assert_eq!(s.url(), "gs://b");
+        let s = ObjectSpec::parse("az://container/p").unwrap();
+        assert_eq!((s.scheme, s.bucket.as_str()), (Scheme::Azure, "container"));
+        for bad in [
+            "s3://",
+            "s3:///x",
+            "s3://b/../x",
+            "s3://b/./x",
+            "s3://b c/x",
+            "http://b/x",
+        ] {
+            assert!(ObjectSpec::parse(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn the_identity_names_the_endpoint_but_not_the_region() {
+        let mut a = ObjectSpec::parse("s3://b/p/").unwrap();
+        let b = ObjectSpec::parse("s3://b/p").unwrap();
+        assert_eq!(a.identity(), b.identity());
+        a.region = Some("eu-west-1".into());
+        assert_eq!(a.identity(), b.identity());
+        a.endpoint = Some("http://10.0.0.5:9000/".into());
+        assert_eq!(a.identity(), "s3://b/p @ http://10.0.0.5:9000");
+        assert_ne!(a.identity(), b.identity());
+    }
+
+    #[test]
+    fn only_plain_names_become_entries() {
+        assert_eq!(child_name("", "a"), Some("a"));
+        assert_eq!(child_name("p/d", "p/d/x"), Some("x"));
+        assert_eq!(child_name("p/d", "p/d/x/"), Some("x"));
+        assert_eq!(child_name("p/d", "p/d/x/y"), None);
+        assert_eq!(child_name("p/d", "p/dx"), None);
+        assert_eq!(child_name("p/d", "p/d/"), None);
+        assert_eq!(child_name("p/d", "p/d/.."), None);
+        assert_eq!(key_prefix("", Path::new("")), None);
+        assert_eq!(key_prefix("p", Path::new("a/b")).as_deref(), Some("p/a/b"));
+    }
+
+    #[test]
+    fn an_etag_hashes_the_same_quoted_or_not() {
+        assert_eq!(etag_hash("\"abc\""), etag_hash("abc"));
+        assert_eq!(etag_hash("W/\"abc\""), etag_hash("abc"));
+        assert_ne!(etag_hash("abc"), etag_hash("abd"));
+    }
+
+    #[test]
+    fn each_scheme_builds_a_client_without_a_request() {
+        // Credentials come from the environment; no request is sent here.
+        for url in ["s3://b/p", "gs://b/p"] {
+            let mut s = ObjectSpec::parse(url).unwrap();
+            s.no_sign_request = true;
+            let b = s.build(Duration::from_secs(5));
+            assert!(b.is_ok(), "{url}: {:?}", b.err());
+        }
+        // Azure names its account outside the URL: without one, a sentence
+        // saying where it goes (unless this machine's environment has one).
+        if std::env::var_os("AZURE_STORAGE_ACCOUNT_NAME").is_none() {
+            let mut s = ObjectSpec::parse("az://c/p").unwrap();
+            s.no_sign_request = true;
+            let e = s.build(Duration::from_secs(5)).err().unwrap();
+            assert!(e.contains("AZURE_STORAGE_ACCOUNT_NAME"), "{e}");
+        }
+        let mut s = ObjectSpec::parse("gs://b").unwrap();
+        s.region = Some("x".into());
+        let e = s.build(Duration::from_secs(5)).err().unwrap();
+        assert!(e.contains("--region is for s3:// only"), "{e}");
+    }
+}

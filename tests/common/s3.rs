@@ -1,0 +1,218 @@
+//! A real S3-compatible server for tests: `moto_server` (PyPI
+//! `moto[server]`) as a child process on a free loopback port, owned by a
+//! [`Moto`] guard that kills it on drop; and a client to make buckets and
+//! put, replace and delete objects in it (object_store itself, on a runtime
+//! of its own).
+//!
+//! It must never leave a server process behind, and never talk to anything
+//! but loopback.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// A running moto_server. Dropping it kills and reaps it.
+pub struct Moto {
+    child: Option<Child>,
+    pub port: u16,
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+}
+
+/// Why a test that needs moto_server cannot run here, if it cannot.
+pub fn moto_missing() -> Option<String> {
+    super::which("moto_server")
+        .is_none()
+        .then(|| "needs moto_server on PATH (pip install 'moto[server]')".to_owned())
+}
+
+/// Skips the test unless moto_server is installed.
+#[macro_export]
+macro_rules! require_moto {
+    () => {
+        if let Some(why) = $crate::common::s3::moto_missing() {
+            $crate::skip!("{why}");
+        }
+    };
+}
+
+/// The credentials every test process and daemon uses (moto takes any).
+pub fn set_test_credentials() {
+    // SAFETY (of the environment change): tests set these before any thread
+    // of theirs reads the environment; every test sets the same values.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::remove_var("AWS_PROFILE");
+        std::env::remove_var("AWS_SESSION_TOKEN");
+    }
+}
+
+impl Moto {
+    /// Starts moto_server on a free port and waits (at most 30 s) until it
+    /// answers HTTP.
+    pub fn start() -> Moto {
+        set_test_credentials();
+        let port = super::free_tcp_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let m = Moto {
+            child: Some(child),
+            port,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "moto_server did not listen on {port} within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    /// A client of bucket `bucket` at this server (or at `endpoint`).
+    pub fn bucket(&self, bucket: &str) -> Bucket {
+        Bucket::at(&self.endpoint, bucket)
+    }
+
+    /// Kills the server (as a store that went away).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One bucket of an S3 endpoint, for writing test data.
+pub struct Bucket {
+    pub name: String,
+    pub endpoint: String,
+    store: Arc<dyn ObjectStore>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Bucket {
+    pub fn at(endpoint: &str, bucket: &str) -> Bucket {
+        set_test_credentials();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store = AmazonS3Builder::new()
+            .with_endpoint(endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .build()
+            .expect("s3 client");
+        Bucket {
+            name: bucket.to_owned(),
+            endpoint: endpoint.to_owned(),
+            store: Arc::new(store),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime"),
+        }
+    }
+
+    /// Creates the bucket (a plain PUT of the bucket's URL, as moto takes it).
+    pub fn create(&self) {
+        let url = format!("{}/{}", self.endpoint, self.name);
+        let (host, path) = split_url(&url);
+        let resp = raw_request(&host, "PUT", &path, b"");
+        assert!(
+            resp.contains(" 200 "),
+            "create bucket {}: {resp}",
+            self.name
+        );
+    }
+
+    pub fn put(&self, key: &str, bytes: &[u8]) {
+        let store = Arc::clone(&self.store);
+        let (k, p) = (
+            Key::parse(key).expect("key"),
+            PutPayload::from(bytes.to_vec()),
+        );
+        self.rt
+            .block_on(async move { store.put(&k, p).await })
+            .unwrap_or_else(|e| panic!("put {key}: {e}"));
+    }
+
+    /// Puts a key as it is, even one object_store would not name (an empty
+    /// segment): a raw PUT.
+    pub fn put_raw(&self, key: &str, bytes: &[u8]) {
+        let url = format!("{}/{}/{}", self.endpoint, self.name, key);
+        let (host, path) = split_url(&url);
+        let resp = raw_request(&host, "PUT", &path, bytes);
+        assert!(resp.contains(" 200 "), "put {key}: {resp}");
+    }
+
+    pub fn delete(&self, key: &str) {
+        let store = Arc::clone(&self.store);
+        let k = Key::parse(key).expect("key");
+        self.rt
+            .block_on(async move { store.delete(&k).await })
+            .unwrap_or_else(|e| panic!("delete {key}: {e}"));
+    }
+
+    /// Puts every file under `dir` as `prefix/relative/path`.
+    pub fn put_tree(&self, dir: &Path, prefix: &str) {
+        for rel in super::list_files(dir) {
+            let f = dir.join(&rel);
+            let rel = rel.to_string_lossy().into_owned();
+            let key = if prefix.is_empty() {
+                rel
+            } else {
+                format!("{prefix}/{rel}")
+            };
+            self.put(&key, &std::fs::read(&f).unwrap());
+        }
+    }
+}
+
+/// One unsigned HTTP/1.0 request (moto takes unsigned requests); the whole
+/// answer as text.
+pub fn raw_request(host: &str, method: &str, path: &str, body: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(host).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// `http://host:port/path` -> ("host:port", "/path").
+fn split_url(url: &str) -> (String, String) {
+    let rest = url.strip_prefix("http://").expect("http URL");
+    match rest.split_once('/') {
+        Some((h, p)) => (h.to_owned(), format!("/{p}")),
+        None => (rest.to_owned(), "/".to_owned()),
+    }
+}

@@ -1,0 +1,504 @@
+//! Object-store sources end to end: a real S3 server (moto_server) on
+//! loopback, a real `locafs mount s3://...` over it, and the tree and bytes
+//! the mount shows compared with what was put in the bucket, cold and after
+//! a remount; reads across block boundaries; keys that cannot be file names;
+//! a missing bucket and a dead endpoint refused with exit status 2. Then,
+//! with the proxy of tests/common/proxy.rs between the mount and the server:
+//! no GET for cached data after a remount; every read served while the store
+//! answers 503 SlowDown to a share of the requests; cached reads going on and
+//! uncached ones failing within --source-timeout while the store stalls; an
+//! object replaced mid-epoch (EIO for the old version's uncached blocks, the
+//! new bytes after revalidation). Last, three nodes with peers mounting the
+//! same s3:// URL GET each block of each object once over three epochs.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::proxy::Proxy;
+use common::s3::{Bucket, Moto};
+use common::*;
+use std::sync::atomic::Ordering::Relaxed;
+
+const BLOCK: usize = 256 * 1024;
+
+/// A local tree with what goes in the bucket: image-sized files in class
+/// directories, a file of several blocks plus a tail, one of exactly one
+/// block, an empty one, and names with spaces and non-ASCII.
+fn sample_tree(dir: &Path) -> Vec<PathBuf> {
+    let files: &[(&str, usize)] = &[
+        ("train/cat/0001.jpg", 40_000),
+        ("train/cat/0002.jpg", 71_234),
+        ("train/dog/0001.jpg", 12_345),
+        ("train/dog/deep/er/x.bin", 3 * BLOCK + 777),
+        ("val/one block.bin", BLOCK),
+        ("val/empty", 0),
+        ("val/été.txt", 999),
+        ("top.bin", 700_000),
+    ];
+    for (i, (rel, len)) in files.iter().enumerate() {
+        let p = dir.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        write_file(&p, seed("objstore") + i as u64, *len);
+    }
+    list_files(dir)
+}
+
+/// Every file of `src` reads the same through `mnt`, and every directory
+/// of `mnt` lists exactly the names of `src`'s.
+fn assert_same_files(src: &Path, mnt: &Path) {
+    assert_eq!(list_files(src), list_files(mnt), "the trees differ");
+    for rel in list_files(src) {
+        let (a, b) = (src.join(&rel), mnt.join(&rel));
+        assert_eq!(
+            fs::metadata(&a).unwrap().len(),
+            fs::metadata(&b).unwrap().len(),
+            "size of {rel:?}"
+        );
+        assert_same_content(&a, &b);
+    }
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(d) = dirs.pop() {
+        assert_eq!(listing(&src.join(&d)), listing(&mnt.join(&d)), "{d:?}");
+        for e in fs::read_dir(src.join(&d)).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(d.join(e.file_name()));
+            }
+        }
+    }
+}
+
+struct Setup {
+    moto: Moto,
+    bucket: Bucket,
+    data: tempfile::TempDir,
+    scratch: Scratch,
+}
+
+fn setup(bucket: &str, prefix: &str) -> Setup {
+    let moto = Moto::start();
+    let b = moto.bucket(bucket);
+    b.create();
+    let data = tempfile::tempdir().unwrap();
+    sample_tree(data.path());
+    b.put_tree(data.path(), prefix);
+    Setup {
+        moto,
+        bucket: b,
+        data,
+        scratch: Scratch::new(),
+    }
+}
+
+fn mount(s: &Setup, url: &str, extra: &[&str]) -> common::Mount {
+    let mut args = vec![
+        "--endpoint",
+        s.moto.endpoint.as_str(),
+        "--block-size",
+        "256K",
+    ];
+    args.extend_from_slice(extra);
+    Mount::start(Path::new(url), &s.scratch.mnt, &s.scratch.cache, &args)
+}
+
+#[test]
+fn the_tree_and_bytes_are_the_buckets_cold_and_after_a_remount() {
+    require_fuse!();
+    require_moto!();
+    let s = setup("data", "imagenet/train");
+    let url = "s3://data/imagenet/train";
+    let mut m = mount(&s, url, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    let cold_reads = m.stat("source_reads");
+    assert!(cold_reads > 0, "the cold pass read nothing from the store");
+    assert_eq!(m.stat("source_entries_skipped"), 0);
+    // The data set's cache directory is named by the URL and endpoint.
+    let ds: Vec<_> = fs::read_dir(&s.scratch.cache)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().unwrap().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(ds.len(), 1, "{ds:?}");
+    assert!(ds[0].starts_with("train-"), "{ds:?}");
+    assert!(m.unmount().success());
+
+    // Warm: the same cache directory, the same tree and bytes, and not one
+    // block read from the store.
+    let m = mount(&s, url, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    assert_eq!(m.stat("source_reads"), 0, "a warm pass read from the store");
+    let ds2 = fs::read_dir(&s.scratch.cache).unwrap().flatten().count();
+    assert_eq!(
+        ds2,
+        fs::read_dir(&s.scratch.cache).unwrap().flatten().count()
+    );
+    drop(m);
+
+    // The bucket's root (no prefix) mounts too, with the prefix as a
+    // directory.
+    let m = mount(&s, "s3://data", &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt.join("imagenet/train"));
+    drop(m);
+}
+
+#[test]
+fn reads_across_block_boundaries_return_the_objects_bytes() {
+    require_fuse!();
+    require_moto!();
+    let s = setup("ranges", "");
+    let _m = mount(&s, "s3://ranges", &["--no-readahead"]);
+    let rel = "train/dog/deep/er/x.bin";
+    let want = fs::read(s.data.path().join(rel)).unwrap();
+    let f = File::open(s.scratch.mnt.join(rel)).unwrap();
+    let b = BLOCK as u64;
+    for (off, len) in [
+        (b - 100, 300),
+        (2 * b - 1, 2),
+        (b / 2, 2 * BLOCK),
+        (3 * b - 5, 777 + 5),
+        (0, want.len()),
+        (3 * b + 700, 500),
+    ] {
+        let mut buf = vec![0u8; len];
+        let n = read_full_at(&f, &mut buf, off).unwrap();
+        let end = (off as usize + len).min(want.len());
+        assert_eq!(n, end - off as usize, "length at {off}+{len}");
+        assert!(buf[..n] == want[off as usize..end], "bytes at {off}+{len}");
+    }
+}
+
+#[test]
+fn keys_that_cannot_be_names_are_skipped_and_counted() {
+    require_fuse!();
+    require_moto!();
+    let s = setup("odd", "p");
+    // "p/clash" is an object and a prefix of "p/clash/inner": the
+    // directory wins, the object is skipped. "p/marker/" is a directory
+    // marker (an empty object named like a directory): not an entry.
+    s.bucket.put("p/clash", b"file");
+    s.bucket.put("p/clash/inner", b"inner");
+    s.bucket.put_raw("p/marker/", b"");
+    s.bucket.put("p/marker/m.txt", b"m");
+    let mut m = mount(&s, "s3://odd/p", &["--log-format", "json"]);
+    let mnt = &s.scratch.mnt;
+    assert!(mnt.join("clash").is_dir());
+    assert_eq!(fs::read(mnt.join("clash/inner")).unwrap(), b"inner");
+    assert_eq!(listing(&mnt.join("marker")), vec!["m.txt".to_string()]);
+    assert_eq!(m.stat("source_entries_skipped"), 1);
+    // Listing again warns no more and counts no more.
+    let _ = listing(mnt);
+    assert_eq!(m.stat("source_entries_skipped"), 1);
+    assert!(m.unmount().success());
+    let log = m.stderr();
+    assert_eq!(
+        log.matches("skipped: it is both an object and a prefix")
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+fn mount_fails(args: &[&str]) -> (i32, String, Duration) {
+    let t0 = std::time::Instant::now();
+    let mut full: Vec<&OsStr> = vec![OsStr::new("mount")];
+    full.extend(args.iter().map(OsStr::new));
+    let out = run_locafs(&full);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        t0.elapsed(),
+    )
+}
+
+#[test]
+fn a_missing_bucket_or_a_dead_endpoint_exits_2_before_mounting() {
+    require_fuse!();
+    require_moto!();
+    let moto = Moto::start();
+    let sc = Scratch::new();
+    let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
+    let (code, err, _) = mount_fails(&[
+        "s3://no-such-bucket/x",
+        mnt,
+        "--cache-dir",
+        cache,
+        "--endpoint",
+        &moto.endpoint,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("locafs:")).count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("\"no-such-bucket\" does not exist"), "{err}");
+    assert!(!is_mounted(&sc.mnt));
+
+    // Nothing listens on this port: refused at once, with one line.
+    let dead = format!("http://127.0.0.1:{}", free_tcp_port());
+    let (code, err, took) = mount_fails(&[
+        "s3://b/x",
+        mnt,
+        "--cache-dir",
+        cache,
+        "--endpoint",
+        &dead,
+        "--metadata-timeout",
+        "3s",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("locafs:")).count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains(&dead), "{err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(!is_mounted(&sc.mnt));
+
+    // Options for object stores on a directory source: a usage error.
+    let (code, err, _) = mount_fails(&[
+        sc.src.to_str().unwrap(),
+        mnt,
+        "--cache-dir",
+        cache,
+        "--endpoint",
+        &moto.endpoint,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--endpoint"), "{err}");
+}
+
+/// A setup with a proxy between the mount and moto.
+fn setup_proxied(bucket: &str) -> (Setup, Proxy) {
+    let s = setup(bucket, "ds");
+    let p = Proxy::start(&format!("127.0.0.1:{}", s.moto.port));
+    (s, p)
+}
+
+fn mount_via(s: &Setup, p: &Proxy, extra: &[&str]) -> common::Mount {
+    let mut args = vec!["--endpoint", p.endpoint.as_str(), "--block-size", "256K"];
+    args.extend_from_slice(extra);
+    let url = format!("s3://{}/ds", s.bucket.name);
+    Mount::start(Path::new(&url), &s.scratch.mnt, &s.scratch.cache, &args)
+}
+
+#[test]
+fn a_remount_reads_cached_data_with_no_get() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("persist");
+    let mut m = mount_via(&s, &p, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    let cold = p.counts.total_gets();
+    // Every non-empty object was fetched, in cache blocks (a few more
+    // GETs than objects: the multi-block file).
+    let objects = list_files(s.data.path())
+        .iter()
+        .filter(|r| fs::metadata(s.data.path().join(r)).unwrap().len() > 0)
+        .count() as u64;
+    assert!(cold >= objects, "{cold} GETs for {objects} objects");
+    // Listings give every attribute: no HEAD per lookup or open.
+    assert_eq!(p.counts.heads.load(Relaxed), 0, "HEAD requests were sent");
+    assert!(m.unmount().success());
+    let gets = p.counts.gets.lock().clone();
+    let lists = p.counts.lists.load(Relaxed);
+
+    let m = mount_via(&s, &p, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    assert_eq!(m.stat("source_reads"), 0);
+    assert_eq!(
+        *p.counts.gets.lock(),
+        gets,
+        "the remount sent GETs for cached data"
+    );
+    // The tree came from the manifest: no listing but the one that checks
+    // the bucket and credentials before mounting.
+    assert_eq!(
+        p.counts.lists.load(Relaxed),
+        lists + 1,
+        "the remount listed"
+    );
+}
+
+#[test]
+fn throttling_answers_are_retried_and_every_read_succeeds() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("throttle");
+    // Every third request answered 503 SlowDown, listings included.
+    p.knobs.slowdown_every.store(3, Relaxed);
+    let m = mount_via(&s, &p, &[]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    assert!(
+        p.counts.slowdowns.load(Relaxed) > 0,
+        "nothing was throttled"
+    );
+    assert_eq!(m.stat("read_errors"), 0);
+}
+
+#[test]
+fn a_stalled_store_serves_what_is_cached_and_times_out_the_rest() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("stall");
+    let m = mount_via(
+        &s,
+        &p,
+        &[
+            "--source-timeout",
+            "4s",
+            "--metadata-timeout",
+            "2s",
+            "--no-readahead",
+        ],
+    );
+    let mnt = &s.scratch.mnt;
+    let files = list_files(s.data.path());
+    let (cached, uncached) = files.split_at(files.len() / 2);
+    for rel in cached {
+        assert_same_content(&s.data.path().join(rel), &mnt.join(rel));
+    }
+    p.knobs.stalled.store(true, Relaxed);
+    let t0 = std::time::Instant::now();
+    for rel in cached {
+        assert_same_content(&s.data.path().join(rel), &mnt.join(rel));
+    }
+    let mut failed = 0;
+    for rel in uncached {
+        if fs::metadata(s.data.path().join(rel)).unwrap().len() == 0 {
+            continue;
+        }
+        let t = std::time::Instant::now();
+        let r = fs::read(mnt.join(rel));
+        let took = t.elapsed();
+        let e = r.expect_err("an uncached read succeeded while the store stalled");
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::ETIMEDOUT) | Some(libc::EIO)),
+            "{rel:?}: {e}"
+        );
+        assert!(took < Duration::from_secs(15), "{rel:?} waited {took:?}");
+        failed += 1;
+    }
+    assert!(failed > 0);
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    p.knobs.stalled.store(false, Relaxed);
+    // Once the store answers again, so does the mount.
+    wait_until(
+        "the uncached files read again",
+        Duration::from_secs(30),
+        || {
+            uncached.iter().all(|rel| {
+                fs::read(mnt.join(rel))
+                    .is_ok_and(|b| b == fs::read(s.data.path().join(rel)).unwrap())
+            })
+        },
+    );
+    drop(m);
+}
+
+#[test]
+fn an_object_replaced_mid_epoch_fails_old_blocks_then_shows_new_bytes() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("replace");
+    let _m = mount_via(
+        &s,
+        &p,
+        &[
+            "--revalidate",
+            "2s",
+            "--no-readahead",
+            "--kernel-readahead",
+            "0",
+        ],
+    );
+    let rel = "train/dog/deep/er/x.bin";
+    let key = format!("ds/{rel}");
+    let old = fs::read(s.data.path().join(rel)).unwrap();
+    let f = File::open(s.scratch.mnt.join(rel)).unwrap();
+    let mut buf = vec![0u8; 100];
+    assert_eq!(read_full_at(&f, &mut buf, 0).unwrap(), 100);
+    assert!(buf[..] == old[..100]);
+    // The same size, other bytes: only the ETag tells.
+    let new: Vec<u8> = old.iter().map(|b| b.wrapping_add(1)).collect();
+    s.bucket.put(&key, &new);
+    let mut buf = vec![0u8; 1000];
+    let e = read_full_at(&f, &mut buf, 2 * BLOCK as u64 + 10)
+        .expect_err("an uncached block of the replaced object was served");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // The cached block of the open version still reads as it was.
+    let mut buf = vec![0u8; 100];
+    assert_eq!(read_full_at(&f, &mut buf, 0).unwrap(), 100);
+    assert!(buf[..] == old[..100]);
+    drop(f);
+    // After revalidation, the new object, whole.
+    wait_until("the new bytes", Duration::from_secs(30), || {
+        fs::read(s.scratch.mnt.join(rel)).is_ok_and(|b| b == new)
+    });
+}
+
+#[test]
+fn three_nodes_with_peers_get_each_object_once_over_three_epochs() {
+    use common::cluster::*;
+    require_fuse!();
+    require_moto!();
+    let moto = Moto::start();
+    let bucket = moto.bucket("peers");
+    bucket.create();
+    let mut c = Cluster::new(60, 1_000, 300_000, 7);
+    bucket.put_tree(&c.source(), "ds");
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    c.url = Some("s3://peers/ds".into());
+    let ports = [free_udp_port(), free_udp_port(), free_udp_port()];
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let spec = NodeSpec {
+                listen: format!("127.0.0.1:{}", ports[i]),
+                peers: ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+                secret: &c.secret,
+                cache_size: "256M",
+                peer_timeout: "5s",
+                netns: None,
+            };
+            Node::start_spec_with(&c, &format!("n{i}"), spec, &["--endpoint", &proxy.endpoint])
+        })
+        .collect();
+    for n in &nodes {
+        n.wait_peers_up(&ports);
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    for epoch in 0..3 {
+        run_epoch(&c, &refs, epoch, 1);
+    }
+    for n in &nodes {
+        let s = n.stats();
+        eprintln!(
+            "{}: source {} peers {} served {}; peer failures {}",
+            n.name, s.source_bytes, s.peer_bytes, s.peer_served_bytes, s.peer_failures
+        );
+        assert_eq!(s.read_errors, 0, "{}", n.name);
+        assert!(s.peer_bytes > 0, "{} got nothing from its peers", n.name);
+    }
+    // Counted at the store: each block of each object GET once, by one node.
+    let gets = proxy.counts.gets.lock().clone();
+    let mut twice = Vec::new();
+    for (rel, data) in &c.files {
+        let blocks = (data.len() as u64).div_ceil(BLOCK);
+        let got = gets.get(&format!("peers/ds/{rel}")).copied().unwrap_or(0);
+        if got != blocks {
+            twice.push(format!("{rel}: {got} GETs for {blocks} blocks"));
+        }
+    }
+    assert!(twice.is_empty(), "{twice:#?}");
+    let source: u64 = nodes.iter().map(|n| n.stats().source_bytes).sum();
+    assert_eq!(
+        source,
+        c.total_bytes(),
+        "bytes GET over 3 epochs on 3 nodes"
+    );
+}
