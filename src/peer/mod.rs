@@ -182,6 +182,7 @@ impl PeerNode {
             limits: Arc::default(),
             refused_log: limits::LogLimiter::new(server::REFUSAL_LOG_EVERY),
             over_limit_log: limits::LogLimiter::new(server::REFUSAL_LOG_EVERY),
+            current: server::current_table(),
         });
         rt.spawn(server.run(self.endpoint.clone()));
     }

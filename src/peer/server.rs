@@ -118,6 +118,28 @@ pub struct PeerServer {
     pub refused_log: LogLimiter,
     /// Log lines about connections over the limits.
     pub over_limit_log: LogLimiter,
+    /// Versions found current at the source lately ([`is_current`]), for
+    /// [`CURRENT_FOR`]: the blocks of one file come in bursts, and each
+    /// check stats every component of the path (on an object store, a HEAD
+    /// and a listing per directory).
+    pub current: moka::sync::Cache<VersionKey, ()>,
+}
+
+/// How long a version found current at the source stays trusted for the
+/// requests of peers. A version replaced in that time is still served from
+/// this node's cache with that version's own bytes (a block is always
+/// keyed and checked by its version), never with another's; from the
+/// source its read fails as changed.
+pub const CURRENT_FOR: Duration = Duration::from_secs(5);
+/// Versions remembered as current, at most.
+pub const CURRENT_KEPT: u64 = 65_536;
+
+/// The table of versions found current lately.
+pub fn current_table() -> moka::sync::Cache<VersionKey, ()> {
+    moka::sync::Cache::builder()
+        .max_capacity(CURRENT_KEPT)
+        .time_to_live(CURRENT_FOR)
+        .build()
 }
 
 /// Counts of what each peer holds now, with RAII [`Held`] tokens.
@@ -333,9 +355,12 @@ impl PeerServer {
         };
         let source = Arc::clone(&self.source);
         let rel2 = Arc::clone(&rel);
-        let current = tokio::task::spawn_blocking(move || is_current(&*source, &rel2, &v))
-            .await
-            .unwrap_or(false);
+        let current = remembered_or(&self.current, fv.key, async move {
+            tokio::task::spawn_blocking(move || is_current(&*source, &rel2, &v))
+                .await
+                .unwrap_or(false)
+        })
+        .await;
         let mut serving = Serving {
             _memory: None,
             _request: request,
@@ -488,6 +513,24 @@ pub fn check_request(
     Ok((fv, block))
 }
 
+/// Whether the version `key` is current: found so lately (in `table`), or
+/// by `check`, then remembered if it is (a version found stale is asked
+/// again next time).
+async fn remembered_or(
+    table: &moka::sync::Cache<VersionKey, ()>,
+    key: VersionKey,
+    check: impl std::future::Future<Output = bool>,
+) -> bool {
+    if table.contains_key(&key) {
+        return true;
+    }
+    let yes = check.await;
+    if yes {
+        table.insert(key, ());
+    }
+    yes
+}
+
 /// Whether `rel` is, at the source now, a regular file of version `v` whose
 /// every parent is a real directory (a symlinked directory could lead out of
 /// the data set).
@@ -625,6 +668,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn versions_found_current_are_remembered_and_stale_ones_asked_again() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let table = current_table();
+        let checks = std::sync::atomic::AtomicU64::new(0);
+        let ask = |key: VersionKey, answer: bool| {
+            let checks = &checks;
+            rt.block_on(remembered_or(&table, key, async move {
+                checks.fetch_add(1, Relaxed);
+                answer
+            }))
+        };
+        let key = |n: u8| {
+            let v = SourceVersion {
+                size: 1,
+                mtime_ns: n as i64,
+                ino: 1,
+            };
+            VersionKey::new(Path::new("a/b"), &v)
+        };
+        // Current: checked once, then remembered.
+        assert!(ask(key(1), true));
+        assert!(ask(key(1), true));
+        assert!(ask(key(1), false), "a remembered version is not asked");
+        assert_eq!(checks.load(Relaxed), 1);
+        // Stale: asked every time, never remembered.
+        assert!(!ask(key(2), false));
+        assert!(!ask(key(2), false));
+        assert_eq!(checks.load(Relaxed), 3);
+        assert!(ask(key(2), true));
+        assert_eq!(checks.load(Relaxed), 4);
     }
 
     #[test]
