@@ -297,8 +297,13 @@ fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
     let mb = s.path().join("mb");
     fs::create_dir_all(&ma).unwrap();
     fs::create_dir_all(&mb).unwrap();
-    let mut a = Mount::start(&src_a, &ma, &s.cache, &[]);
-    let b = Mount::start(&src_b, &mb, &s.cache, &[]);
+    // No free floor: on a machine short of disk space, the cache gives
+    // space back by evicting the unmounted data set first, as it should,
+    // and A would be gone before `cache ls` looks (seen in a CI run with
+    // the disk's free space under 5 %).
+    let floor = ["--cache-free-floor", "0"];
+    let mut a = Mount::start(&src_a, &ma, &s.cache, &floor);
+    let b = Mount::start(&src_b, &mb, &s.cache, &floor);
     read_all(&ma, &files_a);
     read_all(&mb, &files_b);
     wait_until("cached", Duration::from_secs(20), || {
