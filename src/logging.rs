@@ -65,14 +65,62 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
         },
         None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(ansi_ok);
+    let base = tracing_subscriber::registry()
+        .with(filter)
+        .with(QuietLateReplies);
     let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.with_target(false).try_init(),
+        LogFormat::Json => base.with(lines.json()).try_init(),
+        LogFormat::Text => base.with(lines.with_target(false)).try_init(),
     };
+}
+
+/// Holds back fuser's "Failed to send FUSE reply: No such file or
+/// directory": the kernel answers a reply with ENOENT when it no longer
+/// waits for that request, because it was interrupted or because the file
+/// system was unmounted while the request was in flight (an asynchronous
+/// RELEASE or read-ahead the kernel aborts at unmount). Nothing is lost, so
+/// it is not an error a person should see. Every other fuser error passes.
+struct QuietLateReplies;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for QuietLateReplies {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return true;
+        }
+        let mut late = LateReply(false);
+        event.record(&mut late);
+        !late.0
+    }
+}
+
+struct LateReply(bool);
+
+impl tracing::field::Visit for LateReply {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = is_late_reply(&format!("{value:?}"));
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.0 = is_late_reply(value);
+        }
+    }
+}
+
+fn is_late_reply(message: &str) -> bool {
+    message.starts_with("Failed to send FUSE reply")
+        && message.contains(&std::io::Error::from_raw_os_error(libc::ENOENT).to_string())
 }
 
 /// Lets one event through per interval and counts the ones it held back.
@@ -109,5 +157,39 @@ impl RateLimit {
         }
         self.suppressed.fetch_add(1, Ordering::Relaxed);
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    struct Count(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn late_fuse_replies_are_held_back_and_other_errors_pass() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry()
+            .with(QuietLateReplies)
+            .with(Count(seen.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
+            let enodev = std::io::Error::from_raw_os_error(libc::ENODEV);
+            tracing::error!("Failed to send FUSE reply: {enoent}");
+            assert_eq!(seen.load(Ordering::Relaxed), 0, "a late reply got through");
+            tracing::error!("Failed to send FUSE reply: {enodev}");
+            tracing::error!("cache disk: {enoent}");
+            tracing::warn!("Failed to send FUSE reply: {enoent}");
+        });
+        assert_eq!(seen.load(Ordering::Relaxed), 3);
     }
 }
