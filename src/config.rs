@@ -680,14 +680,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         }
     }
 
-    // With peers, `auto` is a fixed 8 for now: the tuner measures only this
-    // node's source reads, and more fetches in flight overload the owners'
-    // peer servers, whose refusals then fall back to the source (a block
-    // read twice: tests/peer_cluster.rs caught it).
-    let prefetch_jobs = match f.prefetch_jobs.unwrap_or(crate::concurrency::Jobs::Auto) {
-        crate::concurrency::Jobs::Auto if f.peers.is_some() => crate::concurrency::Jobs::Fixed(8),
-        jobs => jobs,
-    };
+    let prefetch_jobs = f.prefetch_jobs.unwrap_or(crate::concurrency::Jobs::Auto);
     let mut readahead = crate::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,

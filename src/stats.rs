@@ -49,6 +49,8 @@ pub struct Stats {
     pub peer_served_bytes: AtomicU64,
     /// Blocks from peers that did not match their checksum or length.
     pub peer_bad_blocks: AtomicU64,
+    /// `Busy` answers from a peer that was then asked again.
+    pub peer_busy: AtomicU64,
     /// Peer requests that failed (timeout, down, busy, not found, error).
     pub peer_failures: AtomicU64,
     /// Malformed requests received from peers.
@@ -223,6 +225,7 @@ impl Default for Stats {
             read_errors: AtomicU64::new(0),
             peer_served_bytes: AtomicU64::new(0),
             peer_bad_blocks: AtomicU64::new(0),
+            peer_busy: AtomicU64::new(0),
             peer_failures: AtomicU64::new(0),
             peer_bad_requests: AtomicU64::new(0),
             peer_refused_connections: AtomicU64::new(0),
@@ -280,6 +283,8 @@ pub struct StatsSnapshot {
     pub peer_served_bytes: u64,
     #[serde(default)]
     pub peer_bad_blocks: u64,
+    #[serde(default)]
+    pub peer_busy: u64,
     #[serde(default)]
     pub peer_failures: u64,
     #[serde(default)]
@@ -359,6 +364,7 @@ impl Stats {
             uptime_s: self.started.elapsed().as_secs_f64(),
             peer_served_bytes: self.peer_served_bytes.load(Relaxed),
             peer_bad_blocks: self.peer_bad_blocks.load(Relaxed),
+            peer_busy: self.peer_busy.load(Relaxed),
             peer_failures: self.peer_failures.load(Relaxed),
             peer_bad_requests: self.peer_bad_requests.load(Relaxed),
             peer_refused_connections: self.peer_refused_connections.load(Relaxed),
@@ -562,10 +568,11 @@ impl StatsSnapshot {
                 "peer traffic",
                 format!(
                     "{} served to peers, {} bad blocks caught, {} failed requests, \
-                     {} malformed requests, {} refused connections",
+                     {} busy answers waited out, {} malformed requests, {} refused connections",
                     format_size(self.peer_served_bytes),
                     self.peer_bad_blocks,
                     self.peer_failures,
+                    self.peer_busy,
                     self.peer_bad_requests,
                     self.peer_refused_connections
                 ),

@@ -57,6 +57,7 @@ fn stats_json_schema_and_watch() {
         "read_errors",
         "peer_served_bytes",
         "peer_bad_blocks",
+        "peer_busy",
         "peer_failures",
         "peer_bad_requests",
         "peer_refused_connections",

@@ -6,7 +6,8 @@
 //! with an admin's own CA and certificates (`--peer-ca`, `--peer-cert`,
 //! `--peer-key`): nodes of the CA share blocks whatever names their
 //! certificates carry, even when they share one certificate, and a node
-//! with a certificate of another CA gets nothing.
+//! with a certificate of another CA gets nothing. A member that answers
+//! `Busy` is asked again rather than passed over for the source.
 
 mod common;
 
@@ -133,6 +134,138 @@ fn a_lying_peer_is_caught_and_reads_stay_byte_exact() {
     for (rel, data) in &c.files {
         node.read_check(rel, data);
     }
+}
+
+/// A member that holds the cluster secret and answers each block's first
+/// two requests `Busy` (short of reply memory), then with the right block.
+async fn busy_then_honest_peer(
+    endpoint: quinn::Endpoint,
+    files: Arc<std::collections::HashMap<String, Vec<u8>>>,
+    busy: Arc<AtomicU64>,
+    served: Arc<AtomicU64>,
+) {
+    let asked = Arc::new(parking_lot::Mutex::new(std::collections::HashMap::<
+        (Vec<u8>, u64),
+        u32,
+    >::new()));
+    while let Some(incoming) = endpoint.accept().await {
+        let (files, busy, served, asked) = (
+            Arc::clone(&files),
+            Arc::clone(&busy),
+            Arc::clone(&served),
+            Arc::clone(&asked),
+        );
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                let Ok(raw) = recv.read_to_end(1 << 16).await else {
+                    continue;
+                };
+                let Ok(Some(Frame::GetBlock {
+                    block,
+                    block_size,
+                    path,
+                    ..
+                })) = codec::decode_eof(&mut BytesMut::from(&raw[..]))
+                else {
+                    continue;
+                };
+                let times = {
+                    let mut a = asked.lock();
+                    let n = a.entry((path.to_vec(), block)).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                let reply = match files.get(std::str::from_utf8(&path).unwrap_or("")) {
+                    _ if times <= 2 => {
+                        busy.fetch_add(1, Relaxed);
+                        Frame::Busy
+                    }
+                    Some(data) => {
+                        let at = (block * block_size as u64).min(data.len() as u64) as usize;
+                        let end = (at + block_size as usize).min(data.len());
+                        served.fetch_add((end - at) as u64, Relaxed);
+                        Frame::block(Bytes::copy_from_slice(&data[at..end]))
+                    }
+                    _ => Frame::NotFound,
+                };
+                let mut out = BytesMut::new();
+                codec::encode(&reply, &mut out).unwrap();
+                let _ = send.write_all(&out).await;
+                let _ = send.finish();
+            }
+        });
+    }
+}
+
+#[test]
+fn a_busy_owner_is_asked_again_not_passed_over_for_the_source() {
+    require_fuse!();
+    let c = Cluster::new(40, 1_000, 250_000, 11);
+    let rt = runtime();
+    let identity =
+        ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).expect("identity");
+    let owner = {
+        let _g = rt.enter();
+        quinn::Endpoint::server(
+            identity.server_config(),
+            "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+        )
+        .unwrap()
+    };
+    let owner_port = owner.local_addr().unwrap().port();
+    let files: std::collections::HashMap<String, Vec<u8>> = c.files.iter().cloned().collect();
+    let (busy, served) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    rt.spawn(busy_then_honest_peer(
+        owner,
+        Arc::new(files),
+        Arc::clone(&busy),
+        Arc::clone(&served),
+    ));
+
+    let port = free_udp_port();
+    let ports = [port, owner_port];
+    let node = Node::start(
+        &c,
+        "asker",
+        port,
+        NodeOpts {
+            peers: &ports,
+            secret: &c.secret,
+            cache_size: "256M",
+            peer_timeout: "4s",
+        },
+    );
+    node.wait_peers_up(&ports);
+    for (rel, data) in &c.files {
+        node.read_check(rel, data);
+    }
+    let s = node.stats();
+    eprintln!(
+        "busy answers {}, served by the busy owner {} B; node: source {} B, peers {} B, \
+         peer busy {}, peer failures {}",
+        busy.load(Relaxed),
+        served.load(Relaxed),
+        s.source_bytes,
+        s.peer_bytes,
+        s.peer_busy,
+        s.peer_failures
+    );
+    assert_eq!(s.read_errors, 0);
+    assert!(served.load(Relaxed) > 0, "the owner was never asked");
+    // Every block the owner was asked for came from it after its Busy
+    // answers: none was read from the source instead.
+    assert_eq!(s.peer_failures, 0);
+    assert_eq!(s.peer_bytes, served.load(Relaxed));
+    assert_eq!(s.source_bytes + s.peer_bytes, c.total_bytes());
+    assert_eq!(s.peer_busy, busy.load(Relaxed));
+    assert!(s.peer_busy >= 2, "no Busy answer was waited out");
+    let p = s
+        .peers
+        .iter()
+        .find(|p| p.address == format!("127.0.0.1:{owner_port}"))
+        .expect("owner listed");
+    assert_eq!(p.state, "up", "{p:?}");
 }
 
 /// One raw request on its own stream; the reply frame, or None if the node

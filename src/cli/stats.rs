@@ -169,6 +169,7 @@ mod tests {
             read_ahead: Default::default(),
             peer_served_bytes: 0,
             peer_bad_blocks: 0,
+            peer_busy: 0,
             peer_failures: 0,
             peer_bad_requests: 0,
             peer_refused_connections: 0,

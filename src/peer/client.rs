@@ -5,7 +5,11 @@
 //! QUIC connection that membership keeps to each live member), then the next
 //! member in the block's ranking (the owner-to-be if the owner is gone),
 //! never more than [`MAX_ATTEMPTS`] members, each within `--peer-timeout`;
-//! after that the reader goes to the source. Every block received is checked
+//! after that the reader goes to the source. A member that answers `Busy`
+//! (short of reply memory: flow control from a live owner) is asked again
+//! after a short pause, within the same deadline, rather than passed over:
+//! the next member would read the block from its source, and the owner would
+//! read it again for the next node that asks. Every block received is checked
 //! against its checksum and its expected length before anyone sees it; a
 //! peer that sends a wrong block is counted as lying and marked down, like a
 //! peer that times out or fails.
@@ -32,10 +36,17 @@ use crate::stats::Stats;
 /// Members asked for one block before giving up on peers.
 pub const MAX_ATTEMPTS: usize = 2;
 
+/// The first pause before a member that answered `Busy` is asked again;
+/// it doubles up to [`BUSY_PAUSE_MAX`], all within the member's deadline.
+pub const BUSY_PAUSE: Duration = Duration::from_millis(5);
+pub const BUSY_PAUSE_MAX: Duration = Duration::from_millis(160);
+
 /// How one request to a peer ended, when it did not give us the block.
 #[derive(Debug)]
 enum Miss {
-    /// Timeout, transport error, `Busy`, `Error`, `NotFound`: try elsewhere.
+    /// The member is up but short of reply memory: ask it again shortly.
+    Busy,
+    /// Timeout, transport error, `Error`, `NotFound`: try elsewhere.
     Failed(String),
     /// A block that does not match its checksum or length.
     Lied(String),
@@ -72,13 +83,14 @@ impl PeerClient {
         block_key(&self.dataset, &path_id(&file.rel), index, self.block_size)
     }
 
-    /// One request to one member, within the deadline.
+    /// One request to one member, within `timeout`.
     async fn ask(
         &self,
         m: &Member,
         file: &FileVersion,
         index: u64,
         len: usize,
+        timeout: Duration,
     ) -> Result<ChecksummedBytes, Miss> {
         let conn = m
             .connection()
@@ -130,7 +142,7 @@ impl PeerClient {
                 .map(Some)
                 .map_err(|e| Miss::Lied(format!("bad reply: {e}")))
         };
-        let reply = match tokio::time::timeout(self.timeout, exchange).await {
+        let reply = match tokio::time::timeout(timeout, exchange).await {
             Err(_) => return Err(Miss::Failed(format!("no answer within {:?}", self.timeout))),
             Ok(r) => r?,
         };
@@ -148,11 +160,35 @@ impl PeerClient {
                 Ok(block)
             }
             Some(Frame::NotFound) => Err(Miss::Failed("not found".into())),
-            Some(Frame::Busy) => Err(Miss::Failed("busy".into())),
+            Some(Frame::Busy) => Err(Miss::Busy),
             Some(Frame::Error { code, message }) => {
                 Err(Miss::Failed(format!("error {code}: {message}")))
             }
             Some(Frame::GetBlock { .. }) | None => Err(Miss::Lied("not a reply".into())),
+        }
+    }
+
+    /// [`ask`](Self::ask), again after a pause while the member answers
+    /// `Busy`, all within one `--peer-timeout`.
+    async fn ask_until_served(
+        &self,
+        m: &Member,
+        file: &FileVersion,
+        index: u64,
+        len: usize,
+    ) -> Result<ChecksummedBytes, Miss> {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = BUSY_PAUSE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.ask(m, file, index, len, left).await {
+                Err(Miss::Busy) if Instant::now() + pause < deadline => {
+                    self.stats.peer_busy.fetch_add(1, Relaxed);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(BUSY_PAUSE_MAX);
+                }
+                r => return r,
+            }
         }
     }
 
@@ -179,18 +215,24 @@ impl PeerClient {
             }
             attempts += 1;
             m.requests.fetch_add(1, Relaxed);
-            match self.ask(&m, &file, index, len).await {
+            match self.ask_until_served(&m, &file, index, len).await {
                 Ok(block) => {
                     m.bytes_received.fetch_add(len as u64, Relaxed);
                     return Some(block);
+                }
+                Err(Miss::Busy) => {
+                    // Busy until its deadline: up, but not serving us now.
+                    m.failures.fetch_add(1, Relaxed);
+                    self.stats.peer_failures.fetch_add(1, Relaxed);
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer stayed busy for {:?}", self.timeout);
                 }
                 Err(Miss::Failed(why)) => {
                     m.failures.fetch_add(1, Relaxed);
                     self.stats.peer_failures.fetch_add(1, Relaxed);
                     debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer request failed: {why}");
-                    // A peer that merely lacks the block or is busy stays up;
-                    // one that does not answer goes down.
-                    if !(why == "not found" || why == "busy" || why.starts_with("error ")) {
+                    // A peer that merely lacks the block stays up; one that
+                    // does not answer goes down.
+                    if !(why == "not found" || why.starts_with("error ")) {
                         self.membership.mark_down(&m, &why);
                     }
                 }
