@@ -7,9 +7,7 @@
 //! bandwidth; a local disk or a busy server is saturated by few. So the
 //! [`Tuner`] measures the source over short windows (bytes per second and
 //! the mean latency of a read) and moves the limit as TCP does: it doubles
-//! while throughput still rises by more than 10 % (slow start; when a
-//! doubling buys nothing it goes back to between the two if reads now wait
-//! longer, and keeps the doubled limit if they do not); then it adds
+//! while throughput still rises by more than 10 % (slow start); then it adds
 //! an eighth while a read's latency (smoothed over windows) stays near the
 //! lowest seen (the source is not queueing yet). Once latency climbs past
 //! 1.5x that, latency alone cannot say whether the source queues or only
@@ -203,22 +201,12 @@ impl Tuner {
             // limits both steps are one).
             self.limit - (self.limit / 6).max(1 + self.probed as usize)
         } else if self.slow_start {
-            self.slow_start = rate > self.last_rate * 1.1;
-            if self.slow_start {
+            if rate > self.last_rate * 1.1 {
                 self.limit * 2
-            } else if slow {
-                // Doubling bought nothing and reads queue: back to between
-                // the two.
-                self.limit * 3 / 4
             } else {
-                // Doubling bought nothing, yet reads do not wait longer: the
-                // source is not what stopped the gain (a busy host, a window
-                // of noise, a loader between files). The slots cost it
-                // nothing: kept, and the climb goes on by eighths. (Cut to
-                // 3/4, figure 5 of `cargo bench --bench readahead` ended its
-                // first epoch at 96-136 from 128, where 256 in flight gave
-                // the plan 1.4x more.)
-                self.limit
+                // Doubling bought nothing: back to between the two.
+                self.slow_start = false;
+                self.limit * 3 / 4
             }
         } else if slow || latency < UNLOADED * self.base_latency {
             self.limit + (self.limit / 8).max(1)
@@ -500,38 +488,6 @@ mod tests {
             300,
         );
         assert!(*limits.last().unwrap() >= 64, "{limits:?}");
-    }
-
-    #[test]
-    fn a_doubling_that_buys_nothing_without_queueing_is_kept() {
-        // This host completes at most 3,000 reads/s whatever is in flight
-        // (its CPU), and the source answers every read in 20 ms: past 60
-        // in flight throughput stops rising, latency does not. The slots
-        // cost the source nothing: never cut below what slow start
-        // reached (the old rule cut 128 to 96 here).
-        let mut t = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
-        let mut limits = Vec::new();
-        for _ in 0..40 {
-            let reads = (t.limit() as f64 / 0.02).min(3000.0) * 0.1;
-            let reads = reads as u64;
-            let w = Window {
-                secs: 0.1,
-                bytes: reads * READ,
-                reads,
-                latency_total: Duration::from_secs_f64(0.02 * reads as f64),
-                errors: 0,
-                saturated: true,
-            };
-            limits.push(t.observe(&w));
-        }
-        let peak_of_slow_start = limits
-            .windows(2)
-            .find(|w| w[1] <= w[0])
-            .map(|w| w[0])
-            .unwrap();
-        assert_eq!(peak_of_slow_start, 128, "{limits:?}");
-        let after = limits.iter().skip_while(|&&l| l < 128);
-        assert!(after.clone().all(|&l| l >= 128), "{limits:?}");
     }
 
     #[test]
