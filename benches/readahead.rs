@@ -10,7 +10,10 @@
 //! defaults, with and without a plan, next to the source's own limit
 //! (LOCAFS_BENCH_RUNS, default 3, runs of it; medians printed;
 //! LOCAFS_BENCH_ARGS="--prefetch-jobs 64" adds mount options to its locafs
-//! runs, to compare with the defaults).
+//! runs, to compare with the defaults); it also prints the process's CPU
+//! per file for every column and a warm 2nd epoch of the plan's mount (its
+//! own ceiling), and moves each run's cache aside rather than deleting it
+//! before the next run (see `fresh_aside`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
