@@ -322,19 +322,6 @@ fn main() {
     let remount = run(4);
     drop(m);
 
-    // rclone, the same epochs over the same proxy.
-    let rclone = common::which("rclone").map(|_| {
-        let dir = root.join("rclone");
-        let r = Rclone::start(&proxy.endpoint, &mnt, &dir);
-        let cold = run(2);
-        let warm = run(3);
-        drop(r);
-        let r = Rclone::start(&proxy.endpoint, &mnt, &dir);
-        let remount = run(4);
-        drop(r);
-        (cold, warm, remount)
-    });
-
     println!(
         "{:<34} {:>10}   {:<6} {:>10}",
         "figure", "locafs", "direct", ""
@@ -392,9 +379,29 @@ fn main() {
          503s injected: none)",
         direct.secs, cold.secs, warm.secs, remount.secs
     );
-    let Some((rc, rw, rr)) = rclone else {
+    // rclone, the same epochs over the same proxy (after the figures above
+    // are out).
+    if common::which("rclone").is_none() {
         println!("rclone mount --vfs-cache-mode full: rclone is not installed, skipped");
         return;
+    }
+    if common::which("fusermount").is_none() {
+        println!(
+            "rclone mount --vfs-cache-mode full: rclone mounts through fusermount, \
+             not installed (Debian: fuse3), skipped"
+        );
+        return;
+    }
+    let (rc, rw, rr) = {
+        let dir = root.join("rclone");
+        let r = Rclone::start(&proxy.endpoint, &mnt, &dir);
+        let cold = run(2);
+        let warm = run(3);
+        drop(r);
+        let r = Rclone::start(&proxy.endpoint, &mnt, &dir);
+        let remount = run(4);
+        drop(r);
+        (cold, warm, remount)
     };
     println!("rclone mount --vfs-cache-mode full, the same epochs:");
     for (what, v, l) in [
