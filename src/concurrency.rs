@@ -15,7 +15,9 @@
 //! throughput decides: it takes off a sixth when throughput fell or when
 //! its last step up bought nothing (requests wait at the source), and
 //! otherwise steps up again and judges that step by the next window; it
-//! halves on any source error or timeout. A window in which
+//! halves on any source error or timeout, and on any answer of the source
+//! asking to slow down (an object store's 503 SlowDown or 429, which the
+//! source retried: the store said so, there is nothing to infer). A window in which
 //! read-ahead did not use its whole limit says nothing about the source and
 //! changes nothing. The limit stays between a floor and a ceiling, and under
 //! what the prefetch memory can hold at the mean size of a read.
@@ -96,6 +98,8 @@ pub struct Window {
     pub latency_total: Duration,
     /// Reads that failed or timed out.
     pub errors: u64,
+    /// Answers of the source asking to slow down (retried by the source).
+    pub throttled: u64,
     /// Whether read-ahead wanted more in flight than the limit allowed at
     /// some point of the window (a window without demand says nothing).
     pub saturated: bool,
@@ -160,7 +164,7 @@ impl Tuner {
 
     /// Feeds one window; returns the new limit.
     pub fn observe(&mut self, w: &Window) -> usize {
-        if w.errors > 0 {
+        if w.errors > 0 || w.throttled > 0 {
             self.slow_start = false;
             (self.probed, self.cut) = (false, true);
             self.set(self.limit / 2);
@@ -351,6 +355,7 @@ mod tests {
                 reads,
                 latency_total: Duration::from_secs_f64(latency * reads as f64),
                 errors: 0,
+                throttled: 0,
                 saturated: true,
             }
         }
@@ -377,6 +382,47 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_source_asking_to_slow_down_halves_the_limit_each_window() {
+        // An object store serving 100 at a time at 20 ms: the limit climbs
+        // past 100. Then it answers some requests 503 SlowDown; the source
+        // retries them, so throughput and latency barely move (the retries
+        // succeed), but each window with such answers halves the limit,
+        // down to the floor, and says nothing else.
+        let src = Simulated {
+            n: 100,
+            latency: 0.02,
+        };
+        let mut t = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
+        run(&mut t, &src, 100);
+        let high = t.limit();
+        assert!(high >= 100, "{high}");
+        let mut limits = Vec::new();
+        for _ in 0..10 {
+            let mut w = src.window(t.limit(), 0.1);
+            w.throttled = 3;
+            limits.push(t.observe(&w));
+        }
+        assert_eq!(limits[0], high / 2, "{limits:?}");
+        assert_eq!(limits[1], high / 4, "{limits:?}");
+        assert_eq!(*limits.last().unwrap(), AUTO_FLOOR, "{limits:?}");
+        // A throttled window counts even when read-ahead did not fill its
+        // limit (the loader's own reads were throttled).
+        let mut t = Tuner::new(64, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
+        let mut w = src.window(64, 0.1);
+        w.saturated = false;
+        assert_eq!(t.observe(&w), 64);
+        w.throttled = 1;
+        assert_eq!(t.observe(&w), 32);
+        // Once the store stops asking, the limit climbs again.
+        let mut t = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
+        let mut w = src.window(t.limit(), 0.1);
+        w.throttled = 1;
+        t.observe(&w);
+        let after = run(&mut t, &src, 100);
+        assert!(*after.last().unwrap() >= 100, "{after:?}");
     }
 
     #[test]

@@ -298,6 +298,10 @@ impl Mount {
             stats
                 .source_skipped
                 .set(Arc::new(move || s.skipped_entries()));
+            let s = Arc::clone(&source);
+            stats
+                .source_throttled
+                .set(Arc::new(move || s.throttled_responses()));
         }
         // Unbounded until the shared budget of the cache directory gives
         // this mount its grant (below, before anything is served).

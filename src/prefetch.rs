@@ -274,6 +274,7 @@ impl ReadAhead {
                 stats.source_reads.load(Relaxed),
                 stats.source_read_nanos.load(Relaxed),
                 stats.source_errors.load(Relaxed) + stats.source_timeouts.load(Relaxed),
+                stats.source_throttled.get(),
             )
         };
         let mut start = (Instant::now(), counters());
@@ -287,12 +288,17 @@ impl ReadAhead {
             };
             tokio::time::sleep(window).await;
             let now = (Instant::now(), counters());
-            let (t0, (b0, r0, n0, e0)) = start;
-            let (t1, (b1, r1, n1, e1)) = now;
+            let (t0, (b0, r0, n0, e0, th0)) = start;
+            let (t1, (b1, r1, n1, e1, th1)) = now;
             let secs = t1.duration_since(t0).as_secs_f64();
             let reads = r1.saturating_sub(r0);
             let errors = e1.saturating_sub(e0);
-            if errors == 0 && (reads as usize) < (self.jobs.limit() / 2).max(1) && secs < 1.0 {
+            let throttled = th1.saturating_sub(th0);
+            if errors == 0
+                && throttled == 0
+                && (reads as usize) < (self.jobs.limit() / 2).max(1)
+                && secs < 1.0
+            {
                 continue;
             }
             let w = Window {
@@ -301,6 +307,7 @@ impl ReadAhead {
                 reads,
                 latency_total: Duration::from_nanos(n1.saturating_sub(n0)),
                 errors,
+                throttled,
                 saturated: self.jobs.take_saturated(),
             };
             let before = self.jobs.limit();

@@ -652,6 +652,10 @@ impl Source for SourceGuard {
     fn skipped_entries(&self) -> u64 {
         self.inner.skipped_entries()
     }
+
+    fn throttled_responses(&self) -> u64 {
+        self.inner.throttled_responses()
+    }
 }
 
 #[cfg(test)]

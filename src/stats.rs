@@ -85,6 +85,9 @@ pub struct Stats {
     /// Source entries skipped because they cannot be file names (object
     /// keys with an empty segment, `.`, `..`, or both a file and a prefix).
     pub source_skipped: ViewSlot<u64>,
+    /// Answers of the source asking to slow down (503 SlowDown, 429), each
+    /// retried by the source itself; read-ahead cuts its concurrency on them.
+    pub source_throttled: ViewSlot<u64>,
 }
 
 /// The budget that every mount of one cache directory shares (filled from
@@ -129,7 +132,7 @@ impl<T: Default> ViewSlot<T> {
         let _ = self.0.set(view);
     }
 
-    fn get(&self) -> T {
+    pub(crate) fn get(&self) -> T {
         self.0.get().map(|f| f()).unwrap_or_default()
     }
 }
@@ -242,6 +245,7 @@ impl Default for Stats {
             memory_cache: ViewSlot::default(),
             budget: ViewSlot::default(),
             source_skipped: ViewSlot::default(),
+            source_throttled: ViewSlot::default(),
         }
     }
 }
@@ -317,6 +321,10 @@ pub struct StatsSnapshot {
     /// warned about once in the log.
     #[serde(default)]
     pub source_entries_skipped: u64,
+    /// Answers of the source asking to slow down (an object store's 503
+    /// SlowDown or 429), each retried with backoff.
+    #[serde(default)]
+    pub source_throttled_responses: u64,
     /// Empty without --peers.
     #[serde(default)]
     pub peers: Vec<PeerSnapshot>,
@@ -379,6 +387,7 @@ impl Stats {
             source_threads: self.source_threads.load(Relaxed),
             source_threads_peak: self.source_threads_peak.load(Relaxed),
             source_entries_skipped: self.source_skipped.get(),
+            source_throttled_responses: self.source_throttled.get(),
             peers: self.peers.get(),
             read_ahead: self.read_ahead.get(),
             budget: self.budget.get(),
@@ -540,6 +549,25 @@ impl StatsSnapshot {
                     self.source_calls_refused,
                     self.source_threads,
                     self.source_threads_peak
+                ),
+            ));
+        }
+        if self.source_throttled_responses > 0 {
+            rows.push((
+                "source throttled",
+                format!(
+                    "{} answers asked to slow down (503 SlowDown, 429), each retried; \
+                     read-ahead cut its concurrency",
+                    self.source_throttled_responses
+                ),
+            ));
+        }
+        if self.source_entries_skipped > 0 {
+            rows.push((
+                "entries skipped",
+                format!(
+                    "{} source names that cannot be file names (warned about in the log)",
+                    self.source_entries_skipped
                 ),
             ));
         }

@@ -1,15 +1,19 @@
 //! Object-store sources end to end: a real S3 server (moto_server) on
 //! loopback, a real `locafs mount s3://...` over it, and the tree and bytes
 //! the mount shows compared with what was put in the bucket, cold and after
-//! a remount; reads across block boundaries; keys that cannot be file names;
-//! a missing bucket and a dead endpoint refused with exit status 2. Then,
-//! with the proxy of tests/common/proxy.rs between the mount and the server:
-//! no GET for cached data after a remount; every read served while the store
-//! answers 503 SlowDown to a share of the requests; cached reads going on and
-//! uncached ones failing within --source-timeout while the store stalls; an
-//! object replaced mid-epoch (EIO for the old version's uncached blocks, the
-//! new bytes after revalidation). Last, three nodes with peers mounting the
-//! same s3:// URL GET each block of each object once over three epochs.
+//! a remount; reads across block boundaries; keys that cannot be file names
+//! (skipped, counted, warned about once, the rest listed); a missing bucket,
+//! a dead endpoint and refused credentials refused with exit status 2; real
+//! loaders (Python's tarfile over shards, pyarrow over mmap), cold and warm.
+//! Then, with the proxy of tests/common/proxy.rs between the mount and the
+//! server: no GET for cached data after a remount; every read served while
+//! the store answers 503 SlowDown to a share of the requests, each counted;
+//! read-ahead's concurrency cut to its floor by such answers; cached reads
+//! going on and uncached ones failing within --source-timeout while the
+//! store stalls; an object replaced mid-epoch (EIO for the old version's
+//! uncached blocks, the new bytes after revalidation). Last, three nodes
+//! with peers mounting the same s3:// URL GET each block of each object once
+//! over three epochs.
 
 mod common;
 
@@ -183,15 +187,61 @@ fn keys_that_cannot_be_names_are_skipped_and_counted() {
     s.bucket.put("p/clash/inner", b"inner");
     s.bucket.put_raw("p/marker/", b"");
     s.bucket.put("p/marker/m.txt", b"m");
-    let mut m = mount(&s, "s3://odd/p", &["--log-format", "json"]);
+    // Keys with an empty, `.` or `..` segment, put as they are. In the
+    // listing of "p/" they show as the common prefixes "p/../", "p/./" and
+    // "p//"; "p/a//b" as "p/a//" in the listing of "p/a/"; "p/x/." and
+    // "p/y/.." as keys of theirs. Good keys sort before and after each of
+    // them in the same listing page ("-" < "." < "/" < letters).
+    let bad = ["p/../e", "p/./d", "p//c", "p/a//b", "p/x/.", "p/y/.."];
+    for k in bad {
+        s.bucket.put_raw(k, b"bad");
+    }
+    for k in ["p/-first", "p/a/ok", "p/x/-before", "p/x/z", "p/y/ok"] {
+        s.bucket.put(k, k.as_bytes());
+    }
+    let addr = format!("127.0.0.1:{}", free_tcp_port());
+    let mut m = mount(
+        &s,
+        "s3://odd/p",
+        &["--log-format", "json", "--metrics", &addr],
+    );
     let mnt = &s.scratch.mnt;
     assert!(mnt.join("clash").is_dir());
     assert_eq!(fs::read(mnt.join("clash/inner")).unwrap(), b"inner");
     assert_eq!(listing(&mnt.join("marker")), vec!["m.txt".to_string()]);
-    assert_eq!(m.stat("source_entries_skipped"), 1);
+    assert_eq!(
+        listing(mnt),
+        ["-first", "a", "clash", "marker", "top.bin", "train", "val", "x", "y"]
+    );
+    assert_eq!(listing(&mnt.join("a")), ["ok"]);
+    assert_eq!(listing(&mnt.join("x")), ["-before", "z"]);
+    assert_eq!(listing(&mnt.join("y")), ["ok"]);
+    for k in ["p/-first", "p/a/ok", "p/x/-before", "p/x/z", "p/y/ok"] {
+        let rel = k.strip_prefix("p/").unwrap();
+        assert_eq!(fs::read(mnt.join(rel)).unwrap(), k.as_bytes(), "{k}");
+    }
+    // The rest of the tree is whole.
+    for rel in list_files(s.data.path()) {
+        assert_same_content(&s.data.path().join(&rel), &mnt.join(&rel));
+    }
+    // Each bad key once: the clash and the six keys (as the prefix or key
+    // their listing shows).
+    assert_eq!(m.stat("source_entries_skipped"), 7);
     // Listing again warns no more and counts no more.
-    let _ = listing(mnt);
-    assert_eq!(m.stat("source_entries_skipped"), 1);
+    for d in ["", "a", "x", "y"] {
+        let _ = listing(&mnt.join(d));
+    }
+    assert_eq!(m.stat("source_entries_skipped"), 7);
+    // And in the metrics (copied twice a second).
+    let metric = || {
+        let (samples, _, _) = common::prom::scrape(&addr);
+        common::prom::value(&samples, "locafs_source_entries_skipped_total", &[])
+    };
+    wait_until(
+        "the skipped keys in the metrics",
+        Duration::from_secs(30),
+        || metric() == Some(7.0),
+    );
     assert!(m.unmount().success());
     let log = m.stderr();
     assert_eq!(
@@ -200,6 +250,10 @@ fn keys_that_cannot_be_names_are_skipped_and_counted() {
         1,
         "{log}"
     );
+    for shown in ["p/../", "p/./", "p//", "p/a//", "p/x/.", "p/y/.."] {
+        let line = format!("key \\\"{shown}\\\" skipped: a segment is empty");
+        assert_eq!(log.matches(&line).count(), 1, "{shown}: {log}");
+    }
 }
 
 fn mount_fails(args: &[&str]) -> (i32, String, Duration) {
@@ -273,6 +327,58 @@ fn a_missing_bucket_or_a_dead_endpoint_exits_2_before_mounting() {
     assert!(err.contains("--endpoint"), "{err}");
 }
 
+#[test]
+fn refused_credentials_exit_2_before_mounting() {
+    require_fuse!();
+    require_moto!();
+    // Credentials checked after two free requests: the bucket and one
+    // object are made with them, so the only thing wrong below is the key.
+    let moto = Moto::start_with_auth(2);
+    let b = moto.bucket("guarded");
+    b.create();
+    b.put("ds/a.bin", b"a");
+    let sc = Scratch::new();
+    let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
+    let args = [
+        "mount",
+        "s3://guarded/ds",
+        mnt,
+        "--cache-dir",
+        cache,
+        "--endpoint",
+        &moto.endpoint,
+        "--metadata-timeout",
+        "10s",
+    ];
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let t0 = std::time::Instant::now();
+    let out = run_locafs_env(
+        &args,
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1"),
+            ("AWS_SECRET_ACCESS_KEY", "wrong"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("locafs:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("s3://guarded/ds: the credentials were refused")
+            && lines[0].contains("InvalidAccessKeyId"),
+        "{err}"
+    );
+    assert!(lines[0].len() < 500, "not one short line: {err}");
+    // Refused at once: a 403 is not retried.
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert!(!is_mounted(&sc.mnt));
+    assert_eq!(
+        fs::read_dir(&sc.mnt).unwrap().count(),
+        0,
+        "something was left in the mountpoint"
+    );
+}
+
 /// A setup with a proxy between the mount and moto.
 fn setup_proxied(bucket: &str) -> (Setup, Proxy) {
     let s = setup(bucket, "ds");
@@ -332,13 +438,131 @@ fn throttling_answers_are_retried_and_every_read_succeeds() {
     let (s, p) = setup_proxied("throttle");
     // Every third request answered 503 SlowDown, listings included.
     p.knobs.slowdown_every.store(3, Relaxed);
-    let m = mount_via(&s, &p, &[]);
+    let addr = format!("127.0.0.1:{}", free_tcp_port());
+    let m = mount_via(&s, &p, &["--metrics", &addr]);
     assert_same_files(s.data.path(), &s.scratch.mnt);
-    assert!(
-        p.counts.slowdowns.load(Relaxed) > 0,
-        "nothing was throttled"
-    );
     assert_eq!(m.stat("read_errors"), 0);
+    // Each 503 the proxy sent was seen and counted by the mount (the
+    // bucket check before mounting included; read once no more are sent, as
+    // read-ahead may still be fetching).
+    p.knobs.slowdown_every.store(0, Relaxed);
+    let mut sent = 0;
+    wait_until(
+        "the mount's count equal to the proxy's",
+        Duration::from_secs(30),
+        || {
+            sent = p.counts.slowdowns.load(Relaxed);
+            m.stat("source_throttled_responses") == sent
+        },
+    );
+    assert!(sent > 0, "nothing was throttled");
+    wait_until(
+        "the throttled count in the metrics",
+        Duration::from_secs(30),
+        || {
+            let (samples, _, _) = common::prom::scrape(&addr);
+            common::prom::value(&samples, "locafs_source_throttled_total", &[]) == Some(sent as f64)
+        },
+    );
+}
+
+#[test]
+fn throttling_cuts_read_ahead_concurrency_to_its_floor() {
+    require_fuse!();
+    require_moto!();
+    let moto = Moto::start();
+    let bucket = moto.bucket("slow");
+    bucket.create();
+    // 600 files of 32 KiB behind 50 ms a request: at 4 fetches in flight
+    // (where the tuner starts) about 7 s of background fetching, so it has
+    // time to raise its limit.
+    let data = tempfile::tempdir().unwrap();
+    for i in 0..600u64 {
+        write_file(
+            &data.path().join(format!("c{}/{i:04}.bin", i % 6)),
+            seed("slow") + i,
+            32 << 10,
+        );
+    }
+    bucket.put_tree(data.path(), "ds");
+    let p = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    p.knobs.latency_us.store(50_000, Relaxed);
+    let sc = Scratch::new();
+    let m = Mount::start(
+        Path::new("s3://slow/ds"),
+        &sc.mnt,
+        &sc.cache,
+        &[
+            "--endpoint",
+            &p.endpoint,
+            "--block-size",
+            "256K",
+            "--revalidate",
+            "1s",
+        ],
+    );
+    let t0 = std::time::Instant::now();
+    // The loader lists and reads a file: read-ahead fetches the rest, and
+    // its tuner raises the limit while throughput rises with it.
+    let _ = listing(&sc.mnt);
+    assert_same_content(
+        &data.path().join("c0/0000.bin"),
+        &sc.mnt.join("c0/0000.bin"),
+    );
+    let floor = locafs::concurrency::AUTO_FLOOR as u64;
+    let mut high = m.stat("prefetch_concurrency");
+    wait_until(
+        "read-ahead to raise its concurrency",
+        Duration::from_secs(120),
+        || {
+            high = high.max(m.stat("prefetch_concurrency"));
+            high > floor
+        },
+    );
+    let raised = t0.elapsed();
+    assert_eq!(m.stat("source_throttled_responses"), 0);
+    // Now the store answers every other request 503 SlowDown. The tree's
+    // revalidation (listings) and any fetch still going meet it: the tuner
+    // halves its limit on each window with such answers, to the floor.
+    p.knobs.slowdown_every.store(2, Relaxed);
+    wait_until(
+        "the concurrency back at its floor",
+        Duration::from_secs(120),
+        || {
+            for d in 0..6 {
+                let _ = fs::read_dir(sc.mnt.join(format!("c{d}"))).map(|r| r.count());
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            m.stat("prefetch_concurrency") == floor
+        },
+    );
+    let cut_after = t0.elapsed();
+    // And no read failed: files read as they were put, while the store
+    // still throttles (every open revalidates its file against the store,
+    // with retries, about 2 s a file here: a sample of 12, not all 600;
+    // throttling_answers_are_retried reads a whole tree so).
+    for rel in list_files(data.path()).iter().step_by(50) {
+        assert_same_content(&data.path().join(rel), &sc.mnt.join(rel));
+    }
+    assert_eq!(m.stat("read_errors"), 0);
+    // Each 503 the proxy sent was counted by the mount (read once no more
+    // are sent: revalidation and read-ahead send requests all along).
+    p.knobs.slowdown_every.store(0, Relaxed);
+    let mut throttled = 0;
+    wait_until(
+        "the mount's count equal to the proxy's",
+        Duration::from_secs(30),
+        || {
+            throttled = m.stat("source_throttled_responses");
+            throttled == p.counts.slowdowns.load(Relaxed)
+        },
+    );
+    assert!(throttled > 0);
+    eprintln!(
+        "concurrency {floor} -> {high} (after {raised:?}) -> {floor} (after {cut_after:?}); \
+         {throttled} answers throttled; done after {:?}",
+        t0.elapsed()
+    );
 }
 
 #[test]
@@ -501,4 +725,163 @@ fn three_nodes_with_peers_get_each_object_once_over_three_epochs() {
         c.total_bytes(),
         "bytes GET over 3 epochs on 3 nodes"
     );
+}
+
+/// Runs `python3 -c SCRIPT ARGS...`; its stdout, trimmed. Fails the test
+/// with the script's stderr if it fails.
+fn python(script: &str, args: &[&Path]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "python3 failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether python3 can import `module`, or why not.
+fn python_has(module: &str) -> Result<(), String> {
+    if which("python3").is_none() {
+        return Err("python3 is not installed".into());
+    }
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "python3 cannot import {module} (pip install {module})"
+        ))
+    }
+}
+
+/// A loader's pass over the data set through `mnt`, cold (the first mount)
+/// then warm (a remount with the page cache dropped: every block from the
+/// cache, none from the store); `check` runs the loader with the local copy
+/// and the mounted one and returns what it counted.
+fn cold_and_warm(bucket: &str, data: &Path, check: impl Fn(&Path) -> String) -> String {
+    let moto = Moto::start();
+    let b = moto.bucket(bucket);
+    b.create();
+    b.put_tree(data, "ds");
+    let sc = Scratch::new();
+    let url = format!("s3://{bucket}/ds");
+    let args = ["--endpoint", moto.endpoint.as_str(), "--block-size", "256K"];
+    let mut m = Mount::start(Path::new(&url), &sc.mnt, &sc.cache, &args);
+    let cold = check(&sc.mnt);
+    assert!(m.stat("source_reads") > 0, "the cold pass read nothing");
+    assert_eq!(m.stat("read_errors"), 0);
+    assert!(m.unmount().success());
+    drop_page_cache();
+    let m = Mount::start(Path::new(&url), &sc.mnt, &sc.cache, &args);
+    let warm = check(&sc.mnt);
+    assert_eq!(cold, warm);
+    assert_eq!(
+        m.stat("source_reads"),
+        0,
+        "the warm pass read from the store"
+    );
+    assert_eq!(m.stat("read_errors"), 0);
+    cold
+}
+
+#[test]
+fn tar_shards_read_with_pythons_tarfile_cold_and_warm() {
+    require_fuse!();
+    require_moto!();
+    if let Err(why) = python_has("tarfile") {
+        skip!("{why}");
+    }
+    // Two shards as WebDataset writes them: a sample's image and class
+    // label side by side, images from 1 KB to 400 KB (many cross a 256 KiB
+    // block boundary, and so do the tar headers between them).
+    let data = tempfile::tempdir().unwrap();
+    let made = python(
+        r#"
+import io, random, sys, tarfile
+out, rnd, n = sys.argv[1], random.Random(17), 0
+for s in range(2):
+    with tarfile.open(f"{out}/shard-{s:04d}.tar", "w") as t:
+        for i in range(30):
+            for ext, size in (("jpg", rnd.randint(1000, 400_000)), ("cls", rnd.randint(1, 4))):
+                ti = tarfile.TarInfo(f"{s:04d}{i:05d}.{ext}")
+                ti.size = size
+                t.addfile(ti, io.BytesIO(rnd.randbytes(size)))
+                n += 1
+print(n)
+"#,
+        &[data.path()],
+    );
+    // Streamed ("r|", as WebDataset reads a shard): every member's bytes
+    // equal to the same member of the local shard.
+    let check = |mnt: &Path| {
+        python(
+            r#"
+import hashlib, os, sys, tarfile
+src, mnt, n = sys.argv[1], sys.argv[2], 0
+def members(path, mode):
+    with tarfile.open(path, mode) as t:
+        return {m.name: hashlib.sha256(t.extractfile(m).read()).hexdigest() for m in t if m.isfile()}
+for name in sorted(os.listdir(src)):
+    want = members(os.path.join(src, name), "r")
+    got = members(os.path.join(mnt, name), "r|")
+    assert got == want, f"{name}: members differ"
+    n += len(got)
+print(n)
+"#,
+            &[data.path(), mnt],
+        )
+    };
+    let n = cold_and_warm("shards", data.path(), check);
+    assert_eq!(n, made, "members read");
+    assert_eq!(n, "120");
+}
+
+#[test]
+fn parquet_read_by_pyarrow_over_mmap_cold_and_warm() {
+    require_fuse!();
+    require_moto!();
+    if let Err(why) = python_has("pyarrow") {
+        skip!("{why}");
+    }
+    // 300 k rows in 6 row groups, uncompressed: several MB, many blocks.
+    let data = tempfile::tempdir().unwrap();
+    python(
+        r#"
+import sys, pyarrow as pa, pyarrow.parquet as pq
+n = 300_000
+t = pa.table({
+    "id": pa.array(range(n), pa.int64()),
+    "label": pa.array([i * 7919 % 1000 for i in range(n)], pa.int32()),
+    "path": pa.array([f"train/{i % 1000:04d}/img-{i:08d}.jpg" for i in range(n)]),
+})
+pq.write_table(t, f"{sys.argv[1]}/train.parquet", row_group_size=50_000, compression="none")
+"#,
+        &[data.path()],
+    );
+    let size = fs::metadata(data.path().join("train.parquet"))
+        .unwrap()
+        .len();
+    assert!(size > 8 * BLOCK as u64, "{size} bytes");
+    let check = |mnt: &Path| {
+        python(
+            r#"
+import sys, pyarrow.parquet as pq
+want = pq.read_table(sys.argv[1] + "/train.parquet")
+got = pq.read_table(sys.argv[2] + "/train.parquet", memory_map=True)
+assert got.equals(want), "the tables differ"
+print(got.num_rows)
+"#,
+            &[data.path(), mnt],
+        )
+    };
+    assert_eq!(cold_and_warm("parquet", data.path(), check), "300000");
 }

@@ -142,6 +142,8 @@ fn update(s: &StatsSnapshot) {
     counter!("locafs_source_calls_refused_total").absolute(s.source_calls_refused);
     counter!("locafs_source_timeouts_total").absolute(s.source_timeouts);
     counter!("locafs_stale_answers_total").absolute(s.stale_answers);
+    counter!("locafs_source_entries_skipped_total").absolute(s.source_entries_skipped);
+    counter!("locafs_source_throttled_total").absolute(s.source_throttled_responses);
     gauge!("locafs_source_threads").set(s.source_threads as f64);
     let errors = [
         ("source", s.source_errors),
@@ -296,6 +298,14 @@ fn describe() {
     describe_counter!(
         "locafs_source_timeouts_total",
         "Calls into the source given up at their deadline (--metadata-timeout, --source-timeout)."
+    );
+    describe_counter!(
+        "locafs_source_entries_skipped_total",
+        "Source entries skipped because they cannot be file names (object keys with an empty, '.' or '..' segment, or both an object and a prefix), each warned about once."
+    );
+    describe_counter!(
+        "locafs_source_throttled_total",
+        "Answers of the source asking to slow down (an object store's 503 SlowDown or 429), each retried with backoff; read-ahead halves its concurrency on them."
     );
     describe_counter!(
         "locafs_stale_answers_total",

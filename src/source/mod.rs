@@ -274,4 +274,11 @@ pub trait Source: Send + Sync + 'static {
     fn skipped_entries(&self) -> u64 {
         0
     }
+
+    /// Answers of the source asking to slow down (an object store's 503
+    /// SlowDown or 429), since it was opened. The source retries them
+    /// itself; read-ahead takes a rise as a cut of its concurrency.
+    fn throttled_responses(&self) -> u64 {
+        0
+    }
 }

@@ -17,9 +17,14 @@
 //! owns a small runtime of its own and its synchronous methods wait on a
 //! task spawned there: nothing here blocks a tokio worker of the mount.
 //!
+//! Its HTTP client is object_store's own, wrapped to count the store's
+//! answers asking to slow down (503, 429): object_store retries them with
+//! backoff, and the count tells read-ahead to cut its concurrency.
+//!
 //! It must never write to the store, never return bytes whose ETag it did not
 //! check, and never name a key that is not a valid file name (such keys are
-//! skipped with one warning each and counted).
+//! skipped with one warning each and counted, and the rest of their listing
+//! page is still listed).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -153,6 +158,10 @@ impl ObjectSpec {
         // ring) bring two crypto providers: name one for the process before
         // any TLS configuration is built.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let throttled = Arc::new(AtomicU64::new(0));
+        let connector = ThrottleWatch {
+            throttled: Arc::clone(&throttled),
+        };
         let client = ClientOptions::new()
             .with_timeout(timeout)
             .with_connect_timeout(timeout.min(Duration::from_secs(10)))
@@ -167,6 +176,7 @@ impl ObjectSpec {
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(&self.bucket)
                     .with_client_options(client)
+                    .with_http_connector(connector)
                     .with_retry(retry)
                     .with_skip_signature(self.no_sign_request);
                 if let Some(r) = &self.region {
@@ -179,6 +189,7 @@ impl ObjectSpec {
                 Ok(Built {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
                     paged: Some(s as Arc<dyn PaginatedListStore>),
+                    throttled,
                 })
             }
             Scheme::Gcs => {
@@ -188,6 +199,7 @@ impl ObjectSpec {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&self.bucket)
                     .with_client_options(client)
+                    .with_http_connector(connector)
                     .with_retry(retry)
                     .with_skip_signature(self.no_sign_request);
                 if let Some(e) = &self.endpoint {
@@ -197,6 +209,7 @@ impl ObjectSpec {
                 Ok(Built {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
                     paged: Some(s as Arc<dyn PaginatedListStore>),
+                    throttled,
                 })
             }
             Scheme::Azure => {
@@ -206,6 +219,7 @@ impl ObjectSpec {
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(&self.bucket)
                     .with_client_options(client)
+                    .with_http_connector(connector)
                     .with_retry(retry)
                     .with_skip_signature(self.no_sign_request);
                 if let Some(e) = &self.endpoint {
@@ -225,6 +239,7 @@ impl ObjectSpec {
                 Ok(Built {
                     store: s as Arc<dyn ObjectStore>,
                     paged: None,
+                    throttled,
                 })
             }
         }
@@ -236,6 +251,53 @@ impl ObjectSpec {
 pub struct Built {
     pub store: Arc<dyn ObjectStore>,
     pub paged: Option<Arc<dyn PaginatedListStore>>,
+    /// Answers of the store asking to slow down, counted by its HTTP client.
+    pub throttled: Arc<AtomicU64>,
+}
+
+/// The store's HTTP client (object_store's own, reqwest) with one addition:
+/// it counts the answers that ask to slow down (503, as S3's SlowDown and
+/// GCS's and Azure's ServerBusy, and 429) before object_store's retry loop
+/// sees them. object_store backs off and retries them itself; the count
+/// tells read-ahead to lower its concurrency (see `throttled_responses`).
+#[derive(Debug)]
+struct ThrottleWatch {
+    throttled: Arc<AtomicU64>,
+}
+
+impl object_store::client::HttpConnector for ThrottleWatch {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        use object_store::client::{HttpClient, ReqwestConnector};
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(Watched {
+            inner,
+            throttled: Arc::clone(&self.throttled),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct Watched {
+    inner: object_store::client::HttpClient,
+    throttled: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for Watched {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
+        let resp = self.inner.execute(req).await?;
+        let s = resp.status().as_u16();
+        if s == 503 || s == 429 {
+            self.throttled.fetch_add(1, Relaxed);
+        }
+        Ok(resp)
+    }
 }
 
 /// ETags this source has seen, by path and version, for the `If-Match` of
@@ -245,6 +307,10 @@ const ETAGS_KEPT: u64 = 64 * 1024;
 
 /// One S3 ListObjectsV2 page holds at most 1000 keys.
 const PAGE_KEYS: usize = 1000;
+
+/// Listing pages of one directory refused for keys that cannot be names
+/// before its listing fails (each such key costs about 10: see `list_dir`).
+const MAX_REFUSED_PAGES: usize = 10_000;
 
 /// A data set in an object store (see the module comment).
 pub struct ObjectSource {
@@ -261,6 +327,8 @@ pub struct ObjectSource {
     /// once.
     warned: parking_lot::Mutex<HashSet<String>>,
     skipped: AtomicU64,
+    /// See [`ThrottleWatch`].
+    throttled: Arc<AtomicU64>,
 }
 
 impl Drop for ObjectSource {
@@ -310,7 +378,9 @@ impl ObjectSource {
                 .transpose()?;
             let mut s = store.list(p.as_ref());
             match s.next().await {
-                None | Some(Ok(_)) => Ok(()),
+                // A key that cannot be a name is still an answer: the
+                // bucket is there and the credentials are taken.
+                None | Some(Ok(_)) | Some(Err(object_store::Error::InvalidPath { .. })) => Ok(()),
                 Some(Err(e)) => Err(e),
             }
         };
@@ -390,6 +460,7 @@ impl ObjectSource {
             etags: moka::sync::Cache::new(ETAGS_KEPT),
             warned: parking_lot::Mutex::new(HashSet::new()),
             skipped: AtomicU64::new(0),
+            throttled: built.throttled,
         })
     }
 
@@ -425,25 +496,68 @@ impl ObjectSource {
         let mut dirs: Vec<Key> = Vec::new();
         match &self.paged {
             Some(paged) => {
-                let mut token = None;
+                // Where the next page starts: the store's continuation token,
+                // or, once a page was refused for a key that cannot be a
+                // name, a start-after position kept from the pages before.
+                let mut token: Option<String> = None;
+                let mut after: Option<String> = None;
+                let mut recovering = false;
+                let mut max_keys = PAGE_KEYS;
+                let mut refused = 0usize;
                 loop {
-                    let (paged, dir, t) = (Arc::clone(paged), dir.clone(), token.take());
-                    let page = self
-                        .run(async move {
-                            let opts = PaginatedListOptions {
-                                delimiter: Some("/".into()),
-                                max_keys: Some(PAGE_KEYS),
-                                page_token: t,
-                                ..Default::default()
-                            };
-                            paged.list_paginated(dir.as_deref(), opts).await
-                        })?
-                        .map_err(store_io)?;
+                    let (paged, prefix) = (Arc::clone(paged), dir.clone());
+                    let (t, offset) = (token.take(), after.clone());
+                    let page = self.run(async move {
+                        let opts = PaginatedListOptions {
+                            delimiter: Some("/".into()),
+                            max_keys: Some(max_keys),
+                            offset: if t.is_none() { offset } else { None },
+                            page_token: t,
+                            ..Default::default()
+                        };
+                        paged.list_paginated(prefix.as_deref(), opts).await
+                    })?;
                     progress();
+                    let page = match page {
+                        Ok(p) => p,
+                        Err(object_store::Error::InvalidPath { source }) => {
+                            // object_store refuses a whole page that holds
+                            // one key it cannot parse (an empty, `.` or `..`
+                            // segment). Ask again from the same place for
+                            // half as many keys, until the page is that one
+                            // key alone; then step past it.
+                            let bad = bad_key(&source);
+                            self.skip(&bad, "a segment is empty, '.' or '..'");
+                            refused += 1;
+                            if refused > MAX_REFUSED_PAGES {
+                                return Err(io::Error::other(format!(
+                                    "{}: more than {MAX_REFUSED_PAGES} listing pages \
+                                     refused for keys that cannot be names",
+                                    self.label
+                                )));
+                            }
+                            recovering = true;
+                            if max_keys > 1 {
+                                max_keys /= 2;
+                            } else {
+                                after = Some(past(&bad));
+                                max_keys = PAGE_KEYS;
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(store_io(e)),
+                    };
+                    let dir_key = dir.as_deref().unwrap_or("").trim_end_matches('/');
+                    if let Some(end) = page_end(dir_key, &page.result) {
+                        if after.as_ref().is_none_or(|a| *a < end) {
+                            after = Some(end);
+                        }
+                    }
                     files.extend(page.result.objects);
                     dirs.extend(page.result.common_prefixes);
                     match page.page_token {
-                        Some(t) => token = Some(t),
+                        Some(t) if !recovering => token = Some(t),
+                        Some(_) => {}
                         None => break,
                     }
                 }
@@ -498,6 +612,45 @@ impl ObjectSource {
             .map(|(n, a)| (OsString::from(n), a))
             .collect())
     }
+}
+
+/// The key (or common prefix, ending in `/`) a refused listing page named.
+fn bad_key(e: &object_store::path::Error) -> String {
+    use object_store::path::Error as P;
+    match e {
+        P::EmptySegment { path } | P::BadSegment { path, .. } => path.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The start-after position just past `key`: past every key under it when
+/// it is a common prefix (U+10FFFF sorts after every other character, in
+/// UTF-8 bytes as S3 orders keys).
+fn past(key: &str) -> String {
+    if key.ends_with('/') {
+        format!("{key}\u{10FFFF}")
+    } else {
+        key.to_owned()
+    }
+}
+
+/// The start-after position past everything one page of directory
+/// `dir_key` returned (object_store strips a key's trailing `/`, so a
+/// directory marker and the common prefixes get theirs back).
+fn page_end(dir_key: &str, page: &object_store::ListResult) -> Option<String> {
+    let obj = page.objects.iter().map(|o| {
+        let k = o.location.as_ref();
+        if k == dir_key {
+            format!("{k}/")
+        } else {
+            k.to_owned()
+        }
+    });
+    let pre = page
+        .common_prefixes
+        .iter()
+        .map(|p| past(&format!("{}/", p.as_ref())));
+    obj.chain(pre).max()
 }
 
 /// `prefix/rel` without leading or trailing `/`; None for the bucket's root.
@@ -621,7 +774,11 @@ impl Source for ObjectSource {
             let r = self.run(async move {
                 let key = prefix.as_deref().map(parse_key).transpose()?;
                 let mut s = store.list(key.as_ref());
-                s.next().await.transpose()
+                match s.next().await {
+                    // An answer, if with a key that cannot be a name.
+                    Some(Err(object_store::Error::InvalidPath { .. })) => Ok(None),
+                    other => other.transpose(),
+                }
             })?;
             r.map_err(store_io)?;
             return Ok(dir_attr(""));
@@ -632,7 +789,12 @@ impl Source for ObjectSource {
             // also a prefix of other keys is a directory, as in a listing.
             let mut under = store.list(Some(&key));
             let (head, under) = tokio::join!(store.head(&key), under.next());
-            match (head, under.transpose()?) {
+            // A key under it that cannot be a name still makes it a prefix.
+            let under = match under {
+                Some(Err(object_store::Error::InvalidPath { .. })) => Some(()),
+                other => other.transpose()?.map(|_| ()),
+            };
+            match (head, under) {
                 (_, Some(_)) => Ok(None),
                 (Ok(m), None) => Ok(Some(m)),
                 (Err(e), None) => Err(e),
@@ -732,6 +894,10 @@ impl Source for ObjectSource {
     fn skipped_entries(&self) -> u64 {
         self.skipped.load(Relaxed)
     }
+
+    fn throttled_responses(&self) -> u64 {
+        self.throttled.load(Relaxed)
+    }
 }
 
 #[cfg(test)]
@@ -785,6 +951,39 @@ mod tests {
         assert_eq!(child_name("p/d", "p/d/.."), None);
         assert_eq!(key_prefix("", Path::new("")), None);
         assert_eq!(key_prefix("p", Path::new("a/b")).as_deref(), Some("p/a/b"));
+    }
+
+    #[test]
+    fn a_refused_page_restarts_past_its_bad_key() {
+        // A key: start after it; a common prefix: after every key under it.
+        assert_eq!(past("p/x/."), "p/x/.");
+        let p = past("p//");
+        assert!(p.as_str() > "p//c" && p.as_str() > "p//\u{FFFF}" && p.as_str() < "p0");
+        // The end of a page: its greatest key or prefix, a directory
+        // marker and prefixes with their `/` back.
+        let meta = |k: &str| ObjectMeta {
+            location: Key::parse(k).unwrap(),
+            last_modified: Default::default(),
+            size: 0,
+            e_tag: None,
+            version: None,
+        };
+        let page = object_store::ListResult {
+            common_prefixes: vec![Key::parse("p/a").unwrap(), Key::parse("p/b").unwrap()],
+            objects: vec![meta("p"), meta("p/a0")],
+            extensions: Default::default(),
+        };
+        assert_eq!(page_end("p", &page), Some(past("p/b/")));
+        let page = object_store::ListResult {
+            common_prefixes: vec![],
+            objects: vec![meta("p")],
+            extensions: Default::default(),
+        };
+        assert_eq!(page_end("p", &page).as_deref(), Some("p/"));
+        let e = Key::parse("p//c").unwrap_err();
+        assert_eq!(bad_key(&e), "p//c");
+        let e = Key::parse("p/../").unwrap_err();
+        assert_eq!(bad_key(&e), "p/../");
     }
 
     #[test]

@@ -385,8 +385,15 @@ pub fn answers_stats(mnt: &Path) -> bool {
 
 /// Runs `locafs ARGS` to completion (at most 30 s).
 pub fn run_locafs(args: &[&OsStr]) -> Output {
+    run_locafs_env(args, &[])
+}
+
+/// [`run_locafs`] with `env` added to (or replacing part of) the
+/// environment.
+pub fn run_locafs_env(args: &[&OsStr], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(bin())
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -58,10 +58,23 @@ impl Moto {
     /// Starts moto_server on a free port and waits (at most 30 s) until it
     /// answers HTTP.
     pub fn start() -> Moto {
+        Moto::start_with_env(&[])
+    }
+
+    /// Starts moto_server with credential checks on after its first
+    /// `free_actions` requests (moto's `INITIAL_NO_AUTH_ACTION_COUNT`): then
+    /// any access key not created in moto's own IAM is refused with 403
+    /// InvalidAccessKeyId, as a real store refuses a wrong key.
+    pub fn start_with_auth(free_actions: u32) -> Moto {
+        Moto::start_with_env(&[("INITIAL_NO_AUTH_ACTION_COUNT", &free_actions.to_string())])
+    }
+
+    fn start_with_env(env: &[(&str, &str)]) -> Moto {
         set_test_credentials();
         let port = super::free_tcp_port();
         let child = Command::new("moto_server")
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
