@@ -412,6 +412,8 @@ struct TreeRun {
     read_errors: usize,
     remount: f64,
     cached: u64,
+    /// `/proc/loadavg`'s first three fields when this size started and ended.
+    load: [String; 2],
 }
 
 const RSS_STAGES: [&str; 6] = [
@@ -425,6 +427,7 @@ const RSS_STAGES: [&str; 6] = [
 
 fn run_tree(src: &Path, mnt: &Path, cache: &Path, n: usize, extra: &[String]) -> TreeRun {
     eprintln!("== {n} files: {}", src.display());
+    let load_start = loadavg();
     let _ = fs::remove_dir_all(cache);
     fs::create_dir_all(cache).expect("cache dir");
     let files = shuffled_files(n, n as u64);
@@ -479,6 +482,7 @@ fn run_tree(src: &Path, mnt: &Path, cache: &Path, n: usize, extra: &[String]) ->
         read_errors,
         remount,
         cached,
+        load: [load_start, loadavg()],
     }
 }
 
@@ -526,6 +530,10 @@ fn print_tree(r: &TreeRun) {
     if r.read_errors > 0 {
         println!("| read errors | {} | | |", r.read_errors);
     }
+    println!(
+        "| load average (1, 5, 15 min) at the start / end of this size | {} / {} | | |",
+        r.load[0], r.load[1]
+    );
 }
 
 fn print_slopes(runs: &[TreeRun]) {
@@ -583,6 +591,7 @@ fn list_dir(dir: &Path) -> (u64, f64) {
 
 fn run_flat(src: &Path, mnt: &Path, cache: &Path, n: usize, extra: &[String]) {
     eprintln!("== one flat directory of {n} files: {}", src.display());
+    let load_start = loadavg();
     let _ = fs::remove_dir_all(cache);
     fs::create_dir_all(cache).expect("cache dir");
     let mut rng = Rng(7);
@@ -679,6 +688,18 @@ fn run_flat(src: &Path, mnt: &Path, cache: &Path, n: usize, extra: &[String]) {
         src_flat_lookups / src_small_lookups
     );
     println!("| daemon RSS at the end | {rss:.0} MiB | | |");
+    println!(
+        "| load average (1, 5, 15 min) at the start / end | {load_start} / {} | | |",
+        loadavg()
+    );
+}
+
+/// The first three fields of `/proc/loadavg`: the figures are only
+/// comparable with others measured under the same load.
+fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn machine() -> String {
@@ -686,5 +707,5 @@ fn machine() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "?".into());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("kernel {kernel}, {cpus} CPUs")
+    format!("kernel {kernel}, {cpus} CPUs, load average {}", loadavg())
 }

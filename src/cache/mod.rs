@@ -18,24 +18,59 @@ use bytes::Bytes;
 
 use crate::source::SourceVersion;
 
-/// The identity of one version of one file: a hash of its path and
-/// [`SourceVersion`]. Cached bytes belong to a key, never to a bare path.
+/// The identity of one version of one file: 4 bytes of a hash of its path
+/// (the path part: every version of a path has the same), then 12 bytes of
+/// a hash of its path and [`SourceVersion`]. Cached bytes belong to a key,
+/// never to a bare path.
+///
+/// Two versions share a key only if their paths share the 32 bits of the
+/// path part and the 96 bits of the rest collide: 2^-128 for two paths,
+/// 2^-96 for two versions of one path.
+///
+/// The cache's books hash a key by its path part only
+/// (`policy::BookKey`), so that every version of a path falls in one probe
+/// sequence: one table finds a key and a path's other versions (a second
+/// table by path cost 10.5 bytes per cached file: docs/cache.md). Since
+/// 2026-12-02 (issue 14); before, the key was 16 bytes of one hash and the
+/// cache kept the path hash beside it. Everywhere else (`Hash`) it hashes
+/// whole, so that many versions of one path cost no more than many paths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VersionKey(pub [u8; 16]);
+
+impl policy::BookKey for VersionKey {
+    fn book_part(&self) -> u32 {
+        self.path_part()
+    }
+}
 
 impl VersionKey {
     pub fn new(rel: &Path, v: &SourceVersion) -> Self {
         use std::os::unix::ffi::OsStrExt;
+        let path = rel.as_os_str().as_bytes();
         let mut h = blake3::Hasher::new();
-        h.update(b"locafs version v1\0");
-        h.update(&(rel.as_os_str().len() as u64).to_le_bytes());
-        h.update(rel.as_os_str().as_bytes());
+        h.update(b"locafs version v2\0");
+        h.update(&(path.len() as u64).to_le_bytes());
+        h.update(path);
         h.update(&v.size.to_le_bytes());
         h.update(&v.mtime_ns.to_le_bytes());
         h.update(&v.ino.to_le_bytes());
         let mut k = [0u8; 16];
-        k.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        k[..4].copy_from_slice(&Self::path_part_of(rel).to_le_bytes());
+        k[4..].copy_from_slice(&h.finalize().as_bytes()[..12]);
         VersionKey(k)
+    }
+
+    /// The path part of the keys of `rel`'s versions: the low 32 bits
+    /// (little endian) of blake3 of the path.
+    pub fn path_part_of(rel: &Path) -> u32 {
+        use std::os::unix::ffi::OsStrExt;
+        let h = blake3::hash(rel.as_os_str().as_bytes());
+        u32::from_le_bytes(h.as_bytes()[..4].try_into().expect("4 bytes"))
+    }
+
+    /// This key's path part (the same for every version of its path).
+    pub fn path_part(&self) -> u32 {
+        u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
     }
 
     /// The key whose [`Self::hex`] is `s`; None if `s` is not one.
@@ -214,6 +249,37 @@ pub trait BlockCache: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_of_a_path_share_the_path_part_and_hash_alike() {
+        use std::hash::BuildHasher;
+        let v = |size, ino| SourceVersion {
+            size,
+            mtime_ns: 7,
+            ino,
+        };
+        let p = Path::new("n01440764/n01440764_10026.JPEG");
+        let (a, b) = (VersionKey::new(p, &v(10, 1)), VersionKey::new(p, &v(11, 1)));
+        let c = VersionKey::new(Path::new("n01440764/n01440764_10027.JPEG"), &v(10, 1));
+        assert_ne!(a, b);
+        assert_eq!(a.path_part(), b.path_part());
+        assert_eq!(a.path_part(), VersionKey::path_part_of(p));
+        assert_ne!(a.path_part(), c.path_part());
+        assert_ne!(a.0[4..], b.0[4..]);
+        // The path part is blake3's first 4 bytes of the path (the cache's
+        // file names are made of keys: this must not change by accident).
+        assert_eq!(
+            a.0[..4],
+            blake3::hash(p.as_os_str().as_encoded_bytes()).as_bytes()[..4]
+        );
+        use policy::BookKey;
+        assert_eq!(a.book_part(), b.book_part());
+        assert_ne!(a.book_part(), c.book_part());
+        // Elsewhere a key hashes whole: the versions of one path do not
+        // share a hash (a map of 100k of them is not a list).
+        let s = std::collections::hash_map::RandomState::new();
+        assert_ne!(s.hash_one(a), s.hash_one(b));
+    }
 
     #[test]
     fn version_key_hex_is_lowercase_two_digits_per_byte() {

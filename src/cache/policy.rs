@@ -19,7 +19,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash};
+use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
@@ -60,17 +60,20 @@ impl Tier {
     }
 }
 
-/// What the caller keeps in each entry's record (the disk cache: its file
-/// version's blocks). `GROUPED` payloads are also found by `group` (the
-/// versions of one path).
-pub trait Payload {
-    const GROUPED: bool = false;
-    fn group(&self) -> u64 {
-        0
-    }
+/// How the books hash a key: by a part of it, so that keys with the same
+/// part are found together ([`Policy::keys_like`]): the disk cache's
+/// version keys hash by their path part, so one table finds a version and
+/// the other versions of its path. (Seeded by a `RandomState` of the
+/// books.)
+pub trait BookKey: Copy + Eq {
+    fn book_part(&self) -> u32;
 }
 
-impl Payload for () {}
+impl BookKey for u32 {
+    fn book_part(&self) -> u32 {
+        *self
+    }
+}
 
 /// No entry (the end of a list).
 const NIL: u32 = u32::MAX;
@@ -112,7 +115,7 @@ struct Entry<K, X> {
 }
 
 /// What an entry with a guest part, a stale one or a pinned one keeps
-/// besides its record (16 bytes plus the map's). Such entries are few: the
+/// besides its record (20 bytes plus the map's). Such entries are few: the
 /// guests and stale versions are what goes first, pins are the files open
 /// in passthrough and the writes under way.
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +127,9 @@ struct Side {
     /// Saturates at `u16::MAX` (the disk cache takes far fewer: see
     /// `MAX_PASSTHROUGH_PINS`).
     pins: u16,
+    /// The pins taken by [`Policy::pin_held`] (counted in `pins` too): a
+    /// count the caller asks about (the disk cache's passthrough opens).
+    held: u16,
     /// [`GUEST`], [`STALE_F`].
     flags: u8,
 }
@@ -132,6 +138,7 @@ const NO_SIDE: Side = Side {
     links: [NIL, NIL],
     guest: 0,
     pins: 0,
+    held: 0,
     flags: 0,
 };
 
@@ -147,14 +154,15 @@ struct List {
 ///
 /// The books are one dense table (`Vec`, no holes: a removed entry's place
 /// is taken by the last one), a hash table of u32 record numbers to find an
-/// entry by key (and, for grouped payloads, a second one by group), and
+/// entry by key (hashed by its [`BookKey::book_part`], so the keys that
+/// share one are found together: the disk cache's versions of a path), and
 /// intrusive doubly linked lists for the orders the policy walks (by last
 /// access through the table; the guests and the stale entries through the
 /// side records). The read clock never goes back, so appending a touched
 /// entry at the tail keeps a list sorted by last access. 16 bytes plus the
 /// key and the record per entry.
 #[derive(Debug)]
-pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
+pub struct Policy<K: BookKey, X = ()> {
     capacity: u64,
     /// Bytes booked: the entries' parts and `fixed`.
     used: u64,
@@ -176,8 +184,6 @@ pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
     dataset_bytes: u64,
     entries: Vec<Entry<K, X>>,
     index: HashTable<u32>,
-    /// Grouped payloads: every entry by its group (a multiset).
-    groups: HashTable<u32>,
     /// The side records, by record number (the entries whose
     /// [`SIDE_BIT`] is set).
     side: HashMap<u32, Side>,
@@ -186,7 +192,7 @@ pub struct Policy<K: Copy + Eq + Hash, X: Payload = ()> {
     evictions: u64,
 }
 
-impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
+impl<K: BookKey, X> Policy<K, X> {
     pub fn new(capacity: u64) -> Self {
         Policy {
             capacity,
@@ -198,7 +204,6 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
             dataset_bytes: 0,
             entries: Vec::new(),
             index: HashTable::new(),
-            groups: HashTable::new(),
             side: HashMap::new(),
             hasher: RandomState::new(),
             lists: [List {
@@ -258,10 +263,7 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
             (self.side.capacity() * 8 / 7).next_power_of_two()
                 * (std::mem::size_of::<(u32, Side)>() + 1)
         };
-        self.entries.capacity() * Self::record_size()
-            + table_bytes(&self.index)
-            + table_bytes(&self.groups)
-            + side
+        self.entries.capacity() * Self::record_size() + table_bytes(&self.index) + side
     }
 
     /// Makes room for `n` more entries at once (a start-up that books a
@@ -270,15 +272,11 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         self.entries.reserve_exact(n);
         let Policy {
             index,
-            groups,
             entries,
             hasher,
             ..
         } = self;
-        index.reserve(n, |&j| hasher.hash_one(entries[j as usize].key));
-        if X::GROUPED {
-            groups.reserve(n, |&j| entries[j as usize].x.group());
-        }
+        index.reserve(n, |&j| hasher.hash_one(entries[j as usize].key.book_part()));
     }
 
     /// Gives back what [`Policy::reserve`] took beyond the entries (a
@@ -290,19 +288,15 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         self.entries.shrink_to_fit();
         let Policy {
             index,
-            groups,
             entries,
             hasher,
             ..
         } = self;
-        index.shrink_to_fit(|&j| hasher.hash_one(entries[j as usize].key));
-        if X::GROUPED {
-            groups.shrink_to_fit(|&j| entries[j as usize].x.group());
-        }
+        index.shrink_to_fit(|&j| hasher.hash_one(entries[j as usize].key.book_part()));
     }
 
     fn find(&self, key: &K) -> Option<u32> {
-        let h = self.hasher.hash_one(key);
+        let h = self.hasher.hash_one(key.book_part());
         let entries = &self.entries;
         self.index
             .find(h, |&i| entries[i as usize].key == *key)
@@ -323,13 +317,15 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         self.entries.iter().map(|e| (&e.key, &e.x))
     }
 
-    /// The keys of the entries of a group (grouped payloads).
-    pub fn group_keys(&self, group: u64) -> impl Iterator<Item = K> + '_ {
-        self.groups
-            .iter_hash(group)
-            .map(|&i| &self.entries[i as usize])
-            .filter(move |e| e.x.group() == group)
-            .map(|e| e.key)
+    /// The keys on the books with the same [`BookKey::book_part`] as
+    /// `probe` (`probe` among them if it is on the books), found through
+    /// the one table: the disk cache's versions of a path.
+    pub fn keys_like(&self, probe: &K) -> impl Iterator<Item = K> + '_ {
+        let part = probe.book_part();
+        self.index
+            .iter_hash(self.hasher.hash_one(part))
+            .map(|&i| self.entries[i as usize].key)
+            .filter(move |k| k.book_part() == part)
     }
 
     /// Entry `i`'s side record, if it has one.
@@ -635,7 +631,6 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     fn insert(&mut self, key: K, x: X) -> u32 {
         let last = self.now();
         let i = self.entries.len() as u32;
-        let group = x.group();
         self.entries.push(Entry {
             key,
             own: NO_PART,
@@ -645,17 +640,13 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         });
         let Policy {
             index,
-            groups,
             entries,
             hasher,
             ..
         } = self;
-        index.insert_unique(hasher.hash_one(key), i, |&j| {
-            hasher.hash_one(entries[j as usize].key)
+        index.insert_unique(hasher.hash_one(key.book_part()), i, |&j| {
+            hasher.hash_one(entries[j as usize].key.book_part())
         });
-        if X::GROUPED {
-            groups.insert_unique(group, i, |&j| entries[j as usize].x.group());
-        }
         self.push_back(BY_LAST, i);
         i
     }
@@ -929,7 +920,7 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
     fn remove_at(&mut self, i: u32) -> (X, u64) {
         let flags = self.flags(i);
         let e = &self.entries[i as usize];
-        let (key, group) = (e.key, e.x.group());
+        let key = e.key;
         let bytes = self.part_bytes(i, BOTH);
         self.unlink(BY_LAST, i);
         if let Some(l) = Self::side_list(flags) {
@@ -938,21 +929,16 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         if self.entries[i as usize].last & SIDE_BIT != 0 {
             self.side.remove(&i);
         }
-        let h = self.hasher.hash_one(key);
+        let h = self.hasher.hash_one(key.book_part());
         if let Ok(o) = self.index.find_entry(h, |&j| j == i) {
             o.remove();
-        }
-        if X::GROUPED {
-            if let Ok(o) = self.groups.find_entry(group, |&j| j == i) {
-                o.remove();
-            }
         }
         // The last entry takes the freed place.
         let last = self.entries.len() as u32 - 1;
         let e = self.entries.swap_remove(i as usize);
         if i != last {
             let moved = &self.entries[i as usize];
-            let (mkey, mgroup) = (moved.key, moved.x.group());
+            let mkey = moved.key;
             if moved.last & SIDE_BIT != 0 {
                 if let Some(s) = self.side.remove(&last) {
                     self.side.insert(i, s);
@@ -973,14 +959,9 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
                     self.links_mut(l, next)[0] = i;
                 }
             }
-            let h = self.hasher.hash_one(mkey);
+            let h = self.hasher.hash_one(mkey.book_part());
             if let Some(j) = self.index.find_mut(h, |&j| j == last) {
                 *j = i;
-            }
-            if X::GROUPED {
-                if let Some(j) = self.groups.find_mut(mgroup, |&j| j == last) {
-                    *j = i;
-                }
             }
         }
         self.used -= bytes;
@@ -1018,14 +999,55 @@ impl<K: Copy + Eq + Hash, X: Payload> Policy<K, X> {
         }
     }
 
+    /// Takes back a [`Policy::pin`] (never one of [`Policy::pin_held`]'s).
     pub fn unpin(&mut self, key: &K) {
         if let Some(i) = self.find(key) {
-            if self.pins(i) > 0 {
+            let held = self.side_of(i).map_or(0, |s| s.held);
+            if self.pins(i) > held {
                 let s = self.side_mut(i);
                 s.pins -= 1;
                 self.tidy_side(i);
             }
         }
+    }
+
+    /// Whether the entry is pinned (never a victim).
+    pub fn is_pinned(&self, key: &K) -> bool {
+        self.find(key).is_some_and(|i| self.pins(i) > 0)
+    }
+
+    /// A pin that the caller counts apart ([`Policy::held`]): the disk
+    /// cache's passthrough opens, which it must tell from its writes under
+    /// way. Kept in the side record, so an entry never pinned so pays
+    /// nothing for the count.
+    pub fn pin_held(&mut self, key: &K) {
+        if let Some(i) = self.find(key) {
+            let s = self.side_mut(i);
+            if s.held < u16::MAX && s.pins < u16::MAX {
+                s.held += 1;
+                s.pins += 1;
+            }
+        }
+    }
+
+    /// Takes back a [`Policy::pin_held`].
+    pub fn unpin_held(&mut self, key: &K) {
+        if let Some(i) = self.find(key) {
+            if self.side_of(i).is_some_and(|s| s.held > 0) {
+                let s = self.side_mut(i);
+                s.held -= 1;
+                s.pins -= 1;
+                self.tidy_side(i);
+            }
+        }
+    }
+
+    /// The pins of [`Policy::pin_held`] an entry holds (0 if it is not on
+    /// the books).
+    pub fn held(&self, key: &K) -> u16 {
+        self.find(key)
+            .and_then(|i| self.side_of(i))
+            .map_or(0, |s| s.held)
     }
 }
 
@@ -1290,7 +1312,7 @@ mod tests {
         p.set_dataset_bytes(50);
         for _ in 0..20_000 {
             let k = rng.random_range(0..60u32);
-            match rng.random_range(0..13) {
+            match rng.random_range(0..15) {
                 0 => {
                     let _ = p.admit(k, rng.random_range(1..8));
                 }
@@ -1307,6 +1329,8 @@ mod tests {
                 9 => p.release_fixed(rng.random_range(1..8)),
                 10 => p.pin(&k),
                 11 => p.unpin(&k),
+                13 => p.pin_held(&k),
+                14 => p.unpin_held(&k),
                 12 => p.shrink(&k, rng.random_range(0..4), Tier::Guest),
                 4 => p.mark_stale(&k),
                 5 => p.record_read(rng.random_range(0..20)),
@@ -1340,6 +1364,7 @@ mod tests {
                 assert!(p.flags(i) & OWN != 0 || p.units(i, Tier::Own) == 0);
                 assert!(p.flags(i) & GUEST != 0 || p.units(i, Tier::Guest) == 0);
                 let needs_side = p.flags(i) & (GUEST | STALE_F) != 0 || p.pins(i) != 0;
+                assert!(p.side_of(i).is_none_or(|s| s.held <= s.pins), "entry {i}");
                 assert_eq!(p.side_of(i).is_some(), needs_side, "entry {i}");
                 assert_eq!(p.side.contains_key(&i), needs_side, "entry {i}");
             }

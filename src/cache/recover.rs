@@ -38,7 +38,11 @@ use super::{Checksum, VersionKey};
 pub const REC: usize = 64;
 const SNAP_MAGIC: &[u8; 8] = b"LOCAFSS1";
 const JOURNAL_MAGIC: &[u8; 8] = b"LOCAFSJ1";
-const FORMAT: u32 = 1;
+/// 2 since 2026-12-02: the version keys' first 4 bytes are their path
+/// part (`VersionKey`). An index of format 1 holds keys nothing asks for
+/// any more: it is not read, and start-up scans the cache directory
+/// instead, which discards the files of such keys.
+const FORMAT: u32 = 2;
 const PUT: u8 = 1;
 const DROP_BLOCK: u8 = 2;
 const DROP_FILE: u8 = 3;

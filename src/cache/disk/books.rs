@@ -38,7 +38,7 @@ pub(super) fn index_puts(books: &Books) -> impl Iterator<Item = Put> + '_ {
                     key: *key,
                     index: i as u32,
                     size: e.size(),
-                    path_hash: e.path_hash as u64,
+                    path_hash: key.path_part() as u64,
                     sum,
                     guest: b.guest,
                     meta_in_xattr: e.meta_in_xattr(),
@@ -47,13 +47,6 @@ pub(super) fn index_puts(books: &Books) -> impl Iterator<Item = Put> + '_ {
                 _ => None,
             })
     })
-}
-
-/// The hash the books find a path's versions by, from the 32 bits of the
-/// path hash a record keeps (spread over 64 bits: hashbrown takes its
-/// control byte from the top ones).
-pub(super) fn group_of(path_hash: u32) -> u64 {
-    (path_hash as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,46 +138,43 @@ pub(super) const CREATED: u8 = 2;
 /// `.meta` file.
 pub(super) const META_IN_XATTR: u8 = 4;
 
+/// Versions of one path the books keep at most, counting the one being
+/// booked (more only while pinned: open in passthrough, or a write under
+/// way). The one table finds a key among the other versions of its path
+/// (they share a hash), so a file rewritten and read again and again must
+/// not make each lookup of it a walk of its old versions: when a new
+/// version is booked and its path has this many, the others not pinned go
+/// as evictions (versions other than the one read now: stale, or soon).
+pub(super) const MAX_VERSIONS: usize = 8;
+
 /// Passthrough pins of one entry at most: more opens of it are served
 /// through the daemon. Far below `u16::MAX`, so that the policy's count
 /// (these plus the writes under way) cannot saturate either.
 pub(super) const MAX_PASSTHROUGH_PINS: u16 = 1 << 14;
 
-/// The record of one cached file version: 40 bytes, alignment 8 (see
+/// The record of one cached file version: 32 bytes, alignment 8 (see
 /// docs/cache.md, "Per-file memory: the cache index"). What can be derived
 /// is not stored: the meta file's booked bytes (from the layout), a
 /// one-block file's count of present blocks (from its slot).
 #[derive(Debug)]
 pub(super) struct Entry {
     pub(super) blocks: Blocks,
-    /// The low 32 bits of the path's hash: finds the other versions of the
-    /// path (`note_current` marks them stale). Two paths that share them
-    /// only make each other's old versions go first when room is needed;
-    /// no byte is served by it.
-    pub(super) path_hash: u32,
     /// Tells this entry from a later one of the same key (the entry was
     /// dropped and the version cached again while a write was under way).
     pub(super) gen: u32,
     /// Offset of the slot table in the meta file (the index keeps 16 bits
     /// of it; `store` refuses a layout beyond).
     pub(super) table: u16,
-    /// Passthrough pins (`open_complete`, `pin_complete`, less `unpin`):
-    /// while any is held the kernel may read the data file without us, so
-    /// it is never modified in place; it is dropped whole (unlinked) if it
-    /// must go. At most [`MAX_PASSTHROUGH_PINS`].
-    pub(super) pins: u16,
     /// [`META_ON_GUEST`], [`CREATED`], [`META_IN_XATTR`].
     pub(super) bits: u8,
 }
 
 impl Entry {
-    pub(super) fn new(path_hash: u64, size: u64, n: u64, table: u64, bits: u8, gen: u32) -> Self {
+    pub(super) fn new(size: u64, n: u64, table: u64, bits: u8, gen: u32) -> Self {
         Entry {
             blocks: Blocks::new(size, n),
-            path_hash: path_hash as u32,
             gen,
             table: table.min(u16::MAX as u64) as u16,
-            pins: 0,
             bits,
         }
     }
@@ -272,16 +262,10 @@ impl Entry {
     }
 }
 
-impl Payload for Entry {
-    const GROUPED: bool = true;
-    fn group(&self) -> u64 {
-        group_of(self.path_hash)
-    }
-}
-
 /// The books: one dense table of records, one per cached file version,
 /// holding the disk's record of it and the policy's (`policy.rs`), found
-/// by version key and by path hash.
+/// by version key through one hash table (the books hash a key by its path part,
+/// so the same table finds a path's other versions).
 pub(super) type Books = Policy<VersionKey, Entry>;
 
 pub(super) fn new_books(capacity: u64, block_size: u64) -> Books {

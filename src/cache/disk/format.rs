@@ -13,7 +13,10 @@ use super::*;
 
 pub(super) const MAGIC: &[u8; 8] = b"LOCAFSM1";
 
-pub(super) const FORMAT: u32 = 2;
+/// 3 since 2026-12-02: the same bytes, with version keys whose first 4
+/// bytes are their path part (`VersionKey`); a `.meta` of format 2 holds a
+/// key of the old derivation and is discarded at the scan.
+pub(super) const FORMAT: u32 = 3;
 
 pub(super) const HEADER_FIXED: usize = 60;
 
@@ -30,12 +33,15 @@ pub(super) const BLOCK_SIZE_CHANGED: &str = "cached with another block size";
 /// meta in place of a `.meta` file, so that caching a small file creates one
 /// file, not two. Its value is small enough (40 bytes) for ext4 to keep in
 /// the inode (60 bytes fit under this name here), so setting it allocates
-/// nothing: magic `LCI2`, size (8), path hash (8), checksum of the block
-/// (16), presence marker (4). The key is the file's name; the path and
-/// version need not be kept, since the key is a hash of them.
+/// nothing: magic `LCI3`, size (8), path hash (8; its low 32 bits are the
+/// key's path part), checksum of the block (16), presence marker (4). The
+/// key is the file's name; the path and version need not be kept, since the
+/// key is a hash of them. `LCI2` (until 2026-12-02) was written with keys
+/// of the old derivation, which nothing asks for any more: such a file is
+/// discarded at the scan.
 pub(super) const META_XATTR: &str = "user.locafs.meta";
 
-pub(super) const INLINE_MAGIC: &[u8; 4] = b"LCI2";
+pub(super) const INLINE_MAGIC: &[u8; 4] = b"LCI3";
 
 pub(super) const INLINE_LEN: usize = 40;
 
@@ -137,7 +143,7 @@ impl Core {
             // (Never written so: `store` refuses such a layout.)
             return Ok(None);
         }
-        let mut e = Entry::new(path_hash(rel), version.size, nblocks, table, CREATED, 0);
+        let mut e = Entry::new(version.size, nblocks, table, CREATED, 0);
         for (i, b) in e.blocks.iter_mut().enumerate() {
             let o = (table + i as u64 * SLOT) as usize;
             let Some(mut s) = raw.get(o..o + SLOT as usize) else {
@@ -181,12 +187,16 @@ impl Core {
         let mut sum = Checksum::default();
         r.copy_to_slice(&mut sum);
         let marker = r.get_u32_le();
-        if size == 0 || size > self.block_size || (marker != PRESENT && marker != PRESENT_GUEST) {
+        if size == 0
+            || size > self.block_size
+            || (marker != PRESENT && marker != PRESENT_GUEST)
+            || path_hash as u32 != key.path_part()
+        {
             return None;
         }
         let guest = marker == PRESENT_GUEST;
         let bits = CREATED | META_IN_XATTR | if guest { META_ON_GUEST } else { 0 };
-        let mut e = Entry::new(path_hash, size, 1, 0, bits, 0);
+        let mut e = Entry::new(size, 1, 0, bits, 0);
         e.set_slot(0, Slot::Present(sum));
         e.blocks[0].guest = guest;
         Some((key, e))

@@ -51,7 +51,7 @@ use bytes::{Buf, BufMut, Bytes};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use super::policy::{Admission, Evicted, Payload, Policy, Tier};
+use super::policy::{Admission, Evicted, Policy, Tier};
 use super::recover::{self, Op, Put};
 use super::{BlockCache, CacheUsage, Checksum, ChecksummedBytes, FileVersion, VersionKey};
 use crate::source::SourceVersion;
@@ -579,6 +579,10 @@ impl Core {
         let meta_in_xattr = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
+            // Passthrough pins (`open_complete`, `pin_complete`, less
+            // `unpin`): while any is held the kernel may read the data file
+            // without us.
+            let passthrough = st.books.held(&file.key) > 0;
             let Some(e) = st.books.get_mut(&file.key) else {
                 return;
             };
@@ -586,7 +590,7 @@ impl Core {
             if !matches!(e.slot(index as usize), Some(Slot::Present(_))) {
                 return;
             }
-            if e.pins > 0 {
+            if passthrough {
                 // Punching the block out would show the kernel a hole (zeros)
                 // where a passthrough reader expects the file's bytes.
                 st.forget(&file.key);
@@ -719,14 +723,7 @@ impl Core {
             let gen = if new { st.next_gen() } else { 0 };
             let bits =
                 if inline { META_IN_XATTR } else { 0 } | if guest { META_ON_GUEST } else { 0 };
-            let fresh = Entry::new(
-                path_hash(&file.rel),
-                file.version.size,
-                nblocks,
-                table,
-                bits,
-                gen,
-            );
+            let fresh = Entry::new(file.version.size, nblocks, table, bits, gen);
             let bytes = len
                 + if new {
                     fresh.meta_bytes() + PER_FILE_OVERHEAD
@@ -734,10 +731,32 @@ impl Core {
                     0
                 };
             let make = || fresh;
-            let victims = match st.books.admit_with(file.key, bytes, tier, make) {
+            let mut victims = match st.books.admit_with(file.key, bytes, tier, make) {
                 Admission::Reject => return false,
                 Admission::Admit { evict } => evict,
             };
+            if new {
+                // (A path's versions are bounded: see `MAX_VERSIONS`.)
+                let others: Vec<VersionKey> = st
+                    .books
+                    .keys_like(&file.key)
+                    .filter(|k| *k != file.key)
+                    .collect();
+                if others.len() >= MAX_VERSIONS {
+                    for k in others {
+                        if st.books.is_pinned(&k) {
+                            continue;
+                        }
+                        if let Some((x, _)) = st.books.remove(&k) {
+                            victims.push(Evicted {
+                                key: k,
+                                tier: Tier::Own,
+                                gone: Some(x),
+                            });
+                        }
+                    }
+                }
+            }
             let work = self.plan_evictions(st, victims);
             // (Admitted: on the books, and never its own victim.)
             let Some(e) = st.books.get_mut(&file.key) else {
@@ -803,7 +822,7 @@ impl Core {
                     key: file.key,
                     index: index as u32,
                     size: e.size(),
-                    path_hash: e.path_hash as u64,
+                    path_hash: file.key.path_part() as u64,
                     sum: *block.checksum(),
                     guest,
                     meta_in_xattr: e.meta_in_xattr(),
@@ -1018,11 +1037,7 @@ impl Core {
 
     /// Takes back one passthrough pin.
     fn unpin_passthrough(&self, file: &FileVersion) {
-        let mut st = self.state.lock();
-        if let Some(e) = st.books.get_mut(&file.key) {
-            e.pins = e.pins.saturating_sub(1);
-        }
-        st.books.unpin(&file.key);
+        self.state.lock().books.unpin_held(&file.key);
     }
 }
 
@@ -1102,14 +1117,13 @@ impl BlockCache for DiskCache {
         }
         {
             let mut st = self.state.lock();
-            let e = st.books.get_mut(&file.key)?;
+            let e = st.books.get(&file.key)?;
             // (So many opens of one file at once: the next are served
             // through the daemon.)
-            if !e.complete() || e.pins >= MAX_PASSTHROUGH_PINS {
+            if !e.complete() || st.books.held(&file.key) >= MAX_PASSTHROUGH_PINS {
                 return None;
             }
-            e.pins += 1;
-            st.books.pin(&file.key);
+            st.books.pin_held(&file.key);
             // The kernel reads it without us: count it as read whole.
             st.books.record_read(file.version.size);
             st.touch(file.key);
@@ -1155,14 +1169,11 @@ impl BlockCache for DiskCache {
         match st.books.get(&file.key) {
             Some(e)
                 if e.complete()
-                    && e.pins < MAX_PASSTHROUGH_PINS
+                    && st.books.held(&file.key) < MAX_PASSTHROUGH_PINS
                     && e.blocks.iter().all(|b| b.verified) => {}
             _ => return false,
         }
-        if let Some(e) = st.books.get_mut(&file.key) {
-            e.pins += 1;
-        }
-        st.books.pin(&file.key);
+        st.books.pin_held(&file.key);
         // The kernel reads it without us: count it as read whole.
         st.books.record_read(file.version.size);
         st.touch(file.key);
@@ -1182,8 +1193,14 @@ impl BlockCache for DiskCache {
     fn note_current(&self, file: &FileVersion) {
         let mut st = self.state.lock();
         let st = &mut *st;
-        let ph = group_of(path_hash(&file.rel) as u32);
-        let old: Vec<VersionKey> = st.books.group_keys(ph).filter(|k| *k != file.key).collect();
+        // (Every version of the path hashes as its key does; another path
+        // that shares the 32 bits of its path part only has its old
+        // versions go first when room is needed: nothing is served by it.)
+        let old: Vec<VersionKey> = st
+            .books
+            .keys_like(&file.key)
+            .filter(|k| *k != file.key)
+            .collect();
         for k in old {
             st.books.mark_stale(&k);
         }
@@ -1230,17 +1247,20 @@ mod tests {
     const NEW_FILE: u64 = 4096 + PER_FILE_OVERHEAD;
 
     /// The books of a one-block file: one record of at most RECORD_MAX
-    /// bytes, the disk's (40) and the policy's (32) in one, with its block
-    /// and size inline (no heap block of its own), plus a u32 in each of
-    /// the two lookup tables (by key, by path). Before: an 88-byte record
+    /// bytes, the disk's (32) and the policy's (32) in one, with its block
+    /// and size inline (no heap block of its own), plus a u32 in the one
+    /// lookup table (by key, which finds a path's versions too). Before
+    /// (until 2026-12-02): a 72-byte record (the path hash and the
+    /// passthrough pins in the disk's half) and a second table by path
+    /// hash; an 88-byte record
     /// (the policy's half 47, with the guest part's bytes and the second
     /// list's links in every record), a 120-byte one; before that an 80-byte record, a policy record of
     /// 56 bytes and three lookup tables; before that a hash map bucket of
     /// about 144 bytes and three vectors.
     #[test]
     fn the_record_of_a_one_block_file_is_small() {
-        const RECORD_MAX: usize = 72;
-        assert_eq!(std::mem::size_of::<Entry>(), 40);
+        const RECORD_MAX: usize = 64;
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
         let rec = Books::record_size();
         assert!(rec <= RECORD_MAX, "a record is {rec} bytes");
         assert!(matches!(Blocks::new(BS, 1), Blocks::One { .. }));
@@ -1255,14 +1275,11 @@ mod tests {
             p.add(&VersionKey(k), 8192 + PER_FILE_OVERHEAD, Tier::Own);
         }
         let per = p.heap_bytes() / n as usize;
-        assert!(
-            per <= RECORD_MAX + 2 * 12,
-            "the books: {per} bytes per entry"
-        );
+        assert!(per <= RECORD_MAX + 12, "the books: {per} bytes per entry");
     }
 
-    fn new_entry(ph: u64) -> Entry {
-        Entry::new(ph, ph % BS + 1, 1, 0, META_IN_XATTR, 0)
+    fn new_entry(i: u64) -> Entry {
+        Entry::new(i % BS + 1, 1, 0, META_IN_XATTR, 0)
     }
 
     /// The dense table keeps its lookups right as records are removed (the
@@ -1276,24 +1293,28 @@ mod tests {
         let mut model: std::collections::HashMap<VersionKey, u64> = Default::default();
         for _ in 0..5000 {
             let i: u8 = rng.random_range(0..200);
-            let key = VersionKey(blake3::hash(&[i]).as_bytes()[..16].try_into().unwrap());
+            let mut key = VersionKey(blake3::hash(&[i]).as_bytes()[..16].try_into().unwrap());
             // Few paths, several versions each.
             let ph = (i % 23) as u64;
+            key.0[..4].copy_from_slice(&(ph as u32).to_le_bytes());
             if rng.random_bool(0.5) {
-                t.get_or_insert_with(key, || new_entry(ph));
+                t.get_or_insert_with(key, || new_entry(i as u64));
                 model.insert(key, ph);
             } else {
                 assert_eq!(t.remove(&key).is_some(), model.remove(&key).is_some());
             }
             assert_eq!(t.len(), model.len());
             for (k, ph) in &model {
-                assert_eq!(t.get(k).map(|e| e.path_hash as u64), Some(*ph));
+                assert!(t.get(k).is_some());
+                assert_eq!(k.path_part() as u64, *ph);
             }
-            for ph in 0..23 {
-                let mut got: Vec<_> = t.group_keys(group_of(ph as u32)).collect();
+            for ph in 0..23u32 {
+                let mut probe = VersionKey([0xee; 16]);
+                probe.0[..4].copy_from_slice(&ph.to_le_bytes());
+                let mut got: Vec<_> = t.keys_like(&probe).collect();
                 let mut want: Vec<_> = model
                     .iter()
-                    .filter(|(_, p)| **p == ph)
+                    .filter(|(_, p)| **p == ph as u64)
                     .map(|(k, _)| *k)
                     .collect();
                 got.sort();
@@ -1312,6 +1333,44 @@ mod tests {
                 ino: name.len() as u64,
             },
         )
+    }
+
+    /// A path's versions share a hash in the books: a file rewritten and
+    /// cached again and again keeps at most `MAX_VERSIONS` of them (the
+    /// older ones go, files and all), and a reopen finds the same.
+    #[test]
+    fn the_versions_of_one_path_are_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 30);
+        let v = |m: i64| {
+            FileVersion::new(
+                Arc::from(Path::new("x/y.jpg")),
+                SourceVersion {
+                    size: BS,
+                    mtime_ns: m,
+                    ino: 9,
+                },
+            )
+        };
+        let other = file("x/z.jpg", 1);
+        assert!(c.put(&other, 0, &block(&other, 0)));
+        for m in 0..3 * MAX_VERSIONS as i64 {
+            let f = v(m);
+            assert!(c.put(&f, 0, &block(&f, 0)), "version {m}");
+            let n = c.state.lock().books.keys_like(&f.key).count();
+            assert!((1..=MAX_VERSIONS).contains(&n), "{n} versions after {m}");
+            assert!(c.get(&f, 0).is_some());
+        }
+        assert!(c.get(&other, 0).is_some(), "another path is untouched");
+        // The first versions' files are gone (evicted whole).
+        assert!(!c.paths(&v(0).key).0.exists());
+        assert!(c.get(&v(0), 0).is_none());
+        let last = v(3 * MAX_VERSIONS as i64 - 1);
+        drop(c);
+        let c = open(d.path(), 1 << 30);
+        assert!(c.get(&last, 0).is_some());
+        assert!(c.get(&v(0), 0).is_none());
+        assert!(c.state.lock().books.keys_like(&last.key).count() <= MAX_VERSIONS);
     }
 
     fn block(f: &FileVersion, i: u64) -> ChecksummedBytes {
@@ -1518,7 +1577,10 @@ mod tests {
         }
         assert!(!c.pin_complete(&f), "a pin beyond the cap");
         assert!(c.open_complete(&f).is_none(), "an open beyond the cap");
-        let pins = || c.state.lock().books.get(&f.key).map(|e| e.pins);
+        let pins = || {
+            let st = c.state.lock();
+            st.books.get(&f.key).map(|_| st.books.held(&f.key))
+        };
         assert_eq!(pins(), Some(MAX_PASSTHROUGH_PINS));
         // Pinned: not evicted to make room for a stream of other files.
         let mut st = c.state.lock();
@@ -1931,17 +1993,18 @@ mod tests {
         assert!(c.put(&f, 0, &data(BS as usize, 3)));
         assert!(c.put_guest(&f, 2, &data(100, 5)));
         let meta = fs::read(c.paths(&f.key).1).unwrap();
-        // Little-endian throughout: magic, format 2, block size, size,
+        // Little-endian throughout: magic, format 3, block size, size,
         // mtime (ns), inode, version key, path length, path, zeros up to the
         // 64-byte aligned slot table; a slot is checksum (xxh3-128), length
         // and presence marker ("SERP" own, "SEUG" guest), an empty one zeros.
         let want = unhex(&format!(
-            "4c4f434146534d31 02000000 00100000 6420000000000000 f9ffffffffffffff 0403020100000000
+            "4c4f434146534d31 03000000 00100000 6420000000000000 f9ffffffffffffff 0403020100000000
              {key} 03000000 642f78 00
              {own} 00100000 53455250
              {empty}
              {guest} 64000000 53455547",
-            key = "d64dd6ed72fffe0d43fbbce98bfa26ea",
+            // (Its first 4 bytes: blake3 of "d/x", the path part.)
+            key = "7f8e99fa7c7dcfa335e973a4b48a0a3e",
             own = "284b5362b443f9038da94e46cab50e4d",
             empty = "00".repeat(24),
             guest = "7c2771745a6799c6a3bc6b37bf85b584",
@@ -1988,7 +2051,7 @@ mod tests {
         }
         let raw = crate::sys::getxattr(&gdata, META_XATTR).unwrap();
         let want = unhex(
-            "4c434932 e803000000000000 08112a9e334ce730 30c826442630ad106dd7dada9c22eeab 53455250",
+            "4c434933 e803000000000000 08112a9e334ce730 30c826442630ad106dd7dada9c22eeab 53455250",
         );
         assert_eq!(
             raw,
@@ -2001,9 +2064,17 @@ mod tests {
             .expect("the pinned bytes load");
         assert_eq!(key, g.key);
         assert_eq!(
-            (e.size(), e.path_hash),
+            (e.size(), key.path_part()),
             (1000, path_hash(Path::new("y")) as u32)
         );
+        // An attribute of the old format (keys of the old derivation) is
+        // not an entry; nor one whose path hash is not its key's.
+        let mut old = want.clone();
+        old[..4].copy_from_slice(b"LCI2");
+        assert!(c.parse_inline(&gdata, &old).is_none());
+        let mut other = want.clone();
+        other[12] ^= 1;
+        assert!(c.parse_inline(&gdata, &other).is_none());
         assert_eq!(
             e.blocks.iter().map(|b| b.slot).collect::<Vec<_>>(),
             vec![Slot::Present(*data(1000, 7).checksum())]

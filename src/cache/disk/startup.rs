@@ -121,7 +121,7 @@ impl Core {
                     return;
                 }
                 let e = found.get_or_insert_with(p.key, || {
-                    Entry::new(p.path_hash, p.size, n, p.table as u64, CREATED, 0)
+                    Entry::new(p.size, n, p.table as u64, CREATED, 0)
                 });
                 if e.size() != p.size {
                     return;
