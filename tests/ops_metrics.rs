@@ -61,6 +61,11 @@ fn metrics_endpoint_after_a_workload() {
         hit.unwrap_or(0.0) + miss.unwrap_or(0.0) >= 2.0 * total as f64
             && value(&samples, "locafs_open_handles", &[]) == Some(0.0)
             && opens.unwrap_or(0.0) >= 2.0 * sc.files.len() as f64
+            // Each label of the FUSE counts is set apart: the CI once
+            // scraped 6 opens with 0 reads and 0 releases counted.
+            && value(&samples, "locafs_fuse_requests_total", &[("op", "read")]).unwrap_or(0.0) >= 4.0
+            && value(&samples, "locafs_fuse_requests_total", &[("op", "release")]).unwrap_or(0.0)
+                >= 2.0 * sc.files.len() as f64
     });
     assert!(settled, "metrics never showed the workload:\n{body}");
 
