@@ -568,8 +568,12 @@ mod tests {
             })
         };
         // Two of this node's blocks and a guest block, all refused.
+        // One at a time: written concurrently, they could be refused in
+        // either order, and the order taken back is what is checked.
         assert!(submit(0, false, false));
+        assert!(wait_for(|| done.load(Relaxed) == 1));
         assert!(submit(1, false, false));
+        assert!(wait_for(|| done.load(Relaxed) == 2));
         assert!(submit(2, true, false));
         assert!(wait_for(|| done.load(Relaxed) == 3));
         // Not before the first backoff; then this node's blocks, the latest
