@@ -9,7 +9,7 @@
 //! I/O while holding its lock.
 //!
 //! Millions of entries are the normal case, so each inode is one compact
-//! record of 64 bytes in a dense table indexed by inode number (u32 ids):
+//! record of 48 bytes in a dense table indexed by inode number (u32 ids):
 //! its name lives in one byte arena, the attributes many entries share
 //! (mode, uid, gid, nlink, rdev) are interned, and a directory's children
 //! are one sorted run of u32 ids (a lookup is a binary search, a readdir
@@ -59,9 +59,15 @@ const TICK_MS: u64 = 16;
 /// Dead name bytes below which the arena is never compacted.
 const COMPACT_MIN: usize = 1 << 20;
 
-/// One inode: 64 bytes, no heap of its own.
+/// One inode: 48 bytes, no heap of its own.
+///
+/// atime and ctime are not kept: both are answered as mtime (what rclone
+/// and mountpoint-s3 answer too; training loaders read neither). st_blocks
+/// is kept exactly, as a code (see [`blocks_code`]).
 #[derive(Debug)]
 struct Node {
+    /// A file's size; a directory's index in `Inner::dirs` (`NO_DIR` when
+    /// it has none), its size being kept in its `Dir`.
     size: u64,
     mtime_ns: i64,
     /// The source's inode number.
@@ -76,13 +82,8 @@ struct Node {
     lookups: AtomicU32,
     /// Index in `Inner::classes`: (mode, uid, gid, nlink, rdev).
     class: u32,
-    /// Index in `Inner::dirs`, or `NO_DIR`.
-    dir: u32,
-    /// atime and ctime to the second (u32 seconds since 1970, clamped).
-    atime_s: u32,
-    ctime_s: u32,
-    /// 512-byte blocks, saturated at u32::MAX (2 TiB).
-    blocks: u32,
+    /// st_blocks as a function of the size ([`blocks_code`]).
+    blocks: u8,
     name_len: u8,
     kind: u8,
     /// `GONE`, `UNKNOWN`, `AHEAD`.
@@ -94,9 +95,23 @@ impl Node {
     fn known(&self) -> bool {
         self.flags & UNKNOWN == 0
     }
+
+    fn is_dir(&self) -> bool {
+        self.kind == kind_code(EntryKind::Dir)
+    }
+
+    /// Index in `Inner::dirs`, or `NO_DIR` (a directory's kind never
+    /// changes: `Inner::set_attr` keeps it).
+    fn dir(&self) -> u32 {
+        if self.is_dir() {
+            u32::try_from(self.size).unwrap_or(NO_DIR)
+        } else {
+            NO_DIR
+        }
+    }
 }
 
-const _: () = assert!(std::mem::size_of::<Node>() == 64);
+const _: () = assert!(std::mem::size_of::<Node>() == 48);
 
 fn kind_code(k: EntryKind) -> u8 {
     match k {
@@ -141,9 +156,34 @@ fn placeholder(kind: EntryKind, ino: u64) -> SourceAttr {
     }
 }
 
-fn secs(ns: i64) -> u32 {
-    ns.div_euclid(1_000_000_000).clamp(0, u32::MAX as i64) as u32
+/// st_blocks held as `blocks_of(size, code)` with `code = blocks_code(size,
+/// blocks)`: a file system allocates whole units of 512 << k bytes, so a
+/// file's blocks are its size rounded up to its unit (k = 3 for ext4's and
+/// xfs's 4 KiB) for almost every file. The few others (sparse or compressed
+/// files, ext4's extent-tree blocks on large files) get `BLOCKS_OTHER` and
+/// an entry in `Inner::odd_blocks`.
+fn blocks_code(size: u64, blocks: u64) -> u8 {
+    if blocks == 0 {
+        return BLOCKS_ZERO;
+    }
+    (0..=BLOCKS_MAX_SHIFT)
+        .find(|&k| blocks_of(size, k) == Some(blocks))
+        .unwrap_or(BLOCKS_OTHER)
 }
+
+/// The blocks that `code` says for `size` (None for `BLOCKS_OTHER`).
+fn blocks_of(size: u64, code: u8) -> Option<u64> {
+    match code {
+        BLOCKS_ZERO => Some(0),
+        k if k <= BLOCKS_MAX_SHIFT => Some(size.div_ceil(512 << k) << k),
+        _ => None,
+    }
+}
+
+/// Allocation units tried: 512 bytes to 1 GiB.
+const BLOCKS_MAX_SHIFT: u8 = 21;
+const BLOCKS_ZERO: u8 = 254;
+const BLOCKS_OTHER: u8 = 255;
 
 /// A directory: its children (inode numbers sorted by name) and when it was
 /// last listed in full, if ever.
@@ -159,6 +199,8 @@ struct Dir {
     children: Vec<u32>,
     side: Vec<u32>,
     listed_ms: Option<u64>,
+    /// The directory's own size (st_size) as the source gave it.
+    size: u64,
 }
 
 /// Where a child is in its directory's runs.
@@ -231,6 +273,10 @@ struct Inner {
     free_dirs: Vec<u32>,
     classes: Vec<Class>,
     class_ids: HashMap<Class, u32>,
+    /// st_blocks of the source inodes whose blocks are not their size
+    /// rounded to a unit (`BLOCKS_OTHER`): by source inode, which hard
+    /// links share. Kept for the mount's life (one entry per such inode).
+    odd_blocks: HashMap<u64, u64>,
     known_bytes: u64,
     /// Where `known_bytes` is published (the cache policy reads it).
     known_sink: Arc<AtomicU64>,
@@ -259,6 +305,7 @@ impl Inner {
             free_dirs: Vec::new(),
             classes: Vec::new(),
             class_ids: HashMap::new(),
+            odd_blocks: HashMap::new(),
             known_bytes: 0,
             known_sink,
             changes: 0,
@@ -287,7 +334,7 @@ impl Inner {
     }
 
     fn dir(&self, n: &Node) -> Option<&Dir> {
-        self.dirs.get(n.dir as usize)
+        self.dirs.get(n.dir() as usize)
     }
 
     fn dir_of(&self, ino: u64) -> Option<&Dir> {
@@ -295,25 +342,33 @@ impl Inner {
     }
 
     fn dir_mut(&mut self, ino: u64) -> Option<&mut Dir> {
-        let d = self.node(ino)?.dir;
+        let d = self.node(ino)?.dir();
         self.dirs.get_mut(d as usize)
     }
 
     fn attr(&self, n: &Node) -> SourceAttr {
         let [mode, uid, gid, nlink, rdev] = self.classes[n.class as usize];
+        let size = if n.is_dir() {
+            self.dir(n).map_or(0, |d| d.size)
+        } else {
+            n.size
+        };
+        let blocks = blocks_of(size, n.blocks)
+            .or_else(|| self.odd_blocks.get(&n.src_ino).copied())
+            .unwrap_or(size.div_ceil(512));
         SourceAttr {
             kind: kind_of(n.kind),
-            size: n.size,
-            blocks: n.blocks as u64,
+            size,
+            blocks,
             mode,
             nlink,
             uid,
             gid,
             rdev,
             ino: n.src_ino,
-            atime_ns: n.atime_s as i64 * 1_000_000_000,
+            atime_ns: n.mtime_ns,
             mtime_ns: n.mtime_ns,
-            ctime_ns: n.ctime_s as i64 * 1_000_000_000,
+            ctime_ns: n.mtime_ns,
         }
     }
 
@@ -342,21 +397,31 @@ impl Inner {
     /// Stores `a` as the attributes of `ino`, checked at `now` (ms).
     fn set_attr(&mut self, ino: u64, a: &SourceAttr, now: u64) {
         let class = self.class(a);
-        if let Some(n) = self.node_mut(ino) {
-            n.size = a.size;
-            n.mtime_ns = a.mtime_ns;
-            n.src_ino = a.ino;
-            n.class = class;
-            n.atime_s = secs(a.atime_ns);
-            n.ctime_s = secs(a.ctime_ns);
-            n.blocks = a.blocks.min(u32::MAX as u64) as u32;
-            n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
-            n.flags &= !(UNKNOWN | AHEAD);
-            // (a listed kind is the stat's but where d_type lied; never
-            // between directory and not: callers replace such an entry)
-            if (n.kind == kind_code(EntryKind::Dir)) == (a.kind == EntryKind::Dir) {
-                n.kind = kind_code(a.kind);
+        let blocks = blocks_code(a.size, a.blocks);
+        if blocks == BLOCKS_OTHER {
+            self.odd_blocks.insert(a.ino, a.blocks);
+        }
+        let Some(n) = self.node_mut(ino) else {
+            return;
+        };
+        n.blocks = blocks;
+        n.mtime_ns = a.mtime_ns;
+        n.src_ino = a.ino;
+        n.class = class;
+        n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
+        n.flags &= !(UNKNOWN | AHEAD);
+        // (a listed kind is the stat's but where d_type lied; never
+        // between directory and not: callers replace such an entry)
+        if n.is_dir() == (a.kind == EntryKind::Dir) {
+            n.kind = kind_code(a.kind);
+        }
+        if n.is_dir() {
+            let d = n.dir() as usize;
+            if let Some(dir) = self.dirs.get_mut(d) {
+                dir.size = a.size;
             }
+        } else {
+            n.size = a.size;
         }
     }
 
@@ -447,7 +512,8 @@ impl Inner {
             NO_DIR
         };
         self.nodes.push(Node {
-            size: 0,
+            // (a directory's index in `dirs`: see `Node::size`)
+            size: dir as u64,
             mtime_ns: 0,
             src_ino: 0,
             parent,
@@ -455,10 +521,7 @@ impl Inner {
             checked: 0,
             lookups: AtomicU32::new(0),
             class: 0,
-            dir,
-            atime_s: 0,
-            ctime_s: 0,
-            blocks: 0,
+            blocks: BLOCKS_ZERO,
             name_len,
             kind: kind_code(attr.kind),
             flags: 0,
@@ -573,7 +636,7 @@ impl Inner {
             };
             numbered += 1;
             f(number, n);
-            if n.dir != NO_DIR {
+            if n.dir() != NO_DIR {
                 stack.push((c, numbered, 0));
             }
         }
@@ -599,7 +662,7 @@ impl Inner {
                 continue;
             };
             f(c);
-            if n.dir != NO_DIR {
+            if n.dir() != NO_DIR {
                 stack.push((c, 0));
             }
         }
@@ -709,7 +772,10 @@ impl Inner {
         node.flags |= GONE;
         self.dead_names += node.name_len as usize;
         node.name_len = 0;
-        let d = std::mem::replace(&mut node.dir, NO_DIR);
+        let d = node.dir();
+        if node.is_dir() {
+            node.size = NO_DIR as u64;
+        }
         if let Some(dir) = self.dirs.get_mut(d as usize) {
             *dir = Dir::default();
             self.free_dirs.push(d);
@@ -1705,6 +1771,68 @@ mod tests {
     fn run(inner: &Inner, ino: u64) -> Vec<u32> {
         let d = inner.dir_of(ino).unwrap();
         (0..d.len()).map(|i| d.get(i).unwrap()).collect()
+    }
+
+    #[test]
+    fn attributes_round_trip_through_the_48_byte_record() {
+        let mut inner = Inner::new(Arc::default(), 0);
+        let mut root = attr(EntryKind::Dir, 1);
+        (root.size, root.blocks, root.mtime_ns) = (4096, 8, 1_700_000_000_123_456_789);
+        inner.push(ROOT, b"", root, 0).unwrap();
+        // (size, st_blocks): ext4 and xfs files, a small file with inline
+        // data, sparse and compressed files, extent-tree blocks, empty.
+        let cases = [
+            (1, 8),
+            (4096, 8),
+            (4097, 16),
+            (60, 0),
+            (1 << 30, 8),
+            (1 << 20, 100),
+            (128 << 20, 262_152),
+            (0, 0),
+            (100, 1),
+            (u64::MAX / 2, u64::MAX / 1024),
+        ];
+        for (i, &(size, blocks)) in cases.iter().enumerate() {
+            let mut a = attr(EntryKind::File, 100 + i as u64);
+            (a.size, a.blocks, a.mtime_ns) = (size, blocks, -5 - i as i64);
+            let ino = inner.push(ROOT, format!("f{i}").as_bytes(), a, 0).unwrap();
+            let got = inner.attr_of(ino).unwrap();
+            assert_eq!((got.size, got.blocks), (size, blocks), "case {i}");
+            assert_eq!(got.mtime_ns, a.mtime_ns);
+            // atime and ctime are answered as mtime.
+            assert_eq!((got.atime_ns, got.ctime_ns), (a.mtime_ns, a.mtime_ns));
+            assert_eq!(got.ino, a.ino);
+        }
+        // A directory's size lives in its `Dir`, beside its children.
+        let mut d = attr(EntryKind::Dir, 50);
+        (d.size, d.blocks) = (12288, 24);
+        let sub = inner.push(ROOT, b"sub", d, 0).unwrap();
+        inner.push(sub, b"x", attr(EntryKind::File, 51), 0).unwrap();
+        inner.dir_mut(sub).unwrap().children.push(sub as u32 + 1);
+        let got = inner.attr_of(sub).unwrap();
+        assert_eq!((got.size, got.blocks), (12288, 24));
+        (d.size, d.blocks) = (4096, 8);
+        inner.set_attr(sub, &d, 1);
+        assert_eq!(inner.attr_of(sub).unwrap().size, 4096);
+        assert_eq!(run(&inner, sub), vec![sub as u32 + 1]);
+        assert_eq!(inner.attr_of(ROOT).unwrap().size, 4096);
+    }
+
+    #[test]
+    fn blocks_codes_give_back_the_blocks_they_were_made_from() {
+        for size in [0u64, 1, 511, 512, 513, 4095, 4096, 4097, 1 << 20, (1 << 40) + 3] {
+            for blocks in [0u64, 1, 7, 8, 9, 16, 2048, 2056, size.div_ceil(512)] {
+                match blocks_of(size, blocks_code(size, blocks)) {
+                    Some(b) => assert_eq!(b, blocks, "size {size}"),
+                    None => assert_eq!(blocks_code(size, blocks), BLOCKS_OTHER),
+                }
+            }
+        }
+        // The usual cases need no side entry.
+        assert_eq!(blocks_code(1, 8), 3);
+        assert_eq!(blocks_code(5000, 16), 3);
+        assert_eq!(blocks_code(100, 1), 0);
     }
 
     #[test]
