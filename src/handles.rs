@@ -53,15 +53,13 @@ pub struct Handle {
     pub seq: Mutex<crate::prefetch::SeqState>,
 }
 
-/// What the table knows of an inode the kernel has opened: kept until the
-/// kernel forgets the inode ([`OpenFiles::forget_inodes`]), for
-/// `last_version` says whether its page cache may be kept at the next open.
-/// 40 bytes (the passthrough, rare and short-lived, boxed).
+/// What the table knows of an inode with open handles: kept while it has
+/// any (the passthrough, rare and short-lived, boxed). Once the last is
+/// released only its last version stays, in `Inner::versions`.
 #[derive(Debug)]
 struct InodeState<B, P> {
     cached_opens: u32,
     passthrough: Option<Box<Passthrough<B, P>>>,
-    last_version: Option<VersionKey>,
 }
 
 /// A backing prepared for a passthrough open, with the pin (`P`, a guard)
@@ -95,7 +93,13 @@ pub const IDLE_BACKINGS: usize = 131072;
 #[derive(Debug)]
 struct Inner<B, P> {
     handles: HashMap<u64, Arc<Handle>>,
+    /// Inodes with open handles.
     inodes: HashMap<u64, InodeState<B, P>>,
+    /// The version each inode the kernel has opened was last opened at,
+    /// until the kernel forgets the inode ([`OpenFiles::forget_inodes`]):
+    /// it says whether the inode's page cache may be kept at the next
+    /// open. 24 bytes per inode (the kernel can hold millions).
+    versions: HashMap<u64, VersionKey>,
     next_fh: u64,
     /// Backing ids of closed inodes by version: (inode, backing).
     idle: [HashMap<VersionKey, (u64, Arc<B>)>; 2],
@@ -116,6 +120,7 @@ impl<B, P> Default for OpenFiles<B, P> {
             inner: Mutex::new(Inner {
                 handles: HashMap::new(),
                 inodes: HashMap::new(),
+                versions: HashMap::new(),
                 next_fh: 1,
                 idle: [HashMap::new(), HashMap::new()],
             }),
@@ -129,11 +134,7 @@ impl<B, P> OpenFiles<B, P> {
     /// backing file for passthrough (otherwise the open follows the mode the
     /// inode is already in).
     pub fn is_idle(&self, ino: u64) -> bool {
-        let inner = self.inner.lock();
-        inner
-            .inodes
-            .get(&ino)
-            .is_none_or(|s| s.cached_opens == 0 && s.passthrough.is_none())
+        !self.inner.lock().inodes.contains_key(&ino)
     }
 
     /// The backing id kept from an earlier passthrough open of this version
@@ -206,18 +207,18 @@ impl<B, P> OpenFiles<B, P> {
         file: Arc<FileVersion>,
         prepared: &mut Option<Prepared<B, P>>,
     ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
+        let keep_cache = inner.versions.get(&ino) == Some(&file.key);
         let st = inner.inodes.entry(ino).or_insert(InodeState {
             cached_opens: 0,
             passthrough: None,
-            last_version: None,
         });
-        let keep_cache = st.last_version == Some(file.key);
         let mode = match &mut st.passthrough {
             Some(p) if p.key == file.key => {
                 p.opens += 1;
                 OpenMode::Passthrough(Arc::clone(&p.prepared.backing))
             }
-            // Open in passthrough on another version: neither mode works.
+            // Open in passthrough on another version: neither mode works
+            // (the state is the open passthrough's: nothing added).
             Some(_) => return Err(ModeConflict),
             None => match prepared.take() {
                 Some(prepared) if st.cached_opens == 0 => {
@@ -236,7 +237,7 @@ impl<B, P> OpenFiles<B, P> {
             },
         };
         let new_version = !keep_cache;
-        st.last_version = Some(file.key);
+        inner.versions.insert(ino, file.key);
         let fh = inner.next_fh;
         inner.next_fh += 1;
         let passthrough = matches!(mode, OpenMode::Passthrough(_));
@@ -280,13 +281,18 @@ impl<B, P> OpenFiles<B, P> {
                             let Prepared { backing, pin } = p.prepared;
                             inner.idle[0].insert(p.key, (h.ino, backing));
                             unpinned = Some(pin);
-                            self.count_kept(inner);
                         }
                     }
                 }
             } else {
                 st.cached_opens = st.cached_opens.saturating_sub(1);
             }
+            if st.cached_opens == 0 && st.passthrough.is_none() {
+                inner.inodes.remove(&h.ino);
+            }
+        }
+        if last_passthrough {
+            self.count_kept(inner);
         }
         drop(guard);
         // Unpinning and unregistering an older generation: outside the lock.
@@ -302,25 +308,22 @@ impl<B, P> OpenFiles<B, P> {
         if inos.is_empty() {
             return;
         }
-        let mut inner = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
         for ino in inos {
-            let idle = inner
-                .inodes
-                .get(ino)
-                .is_some_and(|s| s.cached_opens == 0 && s.passthrough.is_none());
-            if idle {
-                inner.inodes.remove(ino);
+            if !inner.inodes.contains_key(ino) {
+                inner.versions.remove(ino);
             }
         }
-        if inner.inodes.capacity() > 64 && inner.inodes.len() < inner.inodes.capacity() / 4 {
-            let keep = inner.inodes.len() * 2;
-            inner.inodes.shrink_to(keep);
+        let (cap, len) = (inner.versions.capacity(), inner.versions.len());
+        if cap > 64 && len < cap / 4 {
+            inner.versions.shrink_to(len * 2);
         }
     }
 
     /// Inodes the table holds state for (opened and not forgotten).
     pub fn inode_count(&self) -> usize {
-        self.inner.lock().inodes.len()
+        self.inner.lock().versions.len()
     }
 
     pub fn open_count(&self) -> usize {
@@ -661,6 +664,36 @@ mod tests {
         assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
         let (_, m, _) = t.open(3, fv(20), None).unwrap();
         assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
+    }
+
+    #[test]
+    fn a_closed_inode_keeps_only_its_version_until_forgotten() {
+        let t: OpenFiles<u32> = OpenFiles::default();
+        let (a, _, _) = t.open(3, fv(10), None).unwrap();
+        let (b, _, _) = t.open(4, fv(10), Some(prep(9))).unwrap();
+        assert!(!t.is_idle(3) && !t.is_idle(4));
+        // FORGET of an inode still open keeps its state.
+        t.forget_inodes(&[3, 4]);
+        assert_eq!(t.inode_count(), 2);
+        t.release(a);
+        t.release(b);
+        assert!(t.is_idle(3) && t.is_idle(4));
+        {
+            let inner = t.inner.lock();
+            assert!(
+                inner.inodes.is_empty(),
+                "no open state after the last release"
+            );
+            assert_eq!(inner.versions.len(), 2);
+        }
+        // The version still decides keep_cache at the next open.
+        let (c, m, new) = t.open(3, fv(10), None).unwrap();
+        assert!(matches!(m, OpenMode::Cached { keep_cache: true }) && !new);
+        t.release(c);
+        t.forget_inodes(&[3, 4]);
+        assert_eq!(t.inode_count(), 0);
+        let (_, m, new) = t.open(3, fv(10), None).unwrap();
+        assert!(matches!(m, OpenMode::Cached { keep_cache: false }) && new);
     }
 
     #[test]

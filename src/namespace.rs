@@ -1821,7 +1821,18 @@ mod tests {
 
     #[test]
     fn blocks_codes_give_back_the_blocks_they_were_made_from() {
-        for size in [0u64, 1, 511, 512, 513, 4095, 4096, 4097, 1 << 20, (1 << 40) + 3] {
+        for size in [
+            0u64,
+            1,
+            511,
+            512,
+            513,
+            4095,
+            4096,
+            4097,
+            1 << 20,
+            (1 << 40) + 3,
+        ] {
             for blocks in [0u64, 1, 7, 8, 9, 16, 2048, 2056, size.div_ceil(512)] {
                 match blocks_of(size, blocks_code(size, blocks)) {
                     Some(b) => assert_eq!(b, blocks, "size {size}"),
