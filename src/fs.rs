@@ -116,10 +116,11 @@ pub trait DirPlusReply: Send + 'static {
 }
 
 /// One pin of a complete cached file, taken by
-/// [`CompleteFiles::open_complete`] or [`CompleteFiles::pin_complete`]: given back when dropped, so that every
-/// path that does not hand it over (to the open table, with the backing it
-/// keeps readable) unpins exactly once. (Weak: the cache's dropped-file hook
-/// holds the open table, which holds pins.)
+/// [`CompleteFiles::open_complete`] or [`CompleteFiles::pin_complete`]:
+/// given back when dropped, so that every path that does not hand it over
+/// (to the open table, with the backing it keeps readable) unpins exactly
+/// once. (Weak: the cache's dropped-file hook holds the open table, which
+/// holds pins.)
 pub struct CachePin {
     cache: Weak<dyn CompleteFiles>,
     file: Arc<FileVersion>,

@@ -232,6 +232,7 @@ pub trait BlockStore: Send + Sync + 'static {
     /// The loader read `bytes` of this file (advances the policy's clock).
     /// A store with no policy may ignore it.
     fn record_access(&self, _file: &FileVersion, _bytes: u64) {}
+    /// What the store holds now, for `stats`.
     fn usage(&self) -> CacheUsage;
     /// Whether the whole file would fit in free room now, without evicting
     /// anything (read-ahead only fills free room).
@@ -251,7 +252,7 @@ pub trait CompleteFiles: Send + Sync + 'static {
     /// Pins a file again that [`CompleteFiles::open_complete`] handed out
     /// earlier in this mount, if it is still complete (no I/O): for a
     /// backing kept from that open. False if it is not (or the cache keeps
-    /// no such backings).
+    /// no such files).
     fn pin_complete(&self, _file: &FileVersion) -> bool {
         false
     }
