@@ -28,7 +28,7 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 use tracing::warn;
 
-use crate::cache::{BlockCache, FileVersion};
+use crate::cache::{CompleteFiles, FileVersion};
 use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode, Prepared};
 use crate::namespace::{Namespace, Step, ROOT};
 use crate::prefetch::ReadAhead;
@@ -115,19 +115,20 @@ pub trait DirPlusReply: Send + 'static {
     fn done(self, r: io::Result<()>);
 }
 
-/// One pin of a complete cached file, taken by [`BlockCache::open_complete`]
-/// or [`BlockCache::pin_complete`]: given back when dropped, so that every
-/// path that does not hand it over (to the open table, with the backing it
-/// keeps readable) unpins exactly once. (Weak: the cache's dropped-file hook
-/// holds the open table, which holds pins.)
+/// One pin of a complete cached file, taken by
+/// [`CompleteFiles::open_complete`] or [`CompleteFiles::pin_complete`]:
+/// given back when dropped, so that every path that does not hand it over
+/// (to the open table, with the backing it keeps readable) unpins exactly
+/// once. (Weak: the cache's dropped-file hook holds the open table, which
+/// holds pins.)
 pub struct CachePin {
-    cache: Weak<dyn BlockCache>,
+    cache: Weak<dyn CompleteFiles>,
     file: Arc<FileVersion>,
 }
 
 impl CachePin {
     /// Owns the pin the caller just took on `file`.
-    fn taken(cache: &Arc<dyn BlockCache>, file: &Arc<FileVersion>) -> Self {
+    fn taken(cache: &Arc<dyn CompleteFiles>, file: &Arc<FileVersion>) -> Self {
         CachePin {
             cache: Arc::downgrade(cache),
             file: Arc::clone(file),
@@ -151,6 +152,9 @@ fn err(errno: i32) -> io::Error {
 pub struct FsCore<B> {
     ns: Arc<Namespace>,
     reader: Arc<Reader>,
+    /// The cache's whole files, for passthrough (None: it keeps none, and
+    /// every file is opened through the daemon).
+    complete: Option<Arc<dyn CompleteFiles>>,
     files: Arc<OpenFiles<B, CachePin>>,
     /// Handles of reads without one (the kernel open mode).
     inode_handles: InodeHandles,
@@ -165,10 +169,13 @@ pub struct FsCore<B> {
 
 impl<B: Send + Sync + 'static> FsCore<B> {
     /// The core of a mount, with passthrough and the kernel open mode off
-    /// until the adapter learns that the kernel offers them.
+    /// until the adapter learns that the kernel offers them. `complete` is
+    /// the complete-file side of the cache behind `reader` (the same disk
+    /// cache), or None for a cache that keeps no whole files.
     pub fn new(
         ns: Arc<Namespace>,
         reader: Arc<Reader>,
+        complete: Option<Arc<dyn CompleteFiles>>,
         stats: Arc<Stats>,
         rt: tokio::runtime::Handle,
         opts: FsOptions,
@@ -178,14 +185,17 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         // Backings kept after their inode's last close name the cached file:
         // dropped as soon as it goes (or the kernel would keep its space and
         // read holes where blocks were dropped).
-        let (kept, gauge) = (Arc::clone(&files), Arc::clone(&stats));
-        reader.cache().on_file_dropped(Box::new(move |key| {
-            kept.forget_idle(key);
-            publish_kept(&kept, &gauge);
-        }));
+        if let Some(complete) = &complete {
+            let (kept, gauge) = (Arc::clone(&files), Arc::clone(&stats));
+            complete.on_file_dropped(Box::new(move |key| {
+                kept.forget_idle(key);
+                publish_kept(&kept, &gauge);
+            }));
+        }
         Arc::new(FsCore {
             ns,
             reader,
+            complete,
             files,
             inode_handles: InodeHandles::new(INODE_HANDLES),
             stats,
@@ -361,7 +371,9 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         ino: u64,
         file: &Arc<FileVersion>,
     ) -> Option<Prepared<B, CachePin>> {
-        let cache = self.reader.cache();
+        // (A cache that keeps no whole files never handed out a backing to
+        // keep either.)
+        let cache = self.complete.as_ref()?;
         if let Some(backing) = self.files.take_idle(ino, &file.key) {
             publish_kept(&self.files, &self.stats);
             if cache.pin_complete(file) {

@@ -24,6 +24,7 @@ use fuser::{
 };
 use tracing::{debug, info};
 
+use crate::cache::CompleteFiles;
 use crate::fs::{DirPlusReply, DirReply, FsCore, FsOptions, OpenReply, Opened};
 use crate::handles::OpenMode;
 use crate::metrics::{self, FuseOp};
@@ -107,6 +108,7 @@ impl LocaFs {
     pub fn new(
         ns: Arc<Namespace>,
         reader: Arc<Reader>,
+        complete: Option<Arc<dyn CompleteFiles>>,
         stats: Arc<Stats>,
         rt: tokio::runtime::Handle,
         opts: FuseOptions,
@@ -118,7 +120,7 @@ impl LocaFs {
             control_socket: opts.control_socket.clone(),
         };
         LocaFs {
-            fs: FsCore::new(ns, reader, stats, rt, core, readahead),
+            fs: FsCore::new(ns, reader, complete, stats, rt, core, readahead),
             opts,
         }
     }

@@ -26,7 +26,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::cache::{BlockCache, FileVersion};
+use crate::cache::{BlockStore, FileVersion};
 use crate::namespace::{Namespace, ROOT};
 use crate::peer::placement::{block_key, path_id, MemberId, Placement};
 use crate::peer::PeerNode;
@@ -143,7 +143,7 @@ type Walked = (usize, usize, Option<SourceVersion>);
 /// Answers the query. Nothing is asked of the source but the listings of
 /// directories whose listing is stale (one per directory): owners depend
 /// on paths only.
-pub fn locate(ns: &Namespace, cache: &dyn BlockCache, owners: &Owners, asked: Asked) -> Located {
+pub fn locate(ns: &Namespace, cache: &dyn BlockStore, owners: &Owners, asked: Asked) -> Located {
     let mut out = Located {
         node_index: owners.me().map(|i| i as u32),
         num_nodes: owners.num_nodes() as u32,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tracing::{debug, error, info, warn};
 
 use crate::cache::disk::DiskCache;
-use crate::cache::BlockCache;
+use crate::cache::{BlockStore, CompleteFiles};
 use crate::config::{MountConfig, MountRequest};
 use crate::fuse::{FuseOptions, LocaFs};
 use crate::logging::short_io;
@@ -365,7 +365,10 @@ impl Mount {
                 ""
             }
         );
-        let cache: Arc<dyn BlockCache> = Arc::clone(&disk) as Arc<dyn BlockCache>;
+        // One disk cache behind both seams: blocks for the reader, whole files
+        // for the open path (passthrough).
+        let cache: Arc<dyn BlockStore> = Arc::clone(&disk) as Arc<dyn BlockStore>;
+        let complete: Arc<dyn CompleteFiles> = Arc::clone(&disk) as Arc<dyn CompleteFiles>;
         let peer_node = match &cfg.peer {
             None => None,
             Some(pc) => {
@@ -451,6 +454,7 @@ impl Mount {
         let fs = LocaFs::new(
             Arc::clone(&ns),
             Arc::clone(&reader),
+            Some(complete),
             Arc::clone(&stats),
             rt.handle().clone(),
             FuseOptions {
@@ -639,7 +643,7 @@ impl Drop for Mount {
 /// read-ahead own into `stats` (weakly: each of them holds the stats).
 fn plug_views(
     stats: &Stats,
-    cache: &Arc<dyn BlockCache>,
+    cache: &Arc<dyn BlockStore>,
     reader: &Arc<Reader>,
     readahead: &Arc<ReadAhead>,
 ) {

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use thiserror::Error;
 use tokio::runtime::Handle;
 
-use crate::cache::{BlockCache, BlockId, ChecksummedBytes, FileVersion};
+use crate::cache::{BlockId, BlockStore, ChecksummedBytes, FileVersion};
 use crate::metrics::{self, Tier};
 use crate::source::{Source, SourceError};
 use crate::stats::Stats;
@@ -89,7 +89,7 @@ pub struct ReaderConfig {
 /// The read path of one mount.
 pub struct Reader {
     cfg: ReaderConfig,
-    cache: Arc<dyn BlockCache>,
+    cache: Arc<dyn BlockStore>,
     source: Arc<dyn Source>,
     memory: moka::sync::Cache<BlockId, ChecksummedBytes>,
     inflight: Mutex<HashMap<BlockId, Fetch>>,
@@ -103,7 +103,7 @@ pub struct Reader {
 impl Reader {
     pub fn new(
         cfg: ReaderConfig,
-        cache: Arc<dyn BlockCache>,
+        cache: Arc<dyn BlockStore>,
         source: Arc<dyn Source>,
         peers: Option<Arc<dyn PeerTier>>,
         rt: Handle,
@@ -152,7 +152,7 @@ impl Reader {
         &self.stats
     }
 
-    pub fn cache(&self) -> &Arc<dyn BlockCache> {
+    pub fn cache(&self) -> &Arc<dyn BlockStore> {
         &self.cache
     }
 
@@ -635,7 +635,6 @@ mod tests {
     use super::*;
     use crate::source::{SourceAttr, SourceVersion};
     use std::ffi::OsString;
-    use std::fs::File;
     use std::io;
     use std::path::{Path, PathBuf};
     use std::sync::atomic::AtomicU64;
@@ -662,7 +661,7 @@ mod tests {
         }
     }
 
-    impl BlockCache for GatedCache {
+    impl BlockStore for GatedCache {
         fn get(&self, _: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
             self.blocks.lock().get(&index).cloned()
         }
@@ -680,12 +679,6 @@ mod tests {
         fn is_complete(&self, _: &FileVersion) -> bool {
             false
         }
-        fn open_complete(&self, _: &FileVersion) -> Option<File> {
-            None
-        }
-        fn unpin(&self, _: &FileVersion) {}
-        fn note_current(&self, _: &FileVersion) {}
-        fn record_access(&self, _: &FileVersion, _: u64) {}
         fn usage(&self) -> crate::cache::CacheUsage {
             crate::cache::CacheUsage {
                 used_bytes: 0,
@@ -815,7 +808,7 @@ mod tests {
         }
     }
 
-    impl BlockCache for SlowGetCache {
+    impl BlockStore for SlowGetCache {
         fn get(&self, _: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
             self.waiting.fetch_add(1, Relaxed);
             let mut open = self.open.lock();
@@ -836,12 +829,6 @@ mod tests {
         fn is_complete(&self, _: &FileVersion) -> bool {
             true
         }
-        fn open_complete(&self, _: &FileVersion) -> Option<File> {
-            None
-        }
-        fn unpin(&self, _: &FileVersion) {}
-        fn note_current(&self, _: &FileVersion) {}
-        fn record_access(&self, _: &FileVersion, _: u64) {}
         fn usage(&self) -> crate::cache::CacheUsage {
             crate::cache::CacheUsage {
                 used_bytes: 0,

@@ -153,7 +153,7 @@ impl<T> std::fmt::Debug for ViewSlot<T> {
     }
 }
 
-/// What the cache holds, for `stats` (filled by `BlockCache::usage`).
+/// What the cache holds, for `stats` (filled by `BlockStore::usage`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheUsage {
     pub used_bytes: u64,

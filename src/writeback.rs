@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::cache::{BlockCache, ChecksummedBytes, FileVersion, VersionKey};
+use crate::cache::{BlockStore, ChecksummedBytes, FileVersion, VersionKey};
 use crate::stats::Stats;
 
 /// Room in the queue free now, in KiB.
@@ -125,7 +125,7 @@ struct Refused {
 
 /// The write-back queue of one mount.
 pub struct WriteBack {
-    cache: Arc<dyn BlockCache>,
+    cache: Arc<dyn BlockStore>,
     rt: Handle,
     stats: Arc<Stats>,
     /// Bounds the blocks waiting to be written to the disk cache (KiB).
@@ -149,7 +149,7 @@ impl WriteBack {
         queue_bytes: u64,
         wait_bytes: u64,
         block_size: u64,
-        cache: Arc<dyn BlockCache>,
+        cache: Arc<dyn BlockStore>,
         rt: Handle,
         stats: Arc<Stats>,
     ) -> Arc<Self> {
@@ -378,7 +378,7 @@ mod tests {
         }
     }
 
-    impl BlockCache for GatedCache {
+    impl BlockStore for GatedCache {
         fn get(&self, _: &FileVersion, _: u64) -> Option<ChecksummedBytes> {
             None
         }
@@ -411,12 +411,6 @@ mod tests {
         fn is_complete(&self, _: &FileVersion) -> bool {
             false
         }
-        fn open_complete(&self, _: &FileVersion) -> Option<std::fs::File> {
-            None
-        }
-        fn unpin(&self, _: &FileVersion) {}
-        fn note_current(&self, _: &FileVersion) {}
-        fn record_access(&self, _: &FileVersion, _: u64) {}
         fn usage(&self) -> crate::cache::CacheUsage {
             crate::cache::CacheUsage::default()
         }

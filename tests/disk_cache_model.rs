@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use locafs::cache::disk::DiskCache;
-use locafs::cache::{BlockCache, ChecksummedBytes, FileVersion};
+use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
 use locafs::source::SourceVersion;
 use locafs::stats::Stats;
 use proptest::prelude::*;

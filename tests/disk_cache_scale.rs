@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use locafs::cache::disk::DiskCache;
-use locafs::cache::{BlockCache, ChecksummedBytes, FileVersion};
+use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
 use locafs::source::SourceVersion;
 use locafs::stats::Stats;
 

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use common::fakes::{GatedCache, MemCache, MemSource, NoSource, SlowSource, StallSource};
 use common::wait_until;
 use locafs::cache::disk::DiskCache;
-use locafs::cache::{BlockCache, ChecksummedBytes, FileVersion};
+use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
 use locafs::source::{DirSource, Source, SourceError, SourceVersion};
 
 /// The same small tree in a directory and in memory.
@@ -216,7 +216,7 @@ fn mem_cache_keeps_blocks_as_the_disk_cache_does() {
     let dir = tempfile::tempdir().unwrap();
     let (disk, _) = DiskCache::open(dir.path(), Some(64 << 20), BS, Arc::default()).unwrap();
     let mem = MemCache::new(BS);
-    let caches: [&dyn BlockCache; 2] = [&disk, &mem];
+    let caches: [&dyn BlockStore; 2] = [&disk, &mem];
     let f = file("f", 2 * BS + 100);
     let other = file("g", BS);
     for c in caches {

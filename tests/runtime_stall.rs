@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::fakes::{Call, Hook, Hooked};
 use locafs::cache::disk::DiskCache;
-use locafs::cache::BlockCache;
+use locafs::cache::BlockStore;
 use locafs::namespace::Namespace;
 use locafs::prefetch::{ReadAhead, ReadAheadConfig};
 use locafs::reader::{Reader, ReaderConfig};
@@ -102,7 +102,7 @@ fn lateness_of_unrelated_tasks_while_a_plan_of_100k_paths_is_installed() {
         Arc::clone(&stats),
     )
     .unwrap();
-    let cache: Arc<dyn BlockCache> = Arc::new(disk);
+    let cache: Arc<dyn BlockStore> = Arc::new(disk);
     let source: Arc<dyn Source> = Arc::new(Hooked::wrap(&src, RoundTrip(rtt)));
     let ns = Arc::new(
         Namespace::new(

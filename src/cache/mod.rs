@@ -1,6 +1,8 @@
 //! The local block cache: what a block is, how it is named and checksummed,
-//! and the [`BlockCache`] seam the read path talks to. `disk` keeps blocks on
-//! local disk across restarts; `policy` decides what stays.
+//! and its two seams: [`BlockStore`], the blocks the read path gets and
+//! puts, and [`CompleteFiles`], whole cached files the open path hands to
+//! the kernel (passthrough). `disk` keeps blocks on local disk across
+//! restarts and is both; `policy` decides what stays.
 //!
 //! Nothing here may serve a byte whose checksum was not verified, and nothing
 //! here may fail a read: a cache fault is logged, counted and reported as a
@@ -184,9 +186,15 @@ pub use crate::stats::CacheUsage;
 /// Called with a version's key when its cached file stops being complete.
 pub type DroppedHook = Box<dyn Fn(&VersionKey) + Send + Sync>;
 
-/// The seam between the read path and whatever keeps blocks locally. Every
+/// The seam between the read path and whatever keeps blocks locally: what
+/// the reader, the write-back queue, read-ahead and `locate` need. Every
 /// method is infallible from the caller's view: faults become misses.
-pub trait BlockCache: Send + Sync + 'static {
+///
+/// A store with no policy (a fake in memory) writes `get`, `put`,
+/// `is_block_cached`, `is_complete`, `usage` and `has_room_for`; the rest
+/// have defaults. Handing whole files to the kernel is the other seam,
+/// [`CompleteFiles`], which such a store need not have.
+pub trait BlockStore: Send + Sync + 'static {
     /// A verified block, or None (absent, or found corrupt and dropped).
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes>;
     /// Stores a block if the policy admits it; returns whether it was stored.
@@ -218,32 +226,43 @@ pub trait BlockCache: Send + Sync + 'static {
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool;
     /// Whether every block of the file is cached (not verified).
     fn is_complete(&self, file: &FileVersion) -> bool;
+    /// The version is the current one for its path: older versions of the
+    /// same path are stale. A store with no policy may ignore it.
+    fn note_current(&self, _file: &FileVersion) {}
+    /// The loader read `bytes` of this file (advances the policy's clock).
+    /// A store with no policy may ignore it.
+    fn record_access(&self, _file: &FileVersion, _bytes: u64) {}
+    /// What the store holds now, for `stats`.
+    fn usage(&self) -> CacheUsage;
+    /// Whether the whole file would fit in free room now, without evicting
+    /// anything (read-ahead only fills free room).
+    fn has_room_for(&self, file: &FileVersion) -> bool;
+}
+
+/// The seam between the open path (fs.rs) and a cache that keeps whole
+/// files it can hand to the kernel for passthrough: an open read-only
+/// file, pinned (kept whole, never evicted) until it is given back. A mount
+/// whose cache keeps no such files has none of it (`Option` in
+/// `FsCore::new`), and opens every file through the daemon.
+pub trait CompleteFiles: Send + Sync + 'static {
     /// If every block of the file is cached and verified since this mount, an
     /// open read-only handle on the cached file (for passthrough); the file is
-    /// pinned until [`BlockCache::unpin`].
+    /// pinned until [`CompleteFiles::unpin`].
     fn open_complete(&self, file: &FileVersion) -> Option<File>;
-    /// Pins a file again that [`BlockCache::open_complete`] handed out
+    /// Pins a file again that [`CompleteFiles::open_complete`] handed out
     /// earlier in this mount, if it is still complete (no I/O): for a
     /// backing kept from that open. False if it is not (or the cache keeps
     /// no such files).
     fn pin_complete(&self, _file: &FileVersion) -> bool {
         false
     }
+    /// Gives back one pin taken by `open_complete` or `pin_complete`.
     fn unpin(&self, file: &FileVersion);
     /// What to call with a version's key when its cached file is deleted or
     /// loses a block, so that nobody keeps reading it as complete (kept
     /// passthrough backings). A cache that never says yes to
-    /// [`BlockCache::pin_complete`] may ignore it.
+    /// [`CompleteFiles::pin_complete`] may ignore it.
     fn on_file_dropped(&self, _hook: DroppedHook) {}
-    /// The version is the current one for its path: older versions of the
-    /// same path are stale.
-    fn note_current(&self, file: &FileVersion);
-    /// The loader read `bytes` of this file (advances the policy's clock).
-    fn record_access(&self, file: &FileVersion, bytes: u64);
-    fn usage(&self) -> CacheUsage;
-    /// Whether the whole file would fit in free room now, without evicting
-    /// anything (read-ahead only fills free room).
-    fn has_room_for(&self, file: &FileVersion) -> bool;
 }
 
 #[cfg(test)]

@@ -8,15 +8,14 @@
 //!   writes its own hook in a few lines.
 //! - [`MemSource`]: a data set in memory; [`NoSource`]: refuses and counts
 //!   every call.
-//! - [`MemCache`]: a `BlockCache` in memory; [`GatedCache`]: any cache
-//!   whose `put`s wait at a gate the test opens.
+//! - [`MemCache`]: a `BlockStore` in memory; [`GatedCache`]: any block
+//!   store whose `put`s wait at a gate the test opens.
 //!
 //! `tests/kit_fakes.rs` checks that each fake answers as the real thing
 //! does where it does not inject anything. None of this is a user feature.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
-use std::fs::File;
 use std::io;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -25,7 +24,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use locafs::cache::{BlockCache, CacheUsage, ChecksummedBytes, FileVersion, VersionKey};
+use locafs::cache::{BlockStore, CacheUsage, ChecksummedBytes, FileVersion, VersionKey};
 use locafs::source::{DirSource, EntryKind, Source, SourceAttr, SourceError, SourceVersion};
 
 // ------------------------------------------------------------ hooked sources
@@ -507,27 +506,43 @@ impl Source for MemSource {
 
 // ------------------------------------------------------------------ caches
 
-/// A `BlockCache` in memory: keeps every block it is given (no bound, no
-/// eviction, nothing pinned: it never offers passthrough).
+/// A [`BlockStore`] in memory: keeps every block it is given (no bound, no
+/// eviction, no policy). It keeps no whole files for passthrough: a mount
+/// over it has no [`locafs::cache::CompleteFiles`] (tests/fs adds one).
 pub struct MemCache {
     block_size: u64,
     blocks: Mutex<HashMap<(VersionKey, u64), ChecksummedBytes>>,
+    /// Versions marked current (`note_current`), in order.
+    pub current: Mutex<Vec<VersionKey>>,
 }
 
 impl MemCache {
     pub fn new(block_size: u64) -> Self {
         MemCache {
             block_size,
-            blocks: Mutex::new(HashMap::new()),
+            blocks: Mutex::default(),
+            current: Mutex::default(),
         }
+    }
+
+    /// Caches every block of `file` (whose bytes are `data`).
+    pub fn fill(&self, file: &FileVersion, data: &[u8]) {
+        for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
+            let block = ChecksummedBytes::from_source(Bytes::copy_from_slice(chunk));
+            self.put(file, i as u64, &block);
+        }
+    }
+
+    /// Drops block `index` of `key` (every block if None), as an eviction.
+    pub fn drop_blocks(&self, key: &VersionKey, index: Option<u64>) {
+        let mut blocks = self.blocks.lock().unwrap();
+        blocks.retain(|(k, i), _| k != key || index.is_some_and(|x| x != *i));
     }
 
     /// The indices of the blocks held for `file`, sorted.
     pub fn stored(&self, file: &FileVersion) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .blocks
-            .lock()
-            .unwrap()
+        let blocks = self.blocks.lock().unwrap();
+        let mut v: Vec<u64> = blocks
             .keys()
             .filter(|(k, _)| *k == file.key)
             .map(|(_, i)| *i)
@@ -537,15 +552,13 @@ impl MemCache {
     }
 }
 
-impl BlockCache for MemCache {
+impl BlockStore for MemCache {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         self.blocks.lock().unwrap().get(&(file.key, index)).cloned()
     }
     fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.blocks
-            .lock()
-            .unwrap()
-            .insert((file.key, index), block.clone());
+        let mut blocks = self.blocks.lock().unwrap();
+        blocks.insert((file.key, index), block.clone());
         true
     }
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
@@ -555,12 +568,9 @@ impl BlockCache for MemCache {
         let blocks = self.blocks.lock().unwrap();
         (0..file.block_count(self.block_size)).all(|i| blocks.contains_key(&(file.key, i)))
     }
-    fn open_complete(&self, _: &FileVersion) -> Option<File> {
-        None
+    fn note_current(&self, file: &FileVersion) {
+        self.current.lock().unwrap().push(file.key);
     }
-    fn unpin(&self, _: &FileVersion) {}
-    fn note_current(&self, _: &FileVersion) {}
-    fn record_access(&self, _: &FileVersion, _: u64) {}
     fn usage(&self) -> CacheUsage {
         let blocks = self.blocks.lock().unwrap();
         let mut files: Vec<VersionKey> = blocks.keys().map(|(k, _)| *k).collect();
@@ -619,7 +629,7 @@ impl<C> GatedCache<C> {
     }
 }
 
-impl<C: BlockCache> BlockCache for GatedCache<C> {
+impl<C: BlockStore> BlockStore for GatedCache<C> {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         self.inner.get(file, index)
     }
@@ -646,18 +656,6 @@ impl<C: BlockCache> BlockCache for GatedCache<C> {
     }
     fn is_complete(&self, file: &FileVersion) -> bool {
         self.inner.is_complete(file)
-    }
-    fn open_complete(&self, file: &FileVersion) -> Option<File> {
-        self.inner.open_complete(file)
-    }
-    fn pin_complete(&self, file: &FileVersion) -> bool {
-        self.inner.pin_complete(file)
-    }
-    fn unpin(&self, file: &FileVersion) {
-        self.inner.unpin(file)
-    }
-    fn on_file_dropped(&self, hook: locafs::cache::DroppedHook) {
-        self.inner.on_file_dropped(hook)
     }
     fn note_current(&self, file: &FileVersion) {
         self.inner.note_current(file)

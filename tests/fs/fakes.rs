@@ -1,6 +1,7 @@
 //! In-memory fakes behind the core's seams: a source tree that can change
-//! and stall, a block cache that counts pins, and a kernel that registers
-//! passthrough backings (or refuses to).
+//! and stall, the complete-file side of the kit's block cache in memory
+//! (`MemCache`), counting pins, and a kernel that registers passthrough
+//! backings (or refuses to).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
@@ -11,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
-use locafs::cache::{
-    BlockCache, CacheUsage, ChecksummedBytes, DroppedHook, FileVersion, VersionKey,
-};
+use locafs::cache::{BlockStore, CompleteFiles, DroppedHook, FileVersion, VersionKey};
 use locafs::source::{EntryKind, Source, SourceAttr, SourceError, SourceVersion};
+
+pub use crate::common::fakes::MemCache;
 
 fn enoent() -> io::Error {
     io::Error::from_raw_os_error(libc::ENOENT)
@@ -222,53 +223,34 @@ impl Source for MemSource {
     }
 }
 
-/// A block cache in memory that counts the pins of each file version, as
-/// the disk cache keeps them (`open_complete` and `pin_complete` take one,
-/// `unpin` gives one back), and calls the dropped-file hook when a test
-/// drops a file.
-#[derive(Default)]
-pub struct MemCache {
-    block_size: u64,
-    blocks: Mutex<HashMap<(VersionKey, u64), ChecksummedBytes>>,
+/// The complete-file side of a [`MemCache`]: counts the pins of each file
+/// version as the disk cache keeps them (`open_complete` and `pin_complete`
+/// take one, `unpin` gives one back), and calls the dropped-file hook when
+/// a test drops a file.
+pub struct MemComplete {
+    pub cache: Arc<MemCache>,
     pins: Mutex<HashMap<VersionKey, i64>>,
     /// An unpin of a file with no pin (a pin given back twice).
     pub unpin_underflow: AtomicBool,
     hook: Mutex<Option<DroppedHook>>,
-    /// Versions marked current, in order.
-    pub current: Mutex<Vec<VersionKey>>,
 }
 
-impl MemCache {
-    pub fn new(block_size: u64) -> Arc<Self> {
-        Arc::new(MemCache {
-            block_size,
-            ..Default::default()
+impl MemComplete {
+    pub fn new(cache: Arc<MemCache>) -> Arc<Self> {
+        Arc::new(MemComplete {
+            cache,
+            pins: Mutex::default(),
+            unpin_underflow: AtomicBool::new(false),
+            hook: Mutex::default(),
         })
-    }
-
-    /// Caches every block of `file`, as if read through the mount.
-    pub fn fill(&self, file: &FileVersion, data: &[u8]) {
-        let bs = self.block_size as usize;
-        let mut blocks = self.blocks.lock().unwrap();
-        for (i, chunk) in data.chunks(bs).enumerate() {
-            blocks.insert(
-                (file.key, i as u64),
-                ChecksummedBytes::from_source(Bytes::copy_from_slice(chunk)),
-            );
-        }
     }
 
     /// Drops a file from the cache (evicted), telling the hook.
     pub fn drop_file(&self, key: &VersionKey) {
-        self.blocks.lock().unwrap().retain(|(k, _), _| k != key);
+        self.cache.drop_blocks(key, None);
         if let Some(hook) = &*self.hook.lock().unwrap() {
             hook(key);
         }
-    }
-
-    /// Loses one block without telling the hook.
-    pub fn lose_block(&self, key: &VersionKey, index: u64) {
-        self.blocks.lock().unwrap().remove(&(*key, index));
     }
 
     pub fn pins(&self, key: &VersionKey) -> i64 {
@@ -279,46 +261,20 @@ impl MemCache {
     pub fn all_pins(&self) -> i64 {
         self.pins.lock().unwrap().values().sum()
     }
-
-    fn pin(&self, key: &VersionKey) {
-        *self.pins.lock().unwrap().entry(*key).or_default() += 1;
-    }
 }
 
-impl BlockCache for MemCache {
-    fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
-        self.blocks.lock().unwrap().get(&(file.key, index)).cloned()
-    }
-    fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.blocks
-            .lock()
-            .unwrap()
-            .insert((file.key, index), block.clone());
-        true
-    }
-    fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
-        self.blocks.lock().unwrap().contains_key(&(file.key, index))
-    }
-    fn is_complete(&self, file: &FileVersion) -> bool {
-        let n = file.block_count(self.block_size);
-        let blocks = self.blocks.lock().unwrap();
-        (0..n).all(|i| blocks.contains_key(&(file.key, i)))
-    }
+impl CompleteFiles for MemComplete {
     fn open_complete(&self, file: &FileVersion) -> Option<File> {
-        if !self.is_complete(file) {
-            return None;
-        }
         // Any open file will do: the fake kernel never reads it.
         let f = File::open("/dev/null").ok()?;
-        self.pin(&file.key);
-        Some(f)
+        self.pin_complete(file).then_some(f)
     }
     fn pin_complete(&self, file: &FileVersion) -> bool {
-        if !self.is_complete(file) {
-            return false;
+        let whole = self.cache.is_complete(file);
+        if whole {
+            *self.pins.lock().unwrap().entry(file.key).or_default() += 1;
         }
-        self.pin(&file.key);
-        true
+        whole
     }
     fn unpin(&self, file: &FileVersion) {
         let mut pins = self.pins.lock().unwrap();
@@ -331,20 +287,6 @@ impl BlockCache for MemCache {
     }
     fn on_file_dropped(&self, hook: DroppedHook) {
         *self.hook.lock().unwrap() = Some(hook);
-    }
-    fn note_current(&self, file: &FileVersion) {
-        self.current.lock().unwrap().push(file.key);
-    }
-    fn record_access(&self, _: &FileVersion, _: u64) {}
-    fn usage(&self) -> CacheUsage {
-        CacheUsage {
-            capacity_bytes: 1 << 30,
-            writable: true,
-            ..Default::default()
-        }
-    }
-    fn has_room_for(&self, _: &FileVersion) -> bool {
-        true
     }
 }
 

@@ -1,14 +1,16 @@
 //! The file system core (src/fs.rs) without FUSE and without root: the
 //! real namespace, reader, read-ahead and open table over an in-memory
-//! source, an in-memory block cache that counts pins and a fake kernel that
-//! registers passthrough backings (fakes.rs). Requests go in as the FUSE
-//! adapter sends them; answers come back through the replies. Covers the
-//! open protocol (modes, keep_cache, errors, stats), passthrough
-//! bookkeeping (one pin per inode in passthrough, every other pin given
-//! back, kept backings, racing opens), revalidation, EROFS, the kernel open
-//! mode, listings, and that a request needing the source never holds the
-//! caller's thread.
+//! source, the kit's in-memory block cache with a complete-file side that
+//! counts pins, and a fake kernel that registers passthrough backings
+//! (fakes.rs). Requests go in as the FUSE adapter sends them; answers come
+//! back through the replies. Covers the open protocol (modes, keep_cache,
+//! errors, stats), passthrough bookkeeping (one pin per inode in
+//! passthrough, every other pin given back, kept backings, racing opens),
+//! revalidation, EROFS, the kernel open mode, listings, and that a request
+//! needing the source never holds the caller's thread.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod fakes;
 
 use std::ffi::{OsStr, OsString};
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fakes::{Backing, Kernel, MemCache, MemSource};
+use fakes::{Backing, Kernel, MemCache, MemComplete, MemSource};
 use locafs::cache::{FileVersion, VersionKey};
 use locafs::fs::{DirPlusReply, DirReply, FsCore, FsOptions, OpenReply, Opened, STATS_XATTR};
 use locafs::handles::OpenMode;
@@ -39,6 +41,8 @@ struct Harness {
     fs: Arc<FsCore<Backing>>,
     source: Arc<MemSource>,
     cache: Arc<MemCache>,
+    /// The cache's complete-file side, counting pins.
+    complete: Arc<MemComplete>,
     kernel: Arc<Kernel>,
     stats: Arc<Stats>,
     /// Kept alive with the core (its tasks run there).
@@ -137,7 +141,8 @@ impl Harness {
             .enable_all()
             .build()
             .unwrap();
-        let cache = MemCache::new(BS);
+        let cache = Arc::new(MemCache::new(BS));
+        let complete = MemComplete::new(Arc::clone(&cache));
         let stats = Arc::new(Stats::default());
         let ns = Namespace::new(source.clone(), revalidate, Arc::default()).unwrap();
         let ns = Arc::new(ns.with_stats(Arc::clone(&stats)));
@@ -174,6 +179,7 @@ impl Harness {
         let fs = FsCore::new(
             ns,
             reader,
+            Some(complete.clone()),
             Arc::clone(&stats),
             rt.handle().clone(),
             FsOptions {
@@ -187,6 +193,7 @@ impl Harness {
             fs,
             source,
             cache,
+            complete,
             kernel: Arc::default(),
             stats,
             _rt: rt,
@@ -320,7 +327,7 @@ fn an_uncached_file_opens_in_cached_mode_reads_its_bytes_and_counts_its_opens() 
     h.fs.release(second.fh);
     assert_eq!(h.stats.open_handles.load(SeqCst), 0, "a handle closes once");
     assert_eq!(errno(h.read(ino, first.fh, 0, 10)), libc::EBADF);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
 }
 
 #[test]
@@ -336,7 +343,7 @@ fn write_access_and_every_change_of_the_tree_get_erofs() {
     // Refused before anything was done for it.
     assert_eq!(h.opens(), 0);
     assert_eq!(h.kernel.asked.load(SeqCst), 0);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
 }
 
 #[test]
@@ -372,16 +379,16 @@ fn a_cached_file_opens_in_passthrough_with_one_pin_and_its_backing_is_kept_after
     );
     assert!(Arc::ptr_eq(bx, by));
     assert_eq!(h.kernel.asked.load(SeqCst), 1);
-    assert_eq!(h.cache.pins(&key), 1);
+    assert_eq!(h.complete.pins(&key), 1);
     assert_eq!(h.stats.passthrough_opens.load(SeqCst), 2);
     assert_eq!(h.opens(), 2);
     drop((x.mode, y.mode));
     h.fs.release(x.fh);
-    assert_eq!(h.cache.pins(&key), 1, "still open in passthrough");
+    assert_eq!(h.complete.pins(&key), 1, "still open in passthrough");
     assert_eq!(h.stats.passthrough_kept.load(SeqCst), 0);
     h.fs.release(y.fh);
     // The last close gives the pin back and keeps the backing.
-    assert_eq!(h.cache.pins(&key), 0);
+    assert_eq!(h.complete.pins(&key), 0);
     assert_eq!(h.stats.passthrough_kept.load(SeqCst), 1);
     assert_eq!(h.kernel.live(), 1);
     // The next open of the same version takes the kept backing: no new
@@ -389,13 +396,13 @@ fn a_cached_file_opens_in_passthrough_with_one_pin_and_its_backing_is_kept_after
     let z = h.open(ino).unwrap();
     assert!(backing(&z).is_some());
     assert_eq!(h.kernel.asked.load(SeqCst), 1);
-    assert_eq!(h.cache.pins(&key), 1);
+    assert_eq!(h.complete.pins(&key), 1);
     assert_eq!(h.stats.passthrough_kept.load(SeqCst), 0);
     drop(z.mode);
     h.fs.release(z.fh);
     assert_eq!(h.stats.passthrough_kept.load(SeqCst), 1);
     // The cache drops the file: its kept backing goes too.
-    h.cache.drop_file(&key);
+    h.complete.drop_file(&key);
     assert_eq!(h.stats.passthrough_kept.load(SeqCst), 0);
     assert_eq!(h.kernel.live(), 0);
     // Now it opens cached (reading it brings it back).
@@ -403,8 +410,8 @@ fn a_cached_file_opens_in_passthrough_with_one_pin_and_its_backing_is_kept_after
     assert_eq!(keep_cache(&w), Some(true));
     assert_eq!(h.read(ino, w.fh, 0, a.len() as u32).unwrap(), &a[..]);
     h.fs.release(w.fh);
-    assert_eq!(h.cache.all_pins(), 0);
-    assert!(!h.cache.unpin_underflow.load(SeqCst));
+    assert_eq!(h.complete.all_pins(), 0);
+    assert!(!h.complete.unpin_underflow.load(SeqCst));
 }
 
 #[test]
@@ -423,24 +430,24 @@ fn a_kept_backing_whose_file_is_no_longer_whole_is_not_used() {
     assert_eq!(h.kernel.live(), 1);
     // A block lost without the cache's hook being told: the kept backing
     // is taken, found not whole (no pin), and dropped; the open is cached.
-    h.cache.lose_block(&key, 1);
+    h.cache.drop_blocks(&key, Some(1));
     let y = h.open(ino).unwrap();
     assert_eq!(keep_cache(&y), Some(true));
     assert_eq!(h.kernel.live(), 0);
     assert_eq!(h.stats.passthrough_kept.load(SeqCst), 0);
     assert_eq!(h.kernel.asked.load(SeqCst), 1, "no new registration");
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
     h.fs.release(y.fh);
     // Whole again: a new backing.
     h.cache_whole("a", &a);
     let z = h.open(ino).unwrap();
     assert!(backing(&z).is_some());
     assert_eq!(h.kernel.asked.load(SeqCst), 2);
-    assert_eq!(h.cache.pins(&key), 1);
+    assert_eq!(h.complete.pins(&key), 1);
     drop(z.mode);
     h.fs.release(z.fh);
-    assert_eq!(h.cache.all_pins(), 0);
-    assert!(!h.cache.unpin_underflow.load(SeqCst));
+    assert_eq!(h.complete.all_pins(), 0);
+    assert!(!h.complete.unpin_underflow.load(SeqCst));
 }
 
 #[test]
@@ -454,7 +461,7 @@ fn without_passthrough_from_the_kernel_a_cached_file_opens_cached_and_pins_nothi
     assert_eq!(keep_cache(&x), Some(false));
     assert_eq!(h.read(ino, x.fh, 0, 3).unwrap(), &b"abc"[..]);
     assert_eq!(h.kernel.asked.load(SeqCst), 0);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
     h.fs.release(x.fh);
 }
 
@@ -471,16 +478,16 @@ fn a_refused_registration_gives_the_pin_back_and_turns_passthrough_off() {
     h.cache_whole("b", b"second");
     let x = h.open(a).unwrap();
     assert_eq!(keep_cache(&x), Some(false), "served through the daemon");
-    assert_eq!(h.cache.all_pins(), 0, "the pin of the refused backing");
+    assert_eq!(h.complete.all_pins(), 0, "the pin of the refused backing");
     assert_eq!(h.read(a, x.fh, 0, 5).unwrap(), &b"first"[..]);
     // Passthrough is off from now on: nothing more is asked of the kernel.
     let y = h.open(b).unwrap();
     assert!(backing(&y).is_none());
     assert_eq!(h.kernel.asked.load(SeqCst), 1);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
     h.fs.release(x.fh);
     h.fs.release(y.fh);
-    assert!(!h.cache.unpin_underflow.load(SeqCst));
+    assert!(!h.complete.unpin_underflow.load(SeqCst));
 }
 
 #[test]
@@ -515,17 +522,17 @@ fn racing_opens_of_one_cached_file_leave_no_pin_behind() {
         for w in workers {
             w.join().unwrap();
         }
-        assert_eq!(h.cache.pins(&key), 0, "round {round}: a pin left behind");
+        assert_eq!(h.complete.pins(&key), 0, "round {round}: a pin left behind");
         assert_eq!(h.stats.open_handles.load(SeqCst), 0);
         assert_eq!(h.stats.passthrough_kept.load(SeqCst), 1);
         assert_eq!(h.kernel.live(), 1, "round {round}: one backing kept");
     }
     assert!(
-        !h.cache.unpin_underflow.load(SeqCst),
+        !h.complete.unpin_underflow.load(SeqCst),
         "a pin given back twice"
     );
     // And the file can go: nothing holds it.
-    h.cache.drop_file(&key);
+    h.complete.drop_file(&key);
     assert_eq!(h.kernel.live(), 0);
 }
 
@@ -548,19 +555,19 @@ fn a_file_changed_while_open_in_passthrough_is_ebusy_until_closed() {
     // Neither mode works for the new version while the old one is open
     // in passthrough; nothing is pinned for it.
     assert_eq!(errno(h.open(ino)), libc::EBUSY);
-    assert_eq!(h.cache.pins(&k1), 1);
-    assert_eq!(h.cache.pins(&k2), 0);
+    assert_eq!(h.complete.pins(&k1), 1);
+    assert_eq!(h.complete.pins(&k2), 0);
     drop(x.mode);
     h.fs.release(x.fh);
-    assert_eq!(h.cache.pins(&k1), 0);
+    assert_eq!(h.complete.pins(&k1), 0);
     // Once closed, the new version opens (in passthrough) and is current.
     let y = h.open(ino).unwrap();
     assert!(backing(&y).is_some());
-    assert_eq!(h.cache.pins(&k2), 1);
+    assert_eq!(h.complete.pins(&k2), 1);
     assert_eq!(*h.cache.current.lock().unwrap(), vec![k1, k2]);
     drop(y.mode);
     h.fs.release(y.fh);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
 }
 
 #[test]
@@ -691,7 +698,7 @@ fn requests_that_need_the_source_return_before_it_answers() {
     assert_eq!(wait(df_rx).unwrap(), 1000);
     h.fs.release(o.fh);
     h.fs.release(cached.fh);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
 }
 
 #[test]
@@ -707,7 +714,7 @@ fn kernel_open_mode_refuses_open_and_serves_reads_without_a_handle() {
     // ENOSYS: the kernel's sign to open by itself from now on.
     assert_eq!(errno(h.open(ino)), libc::ENOSYS);
     assert_eq!(h.opens(), 0);
-    assert_eq!(h.cache.all_pins(), 0);
+    assert_eq!(h.complete.all_pins(), 0);
     // Reads come with handle 0; the first (and any from offset 0) counts
     // as an open of the current version.
     assert_eq!(h.read(ino, 0, 0, 10).unwrap(), &a[..10]);

@@ -19,7 +19,7 @@ pub(super) struct DataFile {
 }
 
 /// How a block is written: straight to the disk, or through the page cache
-/// because the loader will read it soon (see [`BlockCache::put_ahead`]) or
+/// because the loader will read it soon (see [`BlockStore::put_ahead`]) or
 /// because other blocks of its file are being written at the same time.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Via {

@@ -53,7 +53,9 @@ use tracing::{debug, info, warn};
 
 use super::policy::{Admission, Evicted, Policy, Tier};
 use super::recover::{self, Op, Put};
-use super::{BlockCache, CacheUsage, Checksum, ChecksummedBytes, FileVersion, VersionKey};
+use super::{
+    BlockStore, CacheUsage, Checksum, ChecksummedBytes, CompleteFiles, FileVersion, VersionKey,
+};
 use crate::source::SourceVersion;
 use crate::stats::Stats;
 
@@ -72,7 +74,9 @@ pub const FIXED_OVERHEAD: u64 = 2 << 20;
 /// How long writes stay off after the cache disk failed one.
 const WRITE_BACKOFF: Duration = Duration::from_secs(30);
 
-/// The block cache of one data set on local disk.
+/// The block cache of one data set on local disk: the read path's
+/// [`BlockStore`] and the open path's [`CompleteFiles`] (a mount wires both
+/// from one `Arc<DiskCache>`).
 pub struct DiskCache {
     core: Arc<Core>,
 }
@@ -150,7 +154,7 @@ pub struct Core {
 }
 
 /// Complete files to verify in the background (see
-/// [`BlockCache::open_complete`]): at most [`VERIFY_QUEUE_MAX`], each once.
+/// [`CompleteFiles::open_complete`]): at most [`VERIFY_QUEUE_MAX`], each once.
 #[derive(Default)]
 struct VerifyQueue {
     files: std::collections::VecDeque<FileVersion>,
@@ -1041,7 +1045,7 @@ impl Core {
     }
 }
 
-impl BlockCache for DiskCache {
+impl BlockStore for DiskCache {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         let sum = {
             let st = self.state.lock();
@@ -1099,6 +1103,54 @@ impl BlockCache for DiskCache {
             .is_some_and(Entry::complete)
     }
 
+    fn note_current(&self, file: &FileVersion) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        // (Every version of the path hashes as its key does; another path
+        // that shares the 32 bits of its path part only has its old
+        // versions go first when room is needed: nothing is served by it.)
+        let old: Vec<VersionKey> = st
+            .books
+            .keys_like(&file.key)
+            .filter(|k| *k != file.key)
+            .collect();
+        for k in old {
+            st.books.mark_stale(&k);
+        }
+    }
+
+    fn record_access(&self, file: &FileVersion, bytes: u64) {
+        let mut st = self.state.lock();
+        st.books.record_read(bytes);
+        st.touch(file.key);
+    }
+
+    fn has_room_for(&self, file: &FileVersion) -> bool {
+        let nblocks = file.block_count(self.block_size);
+        let data = (nblocks.saturating_sub(1)) * round_alloc(self.block_size)
+            + round_alloc(file.block_len(nblocks.saturating_sub(1), self.block_size) as u64);
+        let need = data + round_alloc(self.meta_layout(&file.rel, nblocks).1) + PER_FILE_OVERHEAD;
+        let st = self.state.lock();
+        let have = st
+            .books
+            .get(&file.key)
+            .map_or(0, |e| self.part_bytes(e, false) + self.part_bytes(e, true));
+        st.books.used() + need.saturating_sub(have) <= st.books.capacity()
+    }
+
+    fn usage(&self) -> CacheUsage {
+        let st = self.state.lock();
+        CacheUsage {
+            used_bytes: st.books.used() + FIXED_OVERHEAD,
+            capacity_bytes: st.books.capacity() + FIXED_OVERHEAD,
+            files_cached: st.files_complete,
+            evictions: st.books.evictions(),
+            writable: self.writes_off_until.lock().is_none(),
+        }
+    }
+}
+
+impl CompleteFiles for DiskCache {
     /// Verifies on the caller's thread (a FUSE thread) at most one block's
     /// bytes, as a read served from the cache does; a file with more not yet
     /// verified in this mount (after a remount or a crash) gets None (it is
@@ -1180,59 +1232,13 @@ impl BlockCache for DiskCache {
         true
     }
 
-    fn on_file_dropped(&self, hook: super::DroppedHook) {
-        if self.dropped.set(hook).is_err() {
-            warn!("cache: a second dropped-file hook was ignored");
-        }
-    }
-
     fn unpin(&self, file: &FileVersion) {
         self.unpin_passthrough(file);
     }
 
-    fn note_current(&self, file: &FileVersion) {
-        let mut st = self.state.lock();
-        let st = &mut *st;
-        // (Every version of the path hashes as its key does; another path
-        // that shares the 32 bits of its path part only has its old
-        // versions go first when room is needed: nothing is served by it.)
-        let old: Vec<VersionKey> = st
-            .books
-            .keys_like(&file.key)
-            .filter(|k| *k != file.key)
-            .collect();
-        for k in old {
-            st.books.mark_stale(&k);
-        }
-    }
-
-    fn record_access(&self, file: &FileVersion, bytes: u64) {
-        let mut st = self.state.lock();
-        st.books.record_read(bytes);
-        st.touch(file.key);
-    }
-
-    fn has_room_for(&self, file: &FileVersion) -> bool {
-        let nblocks = file.block_count(self.block_size);
-        let data = (nblocks.saturating_sub(1)) * round_alloc(self.block_size)
-            + round_alloc(file.block_len(nblocks.saturating_sub(1), self.block_size) as u64);
-        let need = data + round_alloc(self.meta_layout(&file.rel, nblocks).1) + PER_FILE_OVERHEAD;
-        let st = self.state.lock();
-        let have = st
-            .books
-            .get(&file.key)
-            .map_or(0, |e| self.part_bytes(e, false) + self.part_bytes(e, true));
-        st.books.used() + need.saturating_sub(have) <= st.books.capacity()
-    }
-
-    fn usage(&self) -> CacheUsage {
-        let st = self.state.lock();
-        CacheUsage {
-            used_bytes: st.books.used() + FIXED_OVERHEAD,
-            capacity_bytes: st.books.capacity() + FIXED_OVERHEAD,
-            files_cached: st.files_complete,
-            evictions: st.books.evictions(),
-            writable: self.writes_off_until.lock().is_none(),
+    fn on_file_dropped(&self, hook: super::DroppedHook) {
+        if self.dropped.set(hook).is_err() {
+            warn!("cache: a second dropped-file hook was ignored");
         }
     }
 }
