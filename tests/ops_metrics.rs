@@ -66,6 +66,10 @@ fn metrics_endpoint_after_a_workload() {
             && value(&samples, "locafs_fuse_requests_total", &[("op", "read")]).unwrap_or(0.0) >= 4.0
             && value(&samples, "locafs_fuse_requests_total", &[("op", "release")]).unwrap_or(0.0)
                 >= 2.0 * sc.files.len() as f64
+            // (and the listing, made just before the scrape)
+            && value(&samples, "locafs_fuse_requests_total", &[("op", "readdirplus")]).unwrap_or(0.0)
+                + value(&samples, "locafs_fuse_requests_total", &[("op", "readdir")]).unwrap_or(0.0)
+                >= 1.0
     });
     assert!(settled, "metrics never showed the workload:\n{body}");
 
