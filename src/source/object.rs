@@ -234,11 +234,12 @@ impl ObjectSpec {
                 // Azurite (AZURE_STORAGE_USE_EMULATOR=true) names the account
                 // in the path, not the host, and its listing continues
                 // from a marker that is a blob name (it ignores startFrom).
-                let emulator = b
-                    .get_config_value(&K::UseEmulator)
-                    .is_some_and(|v| {
-                        matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "y" | "on")
-                    });
+                let emulator = b.get_config_value(&K::UseEmulator).is_some_and(|v| {
+                    matches!(
+                        v.to_ascii_lowercase().as_str(),
+                        "true" | "1" | "yes" | "y" | "on"
+                    )
+                });
                 if let Some(e) = &self.endpoint {
                     let e = e.trim_end_matches('/');
                     if emulator {
@@ -497,8 +498,13 @@ impl ObjectSource {
                         spec.bucket
                     )
                 } else if refused {
+                    // The store's error code (Azure's AuthorizationFailure,
+                    // S3's InvalidAccessKeyId) may sit past the cut.
+                    let code = error_code(&text)
+                        .map(|c| format!("{c}; "))
+                        .unwrap_or_default();
                     format!(
-                        "{}: the credentials were refused{where_} (see docs/objstore.md): {}",
+                        "{}: the credentials were refused{where_} ({code}see docs/objstore.md): {}",
                         spec.url(),
                         short(&text)
                     )
@@ -801,6 +807,14 @@ fn store_io(e: object_store::Error) -> io::Error {
     io::Error::new(kind, one_line(&e))
 }
 
+/// The `<Code>` of a store's XML error answer, if the text holds one.
+fn error_code(text: &str) -> Option<&str> {
+    let (_, rest) = text.split_once("<Code>")?;
+    let (code, _) = rest.split_once("</Code>")?;
+    let code = code.trim();
+    (!code.is_empty() && code.len() < 64).then_some(code)
+}
+
 /// At most 300 characters of an error (a store's XML answer can be long).
 fn short(s: &str) -> String {
     match s.char_indices().nth(300) {
@@ -1043,6 +1057,14 @@ mod tests {
         assert_eq!(bad_key(&e), "p//c");
         let e = Key::parse("p/../").unwrap_err();
         assert_eq!(bad_key(&e), "p/../");
+    }
+
+    #[test]
+    fn a_stores_error_code_is_found_in_its_answer() {
+        let t = "403 Forbidden: <?xml version=\"1.0\"?> <Error> <Code>AuthorizationFailure</Code> <Message>...";
+        assert_eq!(error_code(t), Some("AuthorizationFailure"));
+        assert_eq!(error_code("403 Forbidden"), None);
+        assert_eq!(error_code("<Code></Code>"), None);
     }
 
     #[test]

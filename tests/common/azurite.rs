@@ -137,13 +137,7 @@ impl Container {
     /// Puts a blob named `key` as it is, even one object_store would not
     /// name (an empty, `.` or `..` segment).
     pub fn put_raw(&self, key: &str, bytes: &[u8]) {
-        let resp = self.signed(
-            "PUT",
-            key,
-            &[],
-            &[("x-ms-blob-type", "BlockBlob")],
-            bytes,
-        );
+        let resp = self.signed("PUT", key, &[], &[("x-ms-blob-type", "BlockBlob")], bytes);
         assert_eq!(status(&resp), 201, "put {key}: {resp}");
     }
 

@@ -77,10 +77,17 @@ impl FakeGcs {
         let port = super::free_tcp_port();
         let endpoint = format!("http://127.0.0.1:{port}");
         let mut cmd = Command::new(bin);
-        cmd.args(["-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"])
-            .args(["-port", &port.to_string()])
-            .args(["-public-host", &format!("127.0.0.1:{port}")])
-            .args(["-external-url", &endpoint, "-log-level", "error"]);
+        cmd.args([
+            "-scheme",
+            "http",
+            "-backend",
+            "memory",
+            "-host",
+            "127.0.0.1",
+        ])
+        .args(["-port", &port.to_string()])
+        .args(["-public-host", &format!("127.0.0.1:{port}")])
+        .args(["-external-url", &endpoint, "-log-level", "error"]);
         let server = Server::start("fake-gcs-server", cmd, port);
         let dir = tempfile::tempdir().unwrap();
         let service_account = dir.path().join("service-account.json");

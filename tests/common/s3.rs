@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-pub use super::server::{raw_request, split_url};
 use super::server::Server;
+pub use super::server::{raw_request, split_url};
 
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
