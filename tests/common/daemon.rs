@@ -183,7 +183,8 @@ impl Mount {
     }
 
     /// Like [`Mount::start`], with `env` added to the daemon's environment
-    /// (an object store's credentials, say).
+    /// (an object store's credentials, say), and 60 s to mount: an object
+    /// store is asked first, and an emulator on a loaded machine is slow.
     pub fn start_env(
         src: &Path,
         mnt: &Path,
@@ -193,7 +194,7 @@ impl Mount {
     ) -> Mount {
         let mut m = Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), None, env)
             .unwrap_or_else(|e| panic!("{e}"));
-        m.wait_mounted(Duration::from_secs(20))
+        m.wait_mounted(Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("{e}"));
         m
     }
