@@ -184,8 +184,11 @@ pub struct MountFlags {
     #[arg(long, value_name = "DURATION")]
     pub peer_timeout: Option<Span>,
     /// Object stores: the endpoint URL of an S3-compatible store (or of an
-    /// emulator), e.g. http://10.0.0.5:9000. Part of the data set's identity
-    /// (its cache directory). [default: the provider's]
+    /// emulator), e.g. http://10.0.0.5:9000; for gs:// the storage API's
+    /// base URL; for az:// the account's blob URL, or with
+    /// AZURE_STORAGE_USE_EMULATOR=true Azurite's (http://127.0.0.1:10000).
+    /// Part of the data set's identity (its cache directory). [default: the
+    /// provider's]
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// s3:// only: the bucket's region. [default: AWS_REGION or

@@ -3,8 +3,9 @@
 //! the same [`Source`] trait as a directory.
 //!
 //! Directories are the `/`-separated prefixes of the keys: one paged
-//! ListObjectsV2 (delimiter `/`) per directory gives its files with their
-//! size, last-modified time and ETag, so no HEAD is sent per open. A file's
+//! listing (delimiter `/`: S3's ListObjectsV2, GCS's XML list, Azure's List
+//! Blobs) per directory gives its files with their size, last-modified time
+//! and ETag, so no HEAD is sent per open. A file's
 //! version is its size, its last-modified time (whole seconds: the only
 //! precision both a listing and a GET's headers carry) and a 64-bit hash of
 //! its ETag (in `ino`). Every ranged GET sends `If-Match` with the ETag when
@@ -16,6 +17,11 @@
 //! methods are called from the source guard's plain threads. So this source
 //! owns a small runtime of its own and its synchronous methods wait on a
 //! task spawned there: nothing here blocks a tokio worker of the mount.
+//!
+//! Which kind of store it reads is known here only, where the client is
+//! built (the URL's scheme, `--endpoint`, and emulator settings such as
+//! Azurite's: see [`ObjectSpec::build`]) and where a listing is continued
+//! past a refused key ([`Resume`]).
 //!
 //! Its HTTP client is object_store's own, wrapped to count the store's
 //! answers asking to slow down (503, 429): object_store retries them with
@@ -188,8 +194,9 @@ impl ObjectSpec {
                 let s = Arc::new(b.build().map_err(err)?);
                 Ok(Built {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
-                    paged: Some(s as Arc<dyn PaginatedListStore>),
+                    paged: s as Arc<dyn PaginatedListStore>,
                     throttled,
+                    resume: Resume::StartAfter,
                 })
             }
             Scheme::Gcs => {
@@ -208,28 +215,63 @@ impl ObjectSpec {
                 let s = Arc::new(b.build().map_err(err)?);
                 Ok(Built {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
-                    paged: Some(s as Arc<dyn PaginatedListStore>),
+                    paged: s as Arc<dyn PaginatedListStore>,
                     throttled,
+                    resume: Resume::StartAfter,
                 })
             }
             Scheme::Azure => {
                 if self.region.is_some() {
                     return Err(format!("{}: --region is for s3:// only", self.url()));
                 }
+                use object_store::azure::AzureConfigKey as K;
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(&self.bucket)
                     .with_client_options(client)
                     .with_http_connector(connector)
                     .with_retry(retry)
                     .with_skip_signature(self.no_sign_request);
+                // Azurite (AZURE_STORAGE_USE_EMULATOR=true) names the account
+                // in the path, not the host, and its listing continues
+                // from a marker that is a blob name (it ignores startFrom).
+                let emulator = b.get_config_value(&K::UseEmulator).is_some_and(|v| {
+                    matches!(
+                        v.to_ascii_lowercase().as_str(),
+                        "true" | "1" | "yes" | "y" | "on"
+                    )
+                });
                 if let Some(e) = &self.endpoint {
-                    b = b.with_endpoint(e.clone());
+                    let e = e.trim_end_matches('/');
+                    if emulator {
+                        // object_store takes an emulator's address only from
+                        // AZURITE_BLOB_STORAGE_URL; --endpoint is the same
+                        // address: the account's URL is it plus the account,
+                        // with the emulator's well-known account and key
+                        // unless others are set.
+                        let account = b
+                            .get_config_value(&K::AccountName)
+                            .unwrap_or_else(|| AZURITE_ACCOUNT.to_owned());
+                        if b.get_config_value(&K::AccessKey).is_none()
+                            && b.get_config_value(&K::SasKey).is_none()
+                            && b.get_config_value(&K::Token).is_none()
+                        {
+                            b = b.with_access_key(AZURITE_KEY);
+                        }
+                        b = b
+                            .with_use_emulator(false)
+                            .with_account(&account)
+                            .with_endpoint(format!("{e}/{account}"));
+                    } else {
+                        b = b.with_endpoint(e.to_owned());
+                    }
+                    b = b.with_allow_http(e.starts_with("http://"));
                 }
                 let s = Arc::new(b.build().map_err(|e| {
                     if e.to_string().contains("Account must be specified") {
                         format!(
                             "{}: no storage account: set AZURE_STORAGE_ACCOUNT_NAME \
-                             (and a key, SAS or identity: see docs/objstore.md)",
+                             (and a key, SAS or identity), or AZURE_STORAGE_USE_EMULATOR=true \
+                             for Azurite: see docs/objstore.md",
                             self.url()
                         )
                     } else {
@@ -237,22 +279,47 @@ impl ObjectSpec {
                     }
                 })?);
                 Ok(Built {
-                    store: s as Arc<dyn ObjectStore>,
-                    paged: None,
+                    store: Arc::clone(&s) as Arc<dyn ObjectStore>,
+                    paged: s as Arc<dyn PaginatedListStore>,
                     throttled,
+                    resume: if emulator {
+                        Resume::Marker
+                    } else {
+                        Resume::StartAfter
+                    },
                 })
             }
         }
     }
 }
 
-/// A store client and, where the store has it, its page-at-a-time listing
-/// (a listing that reports progress to the guard after each page).
+/// Azurite's well-known account and key (public: the same in every
+/// install; see Microsoft's Azurite documentation).
+const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// How a listing is continued from a position of the source's choosing
+/// (past a key that cannot be a name; see `list_dir`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// The store takes a start-after position (S3's `start-after`, GCS's,
+    /// Azure's `startFrom`).
+    StartAfter,
+    /// The store ignores that, but its continuation marker is the last key
+    /// listed, so the position is sent as the marker (Azurite).
+    Marker,
+}
+
+/// A store client and its page-at-a-time listing (a listing that reports
+/// progress to the guard after each page).
 pub struct Built {
     pub store: Arc<dyn ObjectStore>,
-    pub paged: Option<Arc<dyn PaginatedListStore>>,
+    pub paged: Arc<dyn PaginatedListStore>,
     /// Answers of the store asking to slow down, counted by its HTTP client.
     pub throttled: Arc<AtomicU64>,
+    /// How its listing continues from a position of the source's choosing.
+    pub resume: Resume,
 }
 
 /// The store's HTTP client (object_store's own, reqwest) with one addition:
@@ -315,7 +382,9 @@ const MAX_REFUSED_PAGES: usize = 10_000;
 /// A data set in an object store (see the module comment).
 pub struct ObjectSource {
     store: Arc<dyn ObjectStore>,
-    paged: Option<Arc<dyn PaginatedListStore>>,
+    paged: Arc<dyn PaginatedListStore>,
+    /// See [`Resume`].
+    resume: Resume,
     /// The data set's key prefix, without a trailing `/`.
     prefix: String,
     label: String,
@@ -403,6 +472,9 @@ impl ObjectSource {
                         "NoSuchBucket",
                         "ContainerNotFound",
                         "The specified bucket does not exist",
+                        // fake-gcs-server (a GCS emulator) answers a
+                        // missing bucket's listing with a 500 saying so.
+                        "no bucket named",
                     ]
                     .iter()
                     .any(|c| text.contains(c));
@@ -426,8 +498,13 @@ impl ObjectSource {
                         spec.bucket
                     )
                 } else if refused {
+                    // The store's error code (Azure's AuthorizationFailure,
+                    // S3's InvalidAccessKeyId) may sit past the cut.
+                    let code = error_code(&text)
+                        .map(|c| format!("{c}; "))
+                        .unwrap_or_default();
                     format!(
-                        "{}: the credentials were refused{where_} (see docs/objstore.md): {}",
+                        "{}: the credentials were refused{where_} ({code}see docs/objstore.md): {}",
                         spec.url(),
                         short(&text)
                     )
@@ -454,6 +531,7 @@ impl ObjectSource {
         Ok(ObjectSource {
             store: built.store,
             paged: built.paged,
+            resume: built.resume,
             prefix: prefix.trim_matches('/').to_owned(),
             label: label.to_owned(),
             rt: Some(rt),
@@ -494,87 +572,74 @@ impl ObjectSource {
         let dir = key_prefix(&self.prefix, rel).map(|p| format!("{p}/"));
         let mut files: Vec<ObjectMeta> = Vec::new();
         let mut dirs: Vec<Key> = Vec::new();
-        match &self.paged {
-            Some(paged) => {
-                // Where the next page starts: the store's continuation token,
-                // or, once a page was refused for a key that cannot be a
-                // name, a start-after position kept from the pages before.
-                let mut token: Option<String> = None;
-                let mut after: Option<String> = None;
-                let mut recovering = false;
-                let mut max_keys = PAGE_KEYS;
-                let mut refused = 0usize;
-                loop {
-                    let (paged, prefix) = (Arc::clone(paged), dir.clone());
-                    let (t, offset) = (token.take(), after.clone());
-                    let page = self.run(async move {
-                        let opts = PaginatedListOptions {
-                            delimiter: Some("/".into()),
-                            max_keys: Some(max_keys),
-                            offset: if t.is_none() { offset } else { None },
-                            page_token: t,
-                            ..Default::default()
-                        };
-                        paged.list_paginated(prefix.as_deref(), opts).await
-                    })?;
-                    progress();
-                    let page = match page {
-                        Ok(p) => p,
-                        Err(object_store::Error::InvalidPath { source }) => {
-                            // object_store refuses a whole page that holds
-                            // one key it cannot parse (an empty, `.` or `..`
-                            // segment). Ask again from the same place for
-                            // half as many keys, until the page is that one
-                            // key alone; then step past it.
-                            let bad = bad_key(&source);
-                            self.skip(&bad, "a segment is empty, '.' or '..'");
-                            refused += 1;
-                            if refused > MAX_REFUSED_PAGES {
-                                return Err(io::Error::other(format!(
-                                    "{}: more than {MAX_REFUSED_PAGES} listing pages \
-                                     refused for keys that cannot be names",
-                                    self.label
-                                )));
-                            }
-                            recovering = true;
-                            if max_keys > 1 {
-                                max_keys /= 2;
-                            } else {
-                                after = Some(past(&bad));
-                                max_keys = PAGE_KEYS;
-                            }
-                            continue;
-                        }
-                        Err(e) => return Err(store_io(e)),
-                    };
-                    let dir_key = dir.as_deref().unwrap_or("").trim_end_matches('/');
-                    if let Some(end) = page_end(dir_key, &page.result) {
-                        if after.as_ref().is_none_or(|a| *a < end) {
-                            after = Some(end);
-                        }
+        // Where the next page starts: the store's continuation token,
+        // or, once a page was refused for a key that cannot be a
+        // name, a start-after position kept from the pages before.
+        let mut token: Option<String> = None;
+        let mut after: Option<String> = None;
+        let mut recovering = false;
+        let mut max_keys = PAGE_KEYS;
+        let mut refused = 0usize;
+        loop {
+            let (paged, prefix) = (Arc::clone(&self.paged), dir.clone());
+            // A position of ours goes as the store takes it (see Resume).
+            let (page_token, offset) = match (token.take(), self.resume) {
+                (Some(t), _) => (Some(t), None),
+                (None, Resume::StartAfter) => (None, after.clone()),
+                (None, Resume::Marker) => (after.clone(), None),
+            };
+            let page = self.run(async move {
+                let opts = PaginatedListOptions {
+                    delimiter: Some("/".into()),
+                    max_keys: Some(max_keys),
+                    offset,
+                    page_token,
+                    ..Default::default()
+                };
+                paged.list_paginated(prefix.as_deref(), opts).await
+            })?;
+            progress();
+            let page = match page {
+                Ok(p) => p,
+                Err(object_store::Error::InvalidPath { source }) => {
+                    // object_store refuses a whole page that holds
+                    // one key it cannot parse (an empty, `.` or `..`
+                    // segment). Ask again from the same place for
+                    // half as many keys, until the page is that one
+                    // key alone; then step past it.
+                    let bad = bad_key(&source);
+                    self.skip(&bad, "a segment is empty, '.' or '..'");
+                    refused += 1;
+                    if refused > MAX_REFUSED_PAGES {
+                        return Err(io::Error::other(format!(
+                            "{}: more than {MAX_REFUSED_PAGES} listing pages \
+                             refused for keys that cannot be names",
+                            self.label
+                        )));
                     }
-                    files.extend(page.result.objects);
-                    dirs.extend(page.result.common_prefixes);
-                    match page.page_token {
-                        Some(t) if !recovering => token = Some(t),
-                        Some(_) => {}
-                        None => break,
+                    recovering = true;
+                    if max_keys > 1 {
+                        max_keys /= 2;
+                    } else {
+                        after = Some(past(&bad));
+                        max_keys = PAGE_KEYS;
                     }
+                    continue;
+                }
+                Err(e) => return Err(store_io(e)),
+            };
+            let dir_key = dir.as_deref().unwrap_or("").trim_end_matches('/');
+            if let Some(end) = page_end(dir_key, &page.result) {
+                if after.as_ref().is_none_or(|a| *a < end) {
+                    after = Some(end);
                 }
             }
-            None => {
-                let store = Arc::clone(&self.store);
-                let key = dir
-                    .as_deref()
-                    .map(parse_key)
-                    .transpose()
-                    .map_err(store_io)?;
-                let r = self
-                    .run(async move { store.list_with_delimiter(key.as_ref()).await })?
-                    .map_err(store_io)?;
-                progress();
-                files = r.objects;
-                dirs = r.common_prefixes;
+            files.extend(page.result.objects);
+            dirs.extend(page.result.common_prefixes);
+            match page.page_token {
+                Some(t) if !recovering => token = Some(t),
+                Some(_) => {}
+                None => break,
             }
         }
         let dir_key = dir.as_deref().unwrap_or("").trim_end_matches('/');
@@ -740,6 +805,14 @@ fn store_io(e: object_store::Error) -> io::Error {
         _ => io::ErrorKind::Other,
     };
     io::Error::new(kind, one_line(&e))
+}
+
+/// The `<Code>` of a store's XML error answer, if the text holds one.
+fn error_code(text: &str) -> Option<&str> {
+    let (_, rest) = text.split_once("<Code>")?;
+    let (code, _) = rest.split_once("</Code>")?;
+    let code = code.trim();
+    (!code.is_empty() && code.len() < 64).then_some(code)
 }
 
 /// At most 300 characters of an error (a store's XML answer can be long).
@@ -984,6 +1057,14 @@ mod tests {
         assert_eq!(bad_key(&e), "p//c");
         let e = Key::parse("p/../").unwrap_err();
         assert_eq!(bad_key(&e), "p/../");
+    }
+
+    #[test]
+    fn a_stores_error_code_is_found_in_its_answer() {
+        let t = "403 Forbidden: <?xml version=\"1.0\"?> <Error> <Code>AuthorizationFailure</Code> <Message>...";
+        assert_eq!(error_code(t), Some("AuthorizationFailure"));
+        assert_eq!(error_code("403 Forbidden"), None);
+        assert_eq!(error_code("<Code></Code>"), None);
     }
 
     #[test]

@@ -151,14 +151,14 @@ impl Mount {
         cache: &Path,
         extra: &[&str],
     ) -> Result<Mount, String> {
-        let mut m = Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), None)?;
+        let mut m = Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), None, &[])?;
         m.wait_mounted(Duration::from_secs(20))?;
         Ok(m)
     }
 
     /// Like [`Mount::start`], with the daemon's stderr in `log` (kept).
     pub fn start_logged(src: &Path, mnt: &Path, cache: &Path, extra: &[&str], log: &Path) -> Mount {
-        let mut m = Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), Some(log))
+        let mut m = Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), Some(log), &[])
             .unwrap_or_else(|e| panic!("{e}"));
         m.wait_mounted(Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -169,7 +169,7 @@ impl Mount {
     /// file they name), waited for as [`Mount::start`] does.
     pub fn start_args(mnt: &Path, args: &[&str]) -> Mount {
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
-        let mut m = Mount::spawn_args(mnt, &args, None).unwrap_or_else(|e| panic!("{e}"));
+        let mut m = Mount::spawn_args(mnt, &args, None, &[]).unwrap_or_else(|e| panic!("{e}"));
         m.wait_mounted(Duration::from_secs(20))
             .unwrap_or_else(|e| panic!("{e}"));
         m
@@ -178,11 +178,33 @@ impl Mount {
     /// Starts `locafs mount SRC MNT --cache-dir CACHE EXTRA...` without
     /// waiting for anything (for a mount that is expected to fail).
     pub fn spawn(src: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
-        Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), None)
+        Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), None, &[])
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn spawn_args(mnt: &Path, args: &[OsString], log: Option<&Path>) -> Result<Mount, String> {
+    /// Like [`Mount::start`], with `env` added to the daemon's environment
+    /// (an object store's credentials, say), and 60 s to mount: an object
+    /// store is asked first, and an emulator on a loaded machine is slow.
+    pub fn start_env(
+        src: &Path,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mount {
+        let mut m = Mount::spawn_args(mnt, &mount_args(src, mnt, cache, extra), None, env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        m.wait_mounted(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{e}"));
+        m
+    }
+
+    fn spawn_args(
+        mnt: &Path,
+        args: &[OsString],
+        log: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Result<Mount, String> {
         let (stderr_path, keep_stderr) = match log {
             Some(p) => (p.to_owned(), true),
             None => {
@@ -195,6 +217,7 @@ impl Mount {
         let child = Command::new(bin())
             .arg("mount")
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(errf)

@@ -23,7 +23,13 @@
 //! - [`cluster`]: several `locafs mount` processes talking QUIC (the peer
 //!   tests), and what a hand-made peer needs.
 //! - [`netns`]: network namespaces joined by a bridge.
+//! - [`server`]: what the storage servers share: a server process on a
+//!   free loopback port, killed on drop, and raw HTTP requests to it.
 //! - [`s3`]: a real S3 server (moto_server) and a client to fill its buckets.
+//! - [`azurite`]: Azure Blob Storage's emulator (Azurite) and a client to
+//!   fill its containers.
+//! - [`gcs`]: a GCS emulator (fake-gcs-server) and a client to fill its
+//!   buckets.
 //! - [`proxy`]: an HTTP proxy before it that counts GETs per key and adds
 //!   latency, a bandwidth cap, 503 SlowDown answers or a stall.
 //!
@@ -32,16 +38,19 @@
 
 #![allow(dead_code, unused_imports, unused_macros)]
 
+pub mod azurite;
 pub mod cluster;
 pub mod daemon;
 pub mod data;
 pub mod fakes;
+pub mod gcs;
 pub mod inproc;
 pub mod netns;
 pub mod pki;
 pub mod prom;
 pub mod proxy;
 pub mod s3;
+pub mod server;
 pub mod skip;
 pub mod sys;
 

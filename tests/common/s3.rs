@@ -2,15 +2,17 @@
 //! `moto[server]`) as a child process on a free loopback port, owned by a
 //! [`Moto`] guard that kills it on drop; and a client to make buckets and
 //! put, replace and delete objects in it (object_store itself, on a runtime
-//! of its own).
+//! of its own). The process itself is a [`Server`] (tests/common/server.rs).
 //!
 //! It must never leave a server process behind, and never talk to anything
 //! but loopback.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+use super::server::Server;
+pub use super::server::{raw_request, split_url};
 
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
@@ -18,7 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// A running moto_server. Dropping it kills and reaps it.
 pub struct Moto {
-    child: Option<Child>,
+    server: Server,
     pub port: u16,
     /// `http://127.0.0.1:PORT`
     pub endpoint: String,
@@ -72,28 +74,15 @@ impl Moto {
     fn start_with_env(env: &[(&str, &str)]) -> Moto {
         set_test_credentials();
         let port = super::free_tcp_port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        let m = Moto {
-            child: Some(child),
+        let mut cmd = Command::new("moto_server");
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied());
+        let server = Server::start("moto_server", cmd, port);
+        Moto {
+            endpoint: server.endpoint.clone(),
+            server,
             port,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "moto_server did not listen on {port} within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        m
     }
 
     /// A client of bucket `bucket` at this server (or at `endpoint`).
@@ -103,16 +92,7 @@ impl Moto {
 
     /// Kills the server (as a store that went away).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.kill();
     }
 }
 
@@ -200,32 +180,5 @@ impl Bucket {
             };
             self.put(&key, &std::fs::read(&f).unwrap());
         }
-    }
-}
-
-/// One unsigned HTTP/1.0 request (moto takes unsigned requests); the whole
-/// answer as text.
-pub fn raw_request(host: &str, method: &str, path: &str, body: &[u8]) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(host).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    String::from_utf8_lossy(&raw).into_owned()
-}
-
-/// `http://host:port/path` -> ("host:port", "/path").
-fn split_url(url: &str) -> (String, String) {
-    let rest = url.strip_prefix("http://").expect("http URL");
-    match rest.split_once('/') {
-        Some((h, p)) => (h.to_owned(), format!("/{p}")),
-        None => (rest.to_owned(), "/".to_owned()),
     }
 }

@@ -1,0 +1,138 @@
+//! What the test kit's storage servers share (moto_server in [`super::s3`],
+//! Azurite in [`super::azurite`], fake-gcs-server in [`super::gcs`]): a
+//! server program as a child process on a free loopback port, waited for
+//! until it listens and killed and reaped on drop; and one raw HTTP/1.0
+//! request to it, for what the servers take that object_store does not send
+//! (making a bucket, keys object_store would not name).
+//!
+//! It must never leave a server process behind, and never talk to anything
+//! but loopback.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server process. Dropping it kills and reaps it.
+pub struct Server {
+    child: Option<Child>,
+    /// The program's name, for messages.
+    pub name: String,
+    pub port: u16,
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+}
+
+impl Server {
+    /// Starts `cmd` (its output discarded) that is to listen on `port` of
+    /// 127.0.0.1, and waits (at most 120 s: Node.js or Python starting at
+    /// nice 19 on a loaded 2-core machine took more than 30 s) until it
+    /// accepts connections; panics if it exits or never listens.
+    pub fn start(name: &str, mut cmd: Command, port: u16) -> Server {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        let mut s = Server {
+            child: Some(child),
+            name: name.to_owned(),
+            port,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(c) = s.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    s.child = None;
+                    panic!("{name} exited ({st}) before it listened on {port}");
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{name} did not listen on {port} within 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    /// Kills the server (as a store that went away).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One HTTP/1.0 request with `headers` (each `Name: value`) added; the whole
+/// answer as text.
+pub fn raw_request_with(
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(host).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// One unsigned HTTP/1.0 request; the whole answer as text.
+pub fn raw_request(host: &str, method: &str, path: &str, body: &[u8]) -> String {
+    raw_request_with(host, method, path, &[], body)
+}
+
+/// `http://host:port/path` -> ("host:port", "/path").
+pub fn split_url(url: &str) -> (String, String) {
+    let rest = url.strip_prefix("http://").expect("http URL");
+    match rest.split_once('/') {
+        Some((h, p)) => (h.to_owned(), format!("/{p}")),
+        None => (rest.to_owned(), "/".to_owned()),
+    }
+}
+
+/// The status code of a raw answer (0 if it has none).
+pub fn status(resp: &str) -> u16 {
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `s` percent-encoded for a URL path (`/` kept) or, with `keep_slash`
+/// false, for a query value.
+pub fn pct(s: &str, keep_slash: bool) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric()
+            || matches!(b, b'-' | b'_' | b'.' | b'~')
+            || (keep_slash && b == b'/')
+        {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
