@@ -766,6 +766,31 @@ fn listings_give_dot_dotdot_then_the_entries_and_resume_at_an_offset() {
     assert_eq!(errno(h.listing(9999, 0, 10, false)), libc::ENOENT);
 }
 
+/// The first READDIRPLUS of a listing holds at most 32 entries even when
+/// all are known (the kernel makes an inode of each: a walk that never
+/// looks at them, `find` or an image-folder scan, pays for that); a
+/// READDIRPLUS from further on fills its reply.
+#[test]
+fn the_first_readdirplus_is_short_even_over_known_entries() {
+    let src = MemSource::new();
+    for i in 0..100 {
+        src.write(&format!("d/f{i:03}"), b"x");
+    }
+    let h = Harness::new(src, None);
+    let d = h.ino("d");
+    for i in 0..100 {
+        h.ino(&format!("d/f{i:03}"));
+    }
+    let first = h.listing(d, 0, 1000, true).unwrap();
+    assert_eq!(first.len(), 2 + 32, "\".\", \"..\" and 32 entries");
+    assert!(first.iter().all(|e| e.3.is_some()), "with their attributes");
+    let rest = h.listing(d, first.last().unwrap().1, 1000, true).unwrap();
+    assert_eq!(rest.len(), 100 - 32);
+    assert_eq!(rest.last().unwrap().2, "f099");
+    // Plain READDIR is not cut.
+    assert_eq!(h.listing(d, 0, 1000, false).unwrap().len(), 102);
+}
+
 #[test]
 fn the_root_has_the_stats_and_control_attributes_and_lists_none() {
     let src = MemSource::new();
