@@ -16,10 +16,8 @@ use std::sync::Arc;
 
 use base64::Engine;
 use object_store::azure::MicrosoftAzureBuilder;
-use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use super::server::{pct, raw_request_with, split_url, status, Server};
+use super::server::{pct, raw_request_with, split_url, status, Server, StoreWriter};
 
 /// Azurite's well-known account and key (the same in every install).
 pub const ACCOUNT: &str = "devstoreaccount1";
@@ -94,11 +92,7 @@ impl Azurite {
         Container {
             name: name.to_owned(),
             endpoint: self.endpoint.clone(),
-            store: Arc::new(store),
-            rt: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime"),
+            writer: StoreWriter::new(Arc::new(store)),
         }
     }
 
@@ -112,8 +106,14 @@ impl Azurite {
 pub struct Container {
     pub name: String,
     pub endpoint: String,
-    store: Arc<dyn ObjectStore>,
-    rt: tokio::runtime::Runtime,
+    writer: StoreWriter,
+}
+
+impl std::ops::Deref for Container {
+    type Target = StoreWriter;
+    fn deref(&self) -> &StoreWriter {
+        &self.writer
+    }
 }
 
 impl Container {
@@ -123,43 +123,11 @@ impl Container {
         assert_eq!(status(&resp), 201, "create container {}: {resp}", self.name);
     }
 
-    pub fn put(&self, key: &str, bytes: &[u8]) {
-        let store = Arc::clone(&self.store);
-        let (k, p) = (
-            Key::parse(key).expect("key"),
-            PutPayload::from(bytes.to_vec()),
-        );
-        self.rt
-            .block_on(async move { store.put(&k, p).await })
-            .unwrap_or_else(|e| panic!("put {key}: {e}"));
-    }
-
     /// Puts a blob named `key` as it is, even one object_store would not
     /// name (an empty, `.` or `..` segment).
     pub fn put_raw(&self, key: &str, bytes: &[u8]) {
         let resp = self.signed("PUT", key, &[], &[("x-ms-blob-type", "BlockBlob")], bytes);
         assert_eq!(status(&resp), 201, "put {key}: {resp}");
-    }
-
-    pub fn delete(&self, key: &str) {
-        let store = Arc::clone(&self.store);
-        let k = Key::parse(key).expect("key");
-        self.rt
-            .block_on(async move { store.delete(&k).await })
-            .unwrap_or_else(|e| panic!("delete {key}: {e}"));
-    }
-
-    /// Puts every file under `dir` as `prefix/relative/path`.
-    pub fn put_tree(&self, dir: &Path, prefix: &str) {
-        for rel in super::list_files(dir) {
-            let rel = rel.to_string_lossy().into_owned();
-            let key = if prefix.is_empty() {
-                rel.clone()
-            } else {
-                format!("{prefix}/{rel}")
-            };
-            self.put(&key, &std::fs::read(dir.join(&rel)).unwrap());
-        }
     }
 
     /// One request on `key` of this container ("" for the container)

@@ -173,14 +173,6 @@ impl GcsBucket {
 
     /// Puts every file under `dir` as `prefix/relative/path`.
     pub fn put_tree(&self, dir: &Path, prefix: &str) {
-        for rel in super::list_files(dir) {
-            let rel = rel.to_string_lossy().into_owned();
-            let key = if prefix.is_empty() {
-                rel.clone()
-            } else {
-                format!("{prefix}/{rel}")
-            };
-            self.put(&key, &std::fs::read(dir.join(&rel)).unwrap());
-        }
+        super::server::put_tree_with(dir, prefix, |k, b| self.put(k, b));
     }
 }

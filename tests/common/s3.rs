@@ -11,12 +11,10 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use super::server::Server;
 pub use super::server::{raw_request, split_url};
+use super::server::{Server, StoreWriter};
 
 use object_store::aws::AmazonS3Builder;
-use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// A running moto_server. Dropping it kills and reaps it.
 pub struct Moto {
@@ -100,8 +98,14 @@ impl Moto {
 pub struct Bucket {
     pub name: String,
     pub endpoint: String,
-    store: Arc<dyn ObjectStore>,
-    rt: tokio::runtime::Runtime,
+    writer: StoreWriter,
+}
+
+impl std::ops::Deref for Bucket {
+    type Target = StoreWriter;
+    fn deref(&self) -> &StoreWriter {
+        &self.writer
+    }
 }
 
 impl Bucket {
@@ -120,11 +124,7 @@ impl Bucket {
         Bucket {
             name: bucket.to_owned(),
             endpoint: endpoint.to_owned(),
-            store: Arc::new(store),
-            rt: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime"),
+            writer: StoreWriter::new(Arc::new(store)),
         }
     }
 
@@ -140,17 +140,6 @@ impl Bucket {
         );
     }
 
-    pub fn put(&self, key: &str, bytes: &[u8]) {
-        let store = Arc::clone(&self.store);
-        let (k, p) = (
-            Key::parse(key).expect("key"),
-            PutPayload::from(bytes.to_vec()),
-        );
-        self.rt
-            .block_on(async move { store.put(&k, p).await })
-            .unwrap_or_else(|e| panic!("put {key}: {e}"));
-    }
-
     /// Puts a key as it is, even one object_store would not name (an empty
     /// segment): a raw PUT.
     pub fn put_raw(&self, key: &str, bytes: &[u8]) {
@@ -158,27 +147,5 @@ impl Bucket {
         let (host, path) = split_url(&url);
         let resp = raw_request(&host, "PUT", &path, bytes);
         assert!(resp.contains(" 200 "), "put {key}: {resp}");
-    }
-
-    pub fn delete(&self, key: &str) {
-        let store = Arc::clone(&self.store);
-        let k = Key::parse(key).expect("key");
-        self.rt
-            .block_on(async move { store.delete(&k).await })
-            .unwrap_or_else(|e| panic!("delete {key}: {e}"));
-    }
-
-    /// Puts every file under `dir` as `prefix/relative/path`.
-    pub fn put_tree(&self, dir: &Path, prefix: &str) {
-        for rel in super::list_files(dir) {
-            let f = dir.join(&rel);
-            let rel = rel.to_string_lossy().into_owned();
-            let key = if prefix.is_empty() {
-                rel
-            } else {
-                format!("{prefix}/{rel}")
-            };
-            self.put(&key, &std::fs::read(&f).unwrap());
-        }
     }
 }

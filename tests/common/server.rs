@@ -8,8 +8,70 @@
 //! It must never leave a server process behind, and never talk to anything
 //! but loopback.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// Calls `put(key, bytes)` for every file under `dir`, keyed
+/// `prefix/relative/path` (the relative path alone for an empty prefix).
+pub fn put_tree_with(dir: &Path, prefix: &str, mut put: impl FnMut(&str, &[u8])) {
+    for rel in super::list_files(dir) {
+        let bytes = std::fs::read(dir.join(&rel)).unwrap();
+        let rel = rel.to_string_lossy().into_owned();
+        let key = if prefix.is_empty() {
+            rel
+        } else {
+            format!("{prefix}/{rel}")
+        };
+        put(&key, &bytes);
+    }
+}
+
+/// Writes test data into a bucket or container through object_store, on a
+/// runtime of its own (the servers' bucket and container types deref to
+/// it).
+pub struct StoreWriter {
+    store: Arc<dyn ObjectStore>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl StoreWriter {
+    pub fn new(store: Arc<dyn ObjectStore>) -> StoreWriter {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        StoreWriter { store, rt }
+    }
+
+    pub fn put(&self, key: &str, bytes: &[u8]) {
+        let store = Arc::clone(&self.store);
+        let (k, p) = (
+            Key::parse(key).expect("key"),
+            PutPayload::from(bytes.to_vec()),
+        );
+        self.rt
+            .block_on(async move { store.put(&k, p).await })
+            .unwrap_or_else(|e| panic!("put {key}: {e}"));
+    }
+
+    pub fn delete(&self, key: &str) {
+        let store = Arc::clone(&self.store);
+        let k = Key::parse(key).expect("key");
+        self.rt
+            .block_on(async move { store.delete(&k).await })
+            .unwrap_or_else(|e| panic!("delete {key}: {e}"));
+    }
+
+    /// Puts every file under `dir` as `prefix/relative/path`.
+    pub fn put_tree(&self, dir: &Path, prefix: &str) {
+        put_tree_with(dir, prefix, |k, b| self.put(k, b));
+    }
+}
 
 /// A running server process. Dropping it kills and reaps it.
 pub struct Server {
