@@ -45,6 +45,11 @@ pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// `fgetxattr(2)` into `buf`; the value's length (ERANGE if it is longer).
+pub fn fgetxattr(f: &std::fs::File, name: &str, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::fs::fgetxattr(f, name, buf)?)
+}
+
 /// `fsetxattr(2)`: sets (creates or replaces) one extended attribute.
 pub fn fsetxattr(f: &std::fs::File, name: &str, value: &[u8]) -> io::Result<()> {
     Ok(rustix::fs::fsetxattr(
@@ -514,6 +519,11 @@ mod tests {
             r => r.unwrap(),
         }
         assert_eq!(getxattr(&p, "user.locafs.test").unwrap(), b"value \xff");
+        let mut buf = [0u8; 16];
+        assert_eq!(fgetxattr(&f, "user.locafs.test", &mut buf).unwrap(), 7);
+        assert_eq!(&buf[..7], b"value \xff");
+        let e = fgetxattr(&f, "user.locafs.test", &mut buf[..3]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ERANGE));
         fsetxattr(&f, "user.locafs.test", b"").unwrap();
         assert_eq!(getxattr(&p, "user.locafs.test").unwrap(), b"");
         fremovexattr(&f, "user.locafs.test").unwrap();

@@ -1,12 +1,13 @@
 //! The books of the disk cache: one dense record per cached file version
-//! (`Entry`, 40 bytes, in the policy's table: see docs/cache.md, "Per-file
+//! (`Entry`, 16 bytes, in the policy's table: see docs/cache.md, "Per-file
 //! memory: the cache index"), the state under the cache's lock, and the
 //! eviction plan (which blocks go on disk once the policy has chosen its
 //! victims). Bookkeeping only: the files are touched by the caller, after
 //! the lock is released.
 //!
-//! Must never: hold a per-entry heap allocation for a file of one block,
-//! or book a byte the cache does not write (invariant 3).
+//! Must never: hold a per-entry heap allocation (or a checksum: that is in
+//! its meta on disk) for a file of one block, or book a byte the cache does
+//! not write (invariant 3).
 
 use super::*;
 
@@ -27,36 +28,41 @@ pub(super) const BOOK_UNIT: u64 = 256;
 /// are sized for this; a larger file is not cached).
 pub(super) const MAX_BLOCKS: u64 = 1 << 26;
 
-/// The index records of every cached block (for a snapshot).
+/// The index records of every cached block (for a snapshot). A one-block
+/// file's checksum is not in memory: its record carries zeros there, and
+/// start-up does not read them (the block is checked against its meta on
+/// disk when first served).
 pub(super) fn index_puts(books: &Books) -> impl Iterator<Item = Put> + '_ {
     books.iter().flat_map(|(key, e)| {
         e.blocks
             .iter()
             .enumerate()
-            .filter_map(move |(i, b)| match b.slot {
-                Slot::Present(sum) => Some(Put {
-                    key: *key,
-                    index: i as u32,
-                    size: e.size(),
-                    path_hash: key.path_part() as u64,
-                    sum,
-                    guest: b.guest,
-                    meta_in_xattr: e.meta_in_xattr(),
-                    table: e.table,
-                }),
-                _ => None,
+            .filter(|(_, b)| b.slot == Slot::Present)
+            .map(move |(i, b)| Put {
+                key: *key,
+                index: i as u32,
+                size: e.size(),
+                path_hash: key.path_part() as u64,
+                sum: e.sum(i).unwrap_or_default(),
+                guest: b.guest,
+                meta_in_xattr: e.meta_in_xattr(),
+                table: e.table,
             })
     })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub(super) enum Slot {
     Empty,
     Writing,
-    Present(Checksum),
+    Present,
 }
 
-/// One block of a cached file version: its slot and two bits.
+/// One block of a cached file version: its slot and two bits (3 bytes).
+/// A present block's checksum is in the side table of a file of several
+/// blocks ([`Many::sums`]); a one-block file's is only on disk, in its
+/// meta (the xattr or the `.meta` slot), read when the block is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Block {
     pub(super) slot: Slot,
@@ -73,37 +79,145 @@ pub(super) const NO_BLOCK: Block = Block {
     verified: false,
 };
 
-/// The blocks of a file version: a one-block file (the bulk of a data set
-/// of small files) keeps its block and its size inline in the record (24
-/// bytes with the tag); a larger file's blocks, size and count of present
-/// blocks are a side table behind one pointer (19 bytes per block).
-#[derive(Debug)]
-pub(super) enum Blocks {
-    One { block: Block, size: u32 },
-    Many(Box<Many>),
-}
-
-/// The books of a file of more than one block.
+/// The books of a file of more than one block (19 bytes per block).
 #[derive(Debug)]
 pub(super) struct Many {
     pub(super) size: u64,
     pub(super) present: u32,
     pub(super) blocks: Box<[Block]>,
+    /// The checksum of each present block (meaningless for the others).
+    pub(super) sums: Box<[Checksum]>,
 }
+
+/// A one-block file's books, inline: a tag byte where a pointer's low byte
+/// is (always odd here, always even in a pointer to [`Many`], whose
+/// alignment is 8), its block and its size.
+#[cfg(target_endian = "little")]
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Inline {
+    tag: u8,
+    block: Block,
+    size: u32,
+}
+
+#[cfg(target_endian = "big")]
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Inline {
+    size: u32,
+    block: Block,
+    tag: u8,
+}
+
+const INLINE_TAG: u8 = 1;
+
+#[derive(Clone, Copy)]
+union Repr {
+    one: Inline,
+    many: *mut Many,
+}
+
+/// The blocks of a file version, in 8 bytes: a one-block file (the bulk of
+/// a data set of small files) keeps its block and its size inline; a larger
+/// file's blocks, checksums, size and count of present blocks are a side
+/// table behind one pointer, owned (freed on drop) as a `Box` would be.
+///
+/// (An enum of the two is 16 bytes: a `Box` has no niche for the inline
+/// variant's bytes. The tag is the pointer's low bit instead.)
+pub(super) struct Blocks(Repr);
+
+// SAFETY: `Blocks` owns its `Many` alone, as a `Box<Many>` does; `Many` is
+// Send and Sync.
+unsafe impl Send for Blocks {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Blocks {}
+
+const _: () = assert!(std::mem::size_of::<Blocks>() == 8);
+const _: () = assert!(std::mem::align_of::<Many>() >= 2);
 
 impl Blocks {
     /// No block present yet, of a file of `size` bytes in `n` blocks.
     pub(super) fn new(size: u64, n: u64) -> Self {
         match u32::try_from(size) {
-            Ok(size) if n == 1 => Blocks::One {
-                block: NO_BLOCK,
-                size,
-            },
-            _ => Blocks::Many(Box::new(Many {
-                size,
-                present: 0,
-                blocks: vec![NO_BLOCK; n as usize].into_boxed_slice(),
-            })),
+            Ok(size) if n == 1 => Blocks(Repr {
+                one: Inline {
+                    tag: INLINE_TAG,
+                    block: NO_BLOCK,
+                    size,
+                },
+            }),
+            _ => {
+                let many = Box::new(Many {
+                    size,
+                    present: 0,
+                    blocks: vec![NO_BLOCK; n as usize].into_boxed_slice(),
+                    sums: vec![Checksum::default(); n as usize].into_boxed_slice(),
+                });
+                Blocks(Repr {
+                    many: Box::into_raw(many),
+                })
+            }
+        }
+    }
+
+    fn inline(&self) -> Option<&Inline> {
+        // SAFETY: both fields are plain bytes of the same 8; reading the
+        // tag's byte of a pointer reads its address's low byte (even: `Many`
+        // is aligned to 8), so an odd tag means `one` was written.
+        unsafe {
+            if self.0.one.tag & 1 == INLINE_TAG {
+                Some(&self.0.one)
+            } else {
+                None
+            }
+        }
+    }
+
+    /// A larger file's side table; None for a one-block file.
+    pub(super) fn many(&self) -> Option<&Many> {
+        match self.inline() {
+            Some(_) => None,
+            // SAFETY: not inline, so `many` holds the pointer from
+            // `Box::into_raw`, owned by `self` until drop.
+            None => Some(unsafe { &*self.0.many }),
+        }
+    }
+
+    pub(super) fn many_mut(&mut self) -> Option<&mut Many> {
+        match self.inline() {
+            Some(_) => None,
+            // SAFETY: as in `many`; `&mut self` makes the access unique.
+            None => Some(unsafe { &mut *self.0.many }),
+        }
+    }
+
+    /// A one-block file's size; None for a larger file.
+    pub(super) fn one_size(&self) -> Option<u32> {
+        self.inline().map(|i| i.size)
+    }
+}
+
+impl Drop for Blocks {
+    fn drop(&mut self) {
+        if self.inline().is_none() {
+            // SAFETY: the pointer came from `Box::into_raw` and is dropped
+            // once, here.
+            drop(unsafe { Box::from_raw(self.0.many) });
+        }
+    }
+}
+
+impl std::fmt::Debug for Blocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.inline(), self.many()) {
+            (Some(i), _) => f
+                .debug_struct("One")
+                .field("block", &i.block)
+                .field("size", &i.size)
+                .finish(),
+            (None, Some(m)) => m.fmt(f),
+            (None, None) => f.write_str("?"),
         }
     }
 }
@@ -111,19 +225,23 @@ impl Blocks {
 impl std::ops::Deref for Blocks {
     type Target = [Block];
     fn deref(&self) -> &[Block] {
-        match self {
-            Blocks::One { block, .. } => std::slice::from_ref(block),
-            Blocks::Many(m) => &m.blocks,
+        match self.inline() {
+            Some(i) => std::slice::from_ref(&i.block),
+            None => self.many().map(|m| &m.blocks[..]).unwrap_or(&[]),
         }
     }
 }
 
 impl std::ops::DerefMut for Blocks {
     fn deref_mut(&mut self) -> &mut [Block] {
-        match self {
-            Blocks::One { block, .. } => std::slice::from_mut(block),
-            Blocks::Many(m) => &mut m.blocks,
+        if self.inline().is_some() {
+            // SAFETY: the tag says `one` was written; `&mut self` makes the
+            // access unique.
+            return std::slice::from_mut(unsafe { &mut self.0.one.block });
         }
+        self.many_mut()
+            .map(|m| &mut m.blocks[..])
+            .unwrap_or(&mut [])
     }
 }
 
@@ -152,7 +270,7 @@ pub(super) const MAX_VERSIONS: usize = 8;
 /// (these plus the writes under way) cannot saturate either.
 pub(super) const MAX_PASSTHROUGH_PINS: u16 = 1 << 14;
 
-/// The record of one cached file version: 32 bytes, alignment 8 (see
+/// The record of one cached file version: 16 bytes, alignment 8 (see
 /// docs/cache.md, "Per-file memory: the cache index"). What can be derived
 /// is not stored: the meta file's booked bytes (from the layout), a
 /// one-block file's count of present blocks (from its slot).
@@ -180,29 +298,38 @@ impl Entry {
     }
 
     pub(super) fn size(&self) -> u64 {
-        match &self.blocks {
-            Blocks::One { size, .. } => *size as u64,
-            Blocks::Many(m) => m.size,
+        match (self.blocks.one_size(), self.blocks.many()) {
+            (Some(size), _) => size as u64,
+            (None, Some(m)) => m.size,
+            (None, None) => 0,
         }
     }
 
     /// Blocks present (not being written, not dropped).
     pub(super) fn present(&self) -> u32 {
-        match &self.blocks {
-            Blocks::One { block, .. } => matches!(block.slot, Slot::Present(_)) as u32,
-            Blocks::Many(m) => m.present,
+        match self.blocks.many() {
+            Some(m) => m.present,
+            None => self
+                .blocks
+                .iter()
+                .filter(|b| b.slot == Slot::Present)
+                .count() as u32,
         }
     }
 
     /// Counts the present blocks again (after slots were set directly).
     pub(super) fn recount(&mut self) {
-        if let Blocks::Many(m) = &mut self.blocks {
-            m.present = m
-                .blocks
-                .iter()
-                .filter(|b| matches!(b.slot, Slot::Present(_)))
-                .count() as u32;
+        if let Some(m) = self.blocks.many_mut() {
+            m.present = m.blocks.iter().filter(|b| b.slot == Slot::Present).count() as u32;
         }
+    }
+
+    /// A present block's checksum, if the books keep it: a larger file's
+    /// are in its side table; a one-block file's is only in its meta on
+    /// disk (None: see [`Core::stored_sum`]).
+    pub(super) fn sum(&self, i: usize) -> Option<Checksum> {
+        let m = self.blocks.many()?;
+        (m.blocks.get(i)?.slot == Slot::Present).then(|| m.sums[i])
     }
 
     pub(super) fn bit(&self, b: u8) -> bool {
@@ -240,8 +367,8 @@ impl Entry {
         }
     }
 
-    pub(super) fn slot(&self, i: usize) -> Option<&Slot> {
-        self.blocks.get(i).map(|b| &b.slot)
+    pub(super) fn slot(&self, i: usize) -> Option<Slot> {
+        self.blocks.get(i).map(|b| b.slot)
     }
 
     /// Sets a block's slot, keeping the count of present blocks.
@@ -249,11 +376,20 @@ impl Entry {
         let Some(b) = self.blocks.get_mut(i) else {
             return;
         };
-        let was = matches!(b.slot, Slot::Present(_));
-        let now = matches!(slot, Slot::Present(_));
+        let was = b.slot == Slot::Present;
+        let now = slot == Slot::Present;
         b.slot = slot;
-        if let Blocks::Many(m) = &mut self.blocks {
+        if let Some(m) = self.blocks.many_mut() {
             m.present = (m.present + now as u32).saturating_sub(was as u32);
+        }
+    }
+
+    /// Marks a block present with this checksum (kept for a file of
+    /// several blocks; a one-block file's is in its meta on disk).
+    pub(super) fn set_present(&mut self, i: usize, sum: Checksum) {
+        self.set_slot(i, Slot::Present);
+        if let Some(s) = self.blocks.many_mut().and_then(|m| m.sums.get_mut(i)) {
+            *s = sum;
         }
     }
 
@@ -366,7 +502,7 @@ impl Core {
             let was_complete = e.complete();
             let mut blocks = Vec::new();
             for i in 0..e.blocks.len() {
-                if matches!(e.blocks[i].slot, Slot::Present(_)) && e.blocks[i].guest == guest {
+                if e.blocks[i].slot == Slot::Present && e.blocks[i].guest == guest {
                     if let Some(ix) = &mut st.index {
                         ix.append(&Op::DropBlock {
                             key: v.key,
@@ -417,7 +553,7 @@ impl Core {
             0
         };
         for (i, blk) in e.blocks.iter().enumerate() {
-            if matches!(blk.slot, Slot::Present(_)) && blk.guest == guest {
+            if blk.slot == Slot::Present && blk.guest == guest {
                 let len = e
                     .size()
                     .saturating_sub(i as u64 * self.block_size)

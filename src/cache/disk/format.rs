@@ -80,6 +80,35 @@ pub(super) fn encode_inline(size: u64, path_hash: u64, sum: &Checksum, guest: bo
     raw
 }
 
+/// A slot's bytes: checksum, length, presence marker.
+pub(super) fn decode_slot(mut s: &[u8]) -> Option<(Checksum, u32, u32)> {
+    if s.len() < SLOT as usize {
+        return None;
+    }
+    let mut sum = Checksum::default();
+    s.copy_to_slice(&mut sum);
+    Some((sum, s.get_u32_le(), s.get_u32_le()))
+}
+
+/// A [`META_XATTR`]'s fields, if its bytes are one: size, path hash,
+/// checksum, guest (the marker is one of the two).
+pub(super) fn decode_inline(raw: &[u8]) -> Option<(u64, u64, Checksum, bool)> {
+    if raw.len() != INLINE_LEN || &raw[..4] != INLINE_MAGIC {
+        return None;
+    }
+    // Exactly INLINE_LEN bytes (checked above): the gets cannot fail.
+    let mut r = &raw[4..];
+    let size = r.get_u64_le();
+    let path_hash = r.get_u64_le();
+    let mut sum = Checksum::default();
+    r.copy_to_slice(&mut sum);
+    match r.get_u32_le() {
+        PRESENT => Some((size, path_hash, sum, false)),
+        PRESENT_GUEST => Some((size, path_hash, sum, true)),
+        _ => None,
+    }
+}
+
 impl Core {
     pub(super) fn meta_layout(&self, rel: &Path, nblocks: u64) -> (u64, u64) {
         let table = (HEADER_FIXED + rel.as_os_str().len()).div_ceil(64) as u64 * 64;
@@ -144,30 +173,24 @@ impl Core {
             return Ok(None);
         }
         let mut e = Entry::new(version.size, nblocks, table, CREATED, 0);
-        for (i, b) in e.blocks.iter_mut().enumerate() {
+        for i in 0..nblocks as usize {
             let o = (table + i as u64 * SLOT) as usize;
-            let Some(mut s) = raw.get(o..o + SLOT as usize) else {
+            let Some((sum, len, marker)) = raw.get(o..).and_then(decode_slot) else {
                 break;
             };
-            let mut sum = Checksum::default();
-            s.copy_to_slice(&mut sum);
-            let len = s.get_u32_le() as u64;
-            let marker = s.get_u32_le();
             let want = version
                 .size
                 .saturating_sub(i as u64 * self.block_size)
                 .min(self.block_size);
-            if (marker == PRESENT || marker == PRESENT_GUEST) && len == want {
-                b.guest = marker == PRESENT_GUEST;
-                b.slot = Slot::Present(sum);
+            if (marker == PRESENT || marker == PRESENT_GUEST) && len as u64 == want {
+                e.set_present(i, sum);
+                e.blocks[i].guest = marker == PRESENT_GUEST;
             }
         }
         e.recount();
         // The meta file goes with the own blocks if there are any.
-        let meta_on_guest = e.present() > 0
-            && e.blocks
-                .iter()
-                .all(|b| !matches!(b.slot, Slot::Present(_)) || b.guest);
+        let meta_on_guest =
+            e.present() > 0 && e.blocks.iter().all(|b| b.slot != Slot::Present || b.guest);
         e.set_bit(META_ON_GUEST, meta_on_guest);
         Ok(Some((key, e)))
     }
@@ -176,28 +199,16 @@ impl Core {
     /// None if it is not a valid entry of this cache. A file cached under
     /// another block size is still one block if it fits in this one.
     pub(super) fn parse_inline(&self, data: &Path, raw: &[u8]) -> Option<(VersionKey, Entry)> {
-        if raw.len() != INLINE_LEN || &raw[..4] != INLINE_MAGIC {
-            return None;
-        }
+        let (size, path_hash, _, guest) = decode_inline(raw)?;
         let key = VersionKey::from_hex(data.file_stem()?.to_str()?)?;
-        // Exactly INLINE_LEN bytes (checked above): the gets cannot fail.
-        let mut r = &raw[4..];
-        let size = r.get_u64_le();
-        let path_hash = r.get_u64_le();
-        let mut sum = Checksum::default();
-        r.copy_to_slice(&mut sum);
-        let marker = r.get_u32_le();
-        if size == 0
-            || size > self.block_size
-            || (marker != PRESENT && marker != PRESENT_GUEST)
-            || path_hash as u32 != key.path_part()
-        {
+        if size == 0 || size > self.block_size || path_hash as u32 != key.path_part() {
             return None;
         }
-        let guest = marker == PRESENT_GUEST;
         let bits = CREATED | META_IN_XATTR | if guest { META_ON_GUEST } else { 0 };
         let mut e = Entry::new(size, 1, 0, bits, 0);
-        e.set_slot(0, Slot::Present(sum));
+        // (The checksum stays on disk: the books keep none for a one-block
+        // file; `stored_sum` reads it when the block is served.)
+        e.set_slot(0, Slot::Present);
         e.blocks[0].guest = guest;
         Some((key, e))
     }

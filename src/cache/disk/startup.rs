@@ -62,10 +62,7 @@ impl Core {
                     if e.present() == 0 {
                         return false;
                     }
-                    let meta_on_guest = e
-                        .blocks
-                        .iter()
-                        .all(|b| !matches!(b.slot, Slot::Present(_)) || b.guest);
+                    let meta_on_guest = e.blocks.iter().all(|b| b.slot != Slot::Present || b.guest);
                     e.set_bit(META_ON_GUEST, meta_on_guest);
                     gens = gens.wrapping_add(1);
                     e.gen = gens;
@@ -126,7 +123,9 @@ impl Core {
                 if e.size() != p.size {
                     return;
                 }
-                e.set_slot(p.index as usize, Slot::Present(p.sum));
+                // (A one-block file keeps no checksum in the books: its
+                // record's is not read.)
+                e.set_present(p.index as usize, p.sum);
                 e.blocks[p.index as usize].guest = p.guest;
                 e.set_bit(META_IN_XATTR, p.meta_in_xattr);
                 e.table = p.table;
