@@ -3,7 +3,9 @@
 //! the mount shows compared with what was put in the bucket, cold and after
 //! a remount; reads across block boundaries; keys that cannot be file names
 //! (skipped, counted, warned about once, the rest listed); a missing bucket,
-//! a dead endpoint and refused credentials refused with exit status 2; real
+//! a dead endpoint and refused credentials refused with exit status 2; an
+//! AWS profile (`--profile`, `AWS_PROFILE`) signing the mount with a key
+//! moto issued, and a wrong or unsupported one refused with exit 2; real
 //! loaders (Python's tarfile over shards, pyarrow over mmap), cold and warm.
 //! Then, with the proxy of tests/common/proxy.rs between the mount and the
 //! server: no GET for cached data after a remount; every read served while
@@ -586,6 +588,137 @@ fn refused_credentials_exit_2_before_mounting() {
         0,
         "something was left in the mountpoint"
     );
+}
+
+#[test]
+fn an_aws_profile_signs_the_mount_and_a_wrong_or_unsupported_one_exits_2() {
+    require_fuse!();
+    require_moto!();
+    // moto 5.2.1 with its IAM checks on refuses the signature of every
+    // listing whose query holds a '/' (delimiter=/), even a boto3 one with a
+    // key it issued: so the right key is checked through the proxy (which
+    // key signed each request), the wrong one by moto's checks.
+    let moto = Moto::start();
+    let b = moto.bucket("profiled");
+    b.create();
+    let bytes = pattern(17, 300_000);
+    b.put("ds/a.bin", &bytes);
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    let guarded = Moto::start_with_auth(2);
+    let g = guarded.bucket("profiled");
+    g.create();
+    g.put("ds/a.bin", &bytes);
+
+    // ~/.aws of a home of its own: in `right`, a key and, in the config
+    // file, the proxy's endpoint and a region; in `wrong`, a key moto never
+    // issued and the guarded server; in `role`, an assumed role.
+    let home = tempfile::tempdir().unwrap();
+    let aws = home.path().join(".aws");
+    fs::create_dir(&aws).unwrap();
+    let (creds, config) = (aws.join("credentials"), aws.join("config"));
+    fs::write(
+        &creds,
+        "[right]\naws_access_key_id = AKIAPROFILERIGHT0001\naws_secret_access_key = r\n\n\
+         [wrong]\naws_access_key_id = AKIAWRONGWRONGWRONG1\naws_secret_access_key = wrong\n",
+    )
+    .unwrap();
+    fs::write(
+        &config,
+        format!(
+            "[profile right]\nregion = us-east-1\nendpoint_url = {}\n\n\
+             [profile wrong]\nendpoint_url = {}\n\n\
+             [profile role]\nrole_arn = arn:aws:iam::123456789012:role/r\nsource_profile = right\n",
+            proxy.endpoint, guarded.endpoint
+        ),
+    )
+    .unwrap();
+    let home_env = home.path().to_str().unwrap();
+    let sc = Scratch::new();
+    let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
+    let signers = || {
+        let mut s: Vec<(String, Option<String>)> = proxy
+            .counts
+            .signers
+            .lock()
+            .drain()
+            .map(|(k, _)| k)
+            .collect();
+        s.sort();
+        s
+    };
+
+    // --profile right, no --endpoint (the profile's): signed with its key
+    // alone, not the environment's AWS_ACCESS_KEY_ID (testing), and without
+    // the environment's session token (it is not the profile key's).
+    {
+        let m = Mount::start_env(
+            Path::new("s3://profiled/ds"),
+            &sc.mnt,
+            &sc.cache,
+            &["--profile", "right", "--metadata-timeout", "30s"],
+            &[("HOME", home_env), ("AWS_SESSION_TOKEN", "env-token")],
+        );
+        assert_eq!(fs::read(m.mnt.join("a.bin")).unwrap(), bytes);
+    }
+    assert_eq!(signers(), [("AKIAPROFILERIGHT0001".to_owned(), None)]);
+    // The same profile from AWS_PROFILE: its endpoint, but the
+    // environment's key wins, as in the AWS CLI.
+    {
+        let m = Mount::start_env(
+            Path::new("s3://profiled/ds"),
+            &sc.mnt,
+            &sc.cache,
+            &["--metadata-timeout", "30s"],
+            &[("HOME", home_env), ("AWS_PROFILE", "right")],
+        );
+        assert_eq!(fs::read(m.mnt.join("a.bin")).unwrap(), bytes);
+    }
+    assert_eq!(signers(), [("testing".to_owned(), None)]);
+
+    let base = [
+        "s3://profiled/ds",
+        mnt,
+        "--cache-dir",
+        cache,
+        "--metadata-timeout",
+        "30s",
+    ];
+    let fails = |extra: &[&str], env: &[(&str, &str)]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (code, err, _) = mount_fails_env(&args, env);
+        one_line_exit_2(&sc, code, &err)
+    };
+    // A key moto never issued, the files named by AWS_SHARED_CREDENTIALS_FILE
+    // and AWS_CONFIG_FILE.
+    let line = fails(
+        &["--profile", "wrong"],
+        &[
+            ("HOME", "/nonexistent"),
+            ("AWS_SHARED_CREDENTIALS_FILE", creds.to_str().unwrap()),
+            ("AWS_CONFIG_FILE", config.to_str().unwrap()),
+        ],
+    );
+    assert!(
+        line.contains(&format!(
+            "s3://profiled/ds: the credentials were refused at {}",
+            guarded.endpoint
+        )) && line.contains("InvalidAccessKeyId"),
+        "{line}"
+    );
+    // What locafs does not do, and a profile that is not there: refused
+    // before any request.
+    let line = fails(&["--profile", "role"], &[("HOME", home_env)]);
+    assert!(
+        line.starts_with("locafs: --profile role: role_arn (in ")
+            && line.contains("aws configure export-credentials --profile role"),
+        "{line}"
+    );
+    let line = fails(&["--profile", "nope"], &[("HOME", home_env)]);
+    assert!(
+        line.starts_with("locafs: --profile nope: no such profile in "),
+        "{line}"
+    );
+    assert!(signers().is_empty());
 }
 
 /// A failed mount said so in one `locafs:` line (returned), exited 2 and
