@@ -187,6 +187,7 @@ impl Files {
     /// `~/.aws/config`. The home directory is `HOME`, else the user's entry
     /// in the password database.
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Files {
+        let env = |k: &str| env(k).filter(|v| !v.is_empty());
         #[allow(deprecated)] // Not deprecated since Rust 1.86; MSRV is 1.85.
         let home = || {
             env("HOME")
