@@ -200,6 +200,13 @@ pub struct MountFlags {
     #[arg(long)]
     #[serde(default)]
     pub no_sign_request: bool,
+    /// s3:// only: an AWS named profile of ~/.aws/credentials and
+    /// ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE): its
+    /// static keys, region and endpoint_url (--region and --endpoint win).
+    /// Its keys win over AWS_ACCESS_KEY_ID. [default: AWS_PROFILE, whose
+    /// keys lose to AWS_ACCESS_KEY_ID; else no profile]
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 /// How opens of files are served (`--open-mode`).
@@ -313,6 +320,7 @@ impl MountFlags {
             endpoint: self.endpoint.or(other.endpoint),
             region: self.region.or(other.region),
             no_sign_request: self.no_sign_request || other.no_sign_request,
+            profile: self.profile.or(other.profile),
         }
     }
 }
@@ -535,6 +543,48 @@ pub fn object_dataset_id(spec: &crate::source::object::ObjectSpec) -> String {
     format!("{name}-{}", &h.to_hex()[..16])
 }
 
+/// Applies the AWS profile named by `flag` (`--profile`), else by
+/// `AWS_PROFILE` in `env`, to an s3:// spec: its keys, and its region and
+/// endpoint where the flags (already in `spec`) and the environment do not
+/// set them (see `source::aws_profile`). A profile that is missing or needs
+/// what locafs does not do is a usage error. `--profile` on gs:// or az://
+/// is refused; `AWS_PROFILE` is ignored there.
+fn apply_profile(
+    spec: &mut crate::source::object::ObjectSpec,
+    flag: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), UsageError> {
+    use crate::source::aws_profile::{Files, Named};
+    use crate::source::object::Scheme;
+    if spec.scheme != Scheme::S3 {
+        return match flag {
+            Some(_) => Err(usage(format!(
+                "{}: --profile is for s3:// only",
+                spec.url()
+            ))),
+            None => Ok(()),
+        };
+    }
+    let (name, named) = match (flag, env("AWS_PROFILE").filter(|p| !p.is_empty())) {
+        (Some(n), _) => (n.to_owned(), Named::Flag),
+        (None, Some(n)) => (n, Named::Env),
+        (None, None) => return Ok(()),
+    };
+    if name.is_empty() {
+        return Err(usage("--profile: an empty name"));
+    }
+    let profile = Files::from_env(env).load(&name, named).map_err(usage)?;
+    let applied = profile.apply(env, spec.no_sign_request).map_err(usage)?;
+    spec.keys = applied.keys;
+    if spec.region.is_none() {
+        spec.region = applied.region;
+    }
+    if spec.endpoint.is_none() {
+        spec.endpoint = applied.endpoint;
+    }
+    Ok(())
+}
+
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let file = match &args.config {
@@ -555,6 +605,8 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
             spec.endpoint = f.endpoint.clone();
             spec.region = f.region.clone();
             spec.no_sign_request = f.no_sign_request;
+            let env = |k: &str| std::env::var(k).ok();
+            apply_profile(&mut spec, f.profile.as_deref(), &env)?;
             if let Some(e) = &spec.endpoint {
                 if !(e.starts_with("http://") || e.starts_with("https://")) {
                     return Err(usage(format!(
@@ -566,10 +618,12 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         }
         _ => None,
     };
-    if object.is_none() && (f.endpoint.is_some() || f.region.is_some() || f.no_sign_request) {
+    if object.is_none()
+        && (f.endpoint.is_some() || f.region.is_some() || f.no_sign_request || f.profile.is_some())
+    {
         return Err(usage(
-            "--endpoint, --region and --no-sign-request are for object-store sources \
-             (s3://, gs://, az://)",
+            "--endpoint, --region, --no-sign-request and --profile are for object-store \
+             sources (s3://, gs://, az://)",
         ));
     }
     let source = match &object {
@@ -1115,6 +1169,81 @@ mod tests {
         assert!(e.0.contains("http://"), "{}", e.0);
         let e = resolve(&req("s3://", &[])).unwrap_err();
         assert!(e.0.contains("no bucket"), "{}", e.0);
+    }
+
+    #[test]
+    fn a_profile_fills_keys_region_and_endpoint_the_flags_leave_unset() {
+        use crate::source::object::ObjectSpec;
+        let d = tempfile::tempdir().unwrap();
+        let config = d.path().join("config");
+        std::fs::write(
+            &config,
+            "[profile minio]\naws_access_key_id = AKIAM\naws_secret_access_key = s\n\
+             region = eu-west-3\nendpoint_url = http://10.0.0.5:9000\n\
+             [profile role]\nrole_arn = arn:aws:iam::1:role/r\n",
+        )
+        .unwrap();
+        let cfg = config.to_str().unwrap().to_owned();
+        let creds = d.path().join("none").to_str().unwrap().to_owned();
+        let env_with = |extra: &'static [(&'static str, &'static str)]| {
+            let (cfg, creds) = (cfg.clone(), creds.clone());
+            move |k: &str| match k {
+                "AWS_CONFIG_FILE" => Some(cfg.clone()),
+                "AWS_SHARED_CREDENTIALS_FILE" => Some(creds.clone()),
+                _ => extra
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned()),
+            }
+        };
+        let spec = |url: &str| ObjectSpec::parse(url).unwrap();
+
+        let mut s = spec("s3://b/p");
+        apply_profile(&mut s, Some("minio"), &env_with(&[])).unwrap();
+        assert_eq!(s.keys.as_ref().unwrap().access_key_id, "AKIAM");
+        assert_eq!(s.region.as_deref(), Some("eu-west-3"));
+        assert_eq!(s.endpoint.as_deref(), Some("http://10.0.0.5:9000"));
+        // The profile's endpoint names the data set, as --endpoint does.
+        assert!(s.identity().ends_with("@ http://10.0.0.5:9000"));
+
+        // The flags win.
+        let mut s = spec("s3://b/p");
+        s.region = Some("us-east-1".into());
+        s.endpoint = Some("http://flag:1".into());
+        apply_profile(&mut s, Some("minio"), &env_with(&[])).unwrap();
+        assert_eq!(s.region.as_deref(), Some("us-east-1"));
+        assert_eq!(s.endpoint.as_deref(), Some("http://flag:1"));
+
+        // AWS_PROFILE: the same profile, its keys losing to the
+        // environment's.
+        let mut s = spec("s3://b/p");
+        apply_profile(&mut s, None, &env_with(&[("AWS_PROFILE", "minio")])).unwrap();
+        assert!(s.keys.is_some());
+        let mut s = spec("s3://b/p");
+        let env = env_with(&[("AWS_PROFILE", "minio"), ("AWS_ACCESS_KEY_ID", "AKIAENV")]);
+        apply_profile(&mut s, None, &env).unwrap();
+        assert!(s.keys.is_none());
+        assert_eq!(s.region.as_deref(), Some("eu-west-3"));
+
+        let e = apply_profile(&mut spec("s3://b/p"), Some("role"), &env_with(&[])).unwrap_err();
+        assert!(e.0.starts_with("--profile role: role_arn (in "), "{}", e.0);
+        let e = apply_profile(&mut spec("s3://b/p"), Some("nope"), &env_with(&[])).unwrap_err();
+        assert!(e.0.contains("no such profile"), "{}", e.0);
+        // Not for gs:// or az://; AWS_PROFILE is ignored there.
+        let e = apply_profile(&mut spec("gs://b/p"), Some("minio"), &env_with(&[])).unwrap_err();
+        assert!(e.0.contains("--profile is for s3:// only"), "{}", e.0);
+        let mut s = spec("az://c/p");
+        apply_profile(&mut s, None, &env_with(&[("AWS_PROFILE", "role")])).unwrap();
+        assert!(s.keys.is_none());
+
+        // -o profile=NAME and `profile = "NAME"` in the file are the flag.
+        assert_eq!(
+            parse_o(&["profile=minio,_netdev".into()])
+                .unwrap()
+                .profile
+                .as_deref(),
+            Some("minio")
+        );
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! that the file still is the version the caller asked for.
 //!
 //! Two kinds sit behind the [`Source`] trait: [`posix`] (a directory) and
-//! [`object`] (an object store: s3://, gs://, az://). Nothing above this
-//! module knows which kind it reads.
+//! [`object`] (an object store: s3://, gs://, az://; with [`aws_profile`]
+//! for AWS named profiles). Nothing above this module knows which kind it
+//! reads.
 
+pub mod aws_profile;
 pub mod object;
 pub mod posix;
 

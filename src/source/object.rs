@@ -74,6 +74,10 @@ pub struct ObjectSpec {
     pub endpoint: Option<String>,
     pub region: Option<String>,
     pub no_sign_request: bool,
+    /// s3:// only: keys from an AWS profile (`--profile`, `AWS_PROFILE`),
+    /// signing instead of those of the environment (see
+    /// [`aws_profile`](super::aws_profile)).
+    pub keys: Option<super::aws_profile::StaticKeys>,
 }
 
 /// Whether a SOURCE argument is an object-store URL rather than a path.
@@ -126,6 +130,7 @@ impl ObjectSpec {
             endpoint: None,
             region: None,
             no_sign_request: false,
+            keys: None,
         })
     }
 
@@ -155,8 +160,8 @@ impl ObjectSpec {
     }
 
     /// The store client for this spec: credentials from the provider's
-    /// standard chain (environment, web identity, instance metadata), none
-    /// with `no_sign_request`. `timeout` bounds each HTTP request and the
+    /// standard chain (environment, web identity, instance metadata), or
+    /// the profile's keys (`keys`), none with `no_sign_request`. `timeout` bounds each HTTP request and the
     /// retries of one call (throttling answers are retried with backoff).
     pub fn build(&self, timeout: Duration) -> Result<Built, String> {
         use object_store::{ClientOptions, RetryConfig};
@@ -179,7 +184,7 @@ impl ObjectSpec {
         let err = |e: object_store::Error| format!("{}: {e}", self.url());
         match self.scheme {
             Scheme::S3 => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                let mut b = s3_builder_from_env(self.keys.is_some())
                     .with_bucket_name(&self.bucket)
                     .with_client_options(client)
                     .with_http_connector(connector)
@@ -187,6 +192,14 @@ impl ObjectSpec {
                     .with_skip_signature(self.no_sign_request);
                 if let Some(r) = &self.region {
                     b = b.with_region(r);
+                }
+                if let Some(k) = &self.keys {
+                    b = b
+                        .with_access_key_id(&k.access_key_id)
+                        .with_secret_access_key(&k.secret_access_key);
+                    if let Some(t) = &k.session_token {
+                        b = b.with_token(t);
+                    }
                 }
                 if let Some(e) = &self.endpoint {
                     b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
@@ -291,6 +304,30 @@ impl ObjectSpec {
             }
         }
     }
+}
+
+/// object_store's S3 client configured from the `AWS_*` environment (as
+/// `AmazonS3Builder::from_env`), without its keys and session token when
+/// a profile's keys sign instead: an `AWS_SESSION_TOKEN` of the
+/// environment must not go with another key.
+fn s3_builder_from_env(without_keys: bool) -> object_store::aws::AmazonS3Builder {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
+    let mut b = AmazonS3Builder::new();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        if !k.starts_with("AWS_") {
+            continue;
+        }
+        if let Ok(key) = k.to_ascii_lowercase().parse::<K>() {
+            if without_keys && matches!(key, K::AccessKeyId | K::SecretAccessKey | K::Token) {
+                continue;
+            }
+            b = b.with_config(key, v);
+        }
+    }
+    b
 }
 
 /// Azurite's well-known account and key (public: the same in every

@@ -311,9 +311,12 @@ impl Node {
             if let Some(Ok(Some(st))) = node.child.as_mut().map(|c| c.try_wait()) {
                 panic!("{name} exited with {st}:\n{}", node.log_text());
             }
+            // 60 s, as Mount::start_env gives: an s3:// node asks its store
+            // (an emulator, slow on a loaded machine) before it mounts.
             assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "{name} did not mount"
+                start.elapsed() < Duration::from_secs(60),
+                "{name} did not mount within 60 s:\n{}",
+                node.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -345,7 +348,7 @@ impl Node {
     /// Waits until this node sees every node of `ports` up (itself: self).
     pub fn wait_peers_up(&self, ports: &[u16]) {
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        self.wait_peers_in_state(&addrs, &["up", "self"], Duration::from_secs(20));
+        self.wait_peers_in_state(&addrs, &["up", "self"], Duration::from_secs(60));
     }
 
     /// Waits until this node sees each member of `addrs` in one of `states`.

@@ -1,6 +1,6 @@
 //! An HTTP proxy in front of a test S3 server, as the network and the store
-//! of a region would be: it counts the GET requests for each object key,
-//! and can add latency to every request, cap the bandwidth of what it sends
+//! of a region would be: it counts the GET requests for each object key
+//! (and the requests by the key that signed them), and can add latency to every request, cap the bandwidth of what it sends
 //! back, answer a share of the requests with 503 SlowDown, and stop
 //! answering altogether (a stalled store).
 //!
@@ -47,6 +47,10 @@ pub struct Counts {
     pub lists: AtomicU64,
     /// HEAD requests.
     pub heads: AtomicU64,
+    /// Requests by who signed them: the access key id of the Authorization
+    /// header's `Credential=` ("" unsigned) and the `X-Amz-Security-Token`
+    /// sent with it, if any.
+    pub signers: Mutex<HashMap<(String, Option<String>), u64>>,
 }
 
 impl Counts {
@@ -217,6 +221,16 @@ async fn serve(
         } else if method == "HEAD" {
             counts.heads.fetch_add(1, Relaxed);
         }
+        let key_id = header(&head, "authorization")
+            .and_then(|a| a.split("Credential=").nth(1))
+            .and_then(|c| c.split('/').next())
+            .unwrap_or("");
+        let token = header(&head, "x-amz-security-token").map(str::to_owned);
+        *counts
+            .signers
+            .lock()
+            .entry((key_id.to_owned(), token))
+            .or_default() += 1;
         while knobs.stalled.load(Relaxed) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -83,11 +83,18 @@ pub struct Server {
     pub endpoint: String,
 }
 
+/// How long a server may take to listen, and to answer a request. Only a
+/// server that hangs waits this long (one that exits fails at once, and a
+/// fast one returns at once), so it is set by the worst machine seen: at
+/// load 66 to 190 on the 2-core machine (other builds), Azurite and
+/// moto_server at nice 19 did not listen within 120 s, and moto's first
+/// answer (it imports the service's backend then) took over 120 s.
+pub const SERVER_START: Duration = Duration::from_secs(300);
+
 impl Server {
     /// Starts `cmd` (its output discarded) that is to listen on `port` of
-    /// 127.0.0.1, and waits (at most 120 s: Node.js or Python starting at
-    /// nice 19 on a loaded 2-core machine took more than 30 s) until it
-    /// accepts connections; panics if it exits or never listens.
+    /// 127.0.0.1, and waits (at most [`SERVER_START`]) until it accepts
+    /// connections; panics at once if it exits, or if it never listens.
     pub fn start(name: &str, mut cmd: Command, port: u16) -> Server {
         let child = cmd
             .stdin(Stdio::null())
@@ -110,8 +117,9 @@ impl Server {
                 }
             }
             assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "{name} did not listen on {port} within 120 s"
+                t0.elapsed() < SERVER_START,
+                "{name} did not listen on {port} within {SERVER_START:?} (load average {})",
+                super::sys::load_average()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -134,7 +142,10 @@ impl Drop for Server {
 }
 
 /// One HTTP/1.0 request with `headers` (each `Name: value`) added; the whole
-/// answer as text.
+/// answer as text, or, if none came, a line saying why (so that the
+/// caller's assertion shows it). The answer may take [`SERVER_START`], as
+/// a server's start may (the first request to moto_server imports the
+/// service's backend); a fast answer returns at once.
 pub fn raw_request_with(
     host: &str,
     method: &str,
@@ -144,7 +155,8 @@ pub fn raw_request_with(
 ) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(host).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.set_read_timeout(Some(SERVER_START)).unwrap();
+    let t0 = Instant::now();
     let mut head = format!(
         "{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
@@ -156,8 +168,20 @@ pub fn raw_request_with(
     s.write_all(head.as_bytes()).unwrap();
     s.write_all(body).unwrap();
     let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    String::from_utf8_lossy(&raw).into_owned()
+    let read = s.read_to_end(&mut raw);
+    let mut text = String::from_utf8_lossy(&raw).into_owned();
+    if raw.is_empty() {
+        let why = match read {
+            Ok(_) => "the server closed the connection".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        text = format!(
+            "(no answer after {:?}: {why}; load average {})",
+            t0.elapsed(),
+            super::sys::load_average()
+        );
+    }
+    text
 }
 
 /// One unsigned HTTP/1.0 request; the whole answer as text.

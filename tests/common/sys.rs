@@ -199,3 +199,11 @@ pub fn wait_until(what: &str, limit: Duration, f: impl FnMut() -> bool) {
         "timed out after {limit:?} waiting for {what}"
     );
 }
+
+/// The 1-, 5- and 15-minute load averages as /proc/loadavg says them
+/// ("?" if it cannot be read), for messages of tests that time out.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
