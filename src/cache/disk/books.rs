@@ -161,46 +161,77 @@ impl Blocks {
         }
     }
 
-    fn inline(&self) -> Option<&Inline> {
+    fn is_inline(&self) -> bool {
         // SAFETY: both fields are plain bytes of the same 8; reading the
         // tag's byte of a pointer reads its address's low byte (even: `Many`
         // is aligned to 8), so an odd tag means `one` was written.
-        unsafe {
-            if self.0.one.tag & 1 == INLINE_TAG {
-                Some(&self.0.one)
-            } else {
-                None
-            }
+        unsafe { self.0.one.tag & 1 == INLINE_TAG }
+    }
+
+    /// The two cases, to match on.
+    fn view(&self) -> View<'_> {
+        if self.is_inline() {
+            // SAFETY: the tag says `one` was written.
+            View::One(unsafe { &self.0.one })
+        } else {
+            // SAFETY: not inline, so `many` holds the pointer from
+            // `Box::into_raw`, owned by `self` until drop.
+            View::Many(unsafe { &*self.0.many })
+        }
+    }
+
+    fn view_mut(&mut self) -> ViewMut<'_> {
+        // SAFETY: as in `view`; `&mut self` makes the access unique.
+        if self.is_inline() {
+            ViewMut::One(unsafe { &mut self.0.one })
+        } else {
+            ViewMut::Many(unsafe { &mut *self.0.many })
         }
     }
 
     /// A larger file's side table; None for a one-block file.
     pub(super) fn many(&self) -> Option<&Many> {
-        match self.inline() {
-            Some(_) => None,
-            // SAFETY: not inline, so `many` holds the pointer from
-            // `Box::into_raw`, owned by `self` until drop.
-            None => Some(unsafe { &*self.0.many }),
+        match self.view() {
+            View::One(_) => None,
+            View::Many(m) => Some(m),
         }
     }
 
     pub(super) fn many_mut(&mut self) -> Option<&mut Many> {
-        match self.inline() {
-            Some(_) => None,
-            // SAFETY: as in `many`; `&mut self` makes the access unique.
-            None => Some(unsafe { &mut *self.0.many }),
+        match self.view_mut() {
+            ViewMut::One(_) => None,
+            ViewMut::Many(m) => Some(m),
         }
     }
 
-    /// A one-block file's size; None for a larger file.
-    pub(super) fn one_size(&self) -> Option<u32> {
-        self.inline().map(|i| i.size)
+    /// The file's size.
+    pub(super) fn size(&self) -> u64 {
+        match self.view() {
+            View::One(i) => i.size as u64,
+            View::Many(m) => m.size,
+        }
     }
+
+    /// Whether the blocks are inline (a one-block file of at most 4 GiB).
+    #[cfg(test)]
+    pub(super) fn is_one(&self) -> bool {
+        self.is_inline()
+    }
+}
+
+enum View<'a> {
+    One(&'a Inline),
+    Many(&'a Many),
+}
+
+enum ViewMut<'a> {
+    One(&'a mut Inline),
+    Many(&'a mut Many),
 }
 
 impl Drop for Blocks {
     fn drop(&mut self) {
-        if self.inline().is_none() {
+        if !self.is_inline() {
             // SAFETY: the pointer came from `Box::into_raw` and is dropped
             // once, here.
             drop(unsafe { Box::from_raw(self.0.many) });
@@ -210,14 +241,13 @@ impl Drop for Blocks {
 
 impl std::fmt::Debug for Blocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.inline(), self.many()) {
-            (Some(i), _) => f
+        match self.view() {
+            View::One(i) => f
                 .debug_struct("One")
                 .field("block", &i.block)
                 .field("size", &i.size)
                 .finish(),
-            (None, Some(m)) => m.fmt(f),
-            (None, None) => f.write_str("?"),
+            View::Many(m) => m.fmt(f),
         }
     }
 }
@@ -225,23 +255,19 @@ impl std::fmt::Debug for Blocks {
 impl std::ops::Deref for Blocks {
     type Target = [Block];
     fn deref(&self) -> &[Block] {
-        match self.inline() {
-            Some(i) => std::slice::from_ref(&i.block),
-            None => self.many().map(|m| &m.blocks[..]).unwrap_or(&[]),
+        match self.view() {
+            View::One(i) => std::slice::from_ref(&i.block),
+            View::Many(m) => &m.blocks,
         }
     }
 }
 
 impl std::ops::DerefMut for Blocks {
     fn deref_mut(&mut self) -> &mut [Block] {
-        if self.inline().is_some() {
-            // SAFETY: the tag says `one` was written; `&mut self` makes the
-            // access unique.
-            return std::slice::from_mut(unsafe { &mut self.0.one.block });
+        match self.view_mut() {
+            ViewMut::One(i) => std::slice::from_mut(&mut i.block),
+            ViewMut::Many(m) => &mut m.blocks,
         }
-        self.many_mut()
-            .map(|m| &mut m.blocks[..])
-            .unwrap_or(&mut [])
     }
 }
 
@@ -298,11 +324,7 @@ impl Entry {
     }
 
     pub(super) fn size(&self) -> u64 {
-        match (self.blocks.one_size(), self.blocks.many()) {
-            (Some(size), _) => size as u64,
-            (None, Some(m)) => m.size,
-            (None, None) => 0,
-        }
+        self.blocks.size()
     }
 
     /// Blocks present (not being written, not dropped).

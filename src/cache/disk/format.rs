@@ -90,6 +90,16 @@ pub(super) fn decode_slot(mut s: &[u8]) -> Option<(Checksum, u32, u32)> {
     Some((sum, s.get_u32_le(), s.get_u32_le()))
 }
 
+/// The version key a `.meta` header names, if `raw` begins with a header of
+/// this format (magic, format, block size, size, mtime, inode, key, ...).
+pub(super) fn header_key(raw: &[u8]) -> Option<VersionKey> {
+    let h = raw.get(..HEADER_FIXED)?;
+    if &h[..8] != MAGIC || (&h[8..12]).get_u32_le() != FORMAT {
+        return None;
+    }
+    Some(VersionKey(h[40..56].try_into().ok()?))
+}
+
 /// A [`META_XATTR`]'s fields, if its bytes are one: size, path hash,
 /// checksum, guest (the marker is one of the two).
 pub(super) fn decode_inline(raw: &[u8]) -> Option<(u64, u64, Checksum, bool)> {

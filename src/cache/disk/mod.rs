@@ -957,16 +957,19 @@ impl Core {
         // A `.meta` file (a cache file system without user xattrs): its
         // header must name this version, its slot this block.
         let (_, meta) = self.paths(&file.key);
-        let mut raw = vec![0u8; table as usize + SLOT as usize];
+        let mut head = [0u8; HEADER_FIXED];
+        let mut slot = [0u8; SLOT as usize];
         File::open(meta)
-            .and_then(|m| m.read_exact_at(&mut raw, 0))
+            .and_then(|m| {
+                m.read_exact_at(&mut head, 0)?;
+                m.read_exact_at(&mut slot, table as u64 + index * SLOT)
+            })
             .map_err(|e| self.unreadable(file, &e))?;
         let len = file.block_len(index, self.block_size) as u64;
-        match decode_slot(&raw[table as usize..]) {
+        match decode_slot(&slot) {
             Some((sum, l, m))
                 if index == 0
-                    && &raw[..8] == MAGIC
-                    && raw[40..56] == file.key.0
+                    && header_key(&head) == Some(file.key)
                     && l as u64 == len
                     && (m == PRESENT || m == PRESENT_GUEST) =>
             {
@@ -1358,18 +1361,21 @@ mod tests {
         let rec = Books::record_size();
         assert!(rec <= RECORD_MAX, "a record is {rec} bytes");
         let one = Blocks::new(BS, 1);
-        assert!(one.many().is_none());
-        assert_eq!((one.one_size(), one.len()), (Some(BS as u32), 1));
+        assert!(one.is_one() && one.many().is_none());
+        assert_eq!((one.size(), one.len()), (BS, 1));
         let many = Blocks::new(BS + 1, 2);
         assert_eq!(
             many.many().map(|m| (m.size, m.sums.len())),
             Some((BS + 1, 2))
         );
-        assert_eq!((many.one_size(), many.len()), (None, 2));
+        assert_eq!((many.is_one(), many.size(), many.len()), (false, BS + 1, 2));
         // A one-block file larger than 4 GiB (a block size that large) has
         // its size in a side table.
         let huge = Blocks::new(1 << 33, 1);
-        assert_eq!(huge.many().map(|m| m.size), Some(1 << 33));
+        assert_eq!(
+            (huge.is_one(), huge.size(), huge.len()),
+            (false, 1 << 33, 1)
+        );
         let mut p = new_books(1 << 40, BS);
         let n = 100_000u32;
         p.reserve(n as usize);
@@ -2201,6 +2207,8 @@ mod tests {
         );
         let (key, e) = c.parse_meta(&want).unwrap().expect("the pinned bytes load");
         assert_eq!(key, f.key);
+        assert_eq!(header_key(&want), Some(f.key));
+        assert_eq!(header_key(&want[..HEADER_FIXED - 1]), None);
         assert_eq!(e.size(), f.version.size);
         assert_eq!(e.present(), 2);
         assert_eq!(
