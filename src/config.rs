@@ -202,7 +202,8 @@ pub struct MountFlags {
     pub no_sign_request: bool,
     /// s3:// only: an AWS named profile of ~/.aws/credentials and
     /// ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE): its
-    /// static keys, region and endpoint_url (--region and --endpoint win).
+    /// static keys or credential_process, region and endpoint_url
+    /// (--region and --endpoint win).
     /// Its keys win over AWS_ACCESS_KEY_ID. [default: AWS_PROFILE, whose
     /// keys lose to AWS_ACCESS_KEY_ID; else no profile]
     #[arg(long, value_name = "NAME")]
@@ -607,12 +608,10 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
             spec.no_sign_request = f.no_sign_request;
             let env = |k: &str| std::env::var(k).ok();
             apply_profile(&mut spec, f.profile.as_deref(), &env)?;
-            if let Some(e) = &spec.endpoint {
-                if !(e.starts_with("http://") || e.starts_with("https://")) {
-                    return Err(usage(format!(
-                        "--endpoint {e}: expected an http:// or https:// URL"
-                    )));
-                }
+            // (A profile's endpoint_url was checked where it was read.)
+            if let Some(e) = &f.endpoint {
+                crate::source::object::check_endpoint(e)
+                    .map_err(|why| usage(format!("--endpoint {e} {why}")))?;
             }
             Some(spec)
         }
@@ -1200,7 +1199,11 @@ mod tests {
 
         let mut s = spec("s3://b/p");
         apply_profile(&mut s, Some("minio"), &env_with(&[])).unwrap();
-        assert_eq!(s.keys.as_ref().unwrap().access_key_id, "AKIAM");
+        use crate::source::aws_profile::ProfileKeys;
+        let Some(ProfileKeys::Static(k)) = &s.keys else {
+            panic!("{:?}", s.keys)
+        };
+        assert_eq!(k.access_key_id, "AKIAM");
         assert_eq!(s.region.as_deref(), Some("eu-west-3"));
         assert_eq!(s.endpoint.as_deref(), Some("http://10.0.0.5:9000"));
         // The profile's endpoint names the data set, as --endpoint does.

@@ -5,7 +5,10 @@
 //! (skipped, counted, warned about once, the rest listed); a missing bucket,
 //! a dead endpoint and refused credentials refused with exit status 2; an
 //! AWS profile (`--profile`, `AWS_PROFILE`) signing the mount with a key
-//! moto issued, and a wrong or unsupported one refused with exit 2; real
+//! moto issued, and a wrong or unsupported one refused with exit 2; a
+//! profile's `credential_process` (a script) signing the mount, refreshed
+//! near expiry, and failing ones refused with exit 2 (at mount) or failing
+//! reads with EIO (once the keys expired, until it works again); real
 //! loaders (Python's tarfile over shards, pyarrow over mmap), cold and warm.
 //! Then, with the proxy of tests/common/proxy.rs between the mount and the
 //! server: no GET for cached data after a remount; every read served while
@@ -21,7 +24,8 @@
 //! Azurite (az://, AZURE_STORAGE_USE_EMULATOR=true and `--endpoint`) and
 //! fake-gcs-server (gs://, a service-account file naming it), the keys that
 //! cannot be names against Azurite, and a missing container or bucket and
-//! a wrong account key exit 2. Each kind's tests say SKIPPED without its
+//! a wrong account key exit 2, as does a gs:// service-account file that
+//! cannot be used (fake-gcs-server checks no credentials). Each kind's tests say SKIPPED without its
 //! server.
 
 mod common;
@@ -607,6 +611,41 @@ fn refused_credentials_exit_2_before_mounting() {
     );
 }
 
+/// The servers of the credential tests: a moto that takes any key, behind
+/// a proxy that records which key signed each request, holding `objects`
+/// in `bucket`; and a moto with its IAM checks on (which refuses keys it
+/// never issued) holding the first object.
+fn signing_servers(bucket: &str, objects: &[(&str, &[u8])]) -> (Moto, Proxy, Moto) {
+    let moto = Moto::start();
+    let b = moto.bucket(bucket);
+    b.create();
+    for (key, bytes) in objects {
+        b.put(key, bytes);
+    }
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    let guarded = Moto::start_with_auth(2);
+    let g = guarded.bucket(bucket);
+    g.create();
+    if let Some((key, bytes)) = objects.first() {
+        g.put(key, bytes);
+    }
+    (moto, proxy, guarded)
+}
+
+/// The (key, session token) pairs that signed requests through `proxy`
+/// since the last call, sorted.
+fn signers_seen(proxy: &Proxy) -> Vec<(String, Option<String>)> {
+    let mut s: Vec<(String, Option<String>)> = proxy
+        .counts
+        .signers
+        .lock()
+        .drain()
+        .map(|(k, _)| k)
+        .collect();
+    s.sort();
+    s
+}
+
 #[test]
 fn an_aws_profile_signs_the_mount_and_a_wrong_or_unsupported_one_exits_2() {
     require_fuse!();
@@ -615,16 +654,8 @@ fn an_aws_profile_signs_the_mount_and_a_wrong_or_unsupported_one_exits_2() {
     // listing whose query holds a '/' (delimiter=/), even a boto3 one with a
     // key it issued: so the right key is checked through the proxy (which
     // key signed each request), the wrong one by moto's checks.
-    let moto = Moto::start();
-    let b = moto.bucket("profiled");
-    b.create();
     let bytes = pattern(17, 300_000);
-    b.put("ds/a.bin", &bytes);
-    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
-    let guarded = Moto::start_with_auth(2);
-    let g = guarded.bucket("profiled");
-    g.create();
-    g.put("ds/a.bin", &bytes);
+    let (_moto, proxy, guarded) = signing_servers("profiled", &[("ds/a.bin", &bytes)]);
 
     // ~/.aws of a home of its own: in `right`, a key and, in the config
     // file, the proxy's endpoint and a region; in `wrong`, a key moto never
@@ -652,17 +683,7 @@ fn an_aws_profile_signs_the_mount_and_a_wrong_or_unsupported_one_exits_2() {
     let home_env = home.path().to_str().unwrap();
     let sc = Scratch::new();
     let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
-    let signers = || {
-        let mut s: Vec<(String, Option<String>)> = proxy
-            .counts
-            .signers
-            .lock()
-            .drain()
-            .map(|(k, _)| k)
-            .collect();
-        s.sort();
-        s
-    };
+    let signers = || signers_seen(&proxy);
 
     // --profile right, no --endpoint (the profile's): signed with its key
     // alone, not the environment's AWS_ACCESS_KEY_ID (testing), and without
@@ -738,6 +759,323 @@ fn an_aws_profile_signs_the_mount_and_a_wrong_or_unsupported_one_exits_2() {
     assert!(signers().is_empty());
 }
 
+/// `print keys.sh KEY_PREFIX SECONDS`, a credential_process for the tests
+/// (its path has a space: the command line is split as the AWS CLI splits
+/// it): prints keys whose id is KEY_PREFIX and its run count (4 digits),
+/// with the session token `token-N`, expiring SECONDS from now; counts its
+/// runs in `runs-KEY_PREFIX`; with a file `broken-KEY_PREFIX` beside it, it
+/// fails instead (exit 1, a line on stderr).
+fn keys_script(dir: &Path) -> PathBuf {
+    let script = dir.join("print keys.sh");
+    fs::write(
+        &script,
+        "#!/bin/sh\n\
+         dir=$(dirname \"$0\")\n\
+         n=$(( $(cat \"$dir/runs-$1\" 2>/dev/null || echo 0) + 1 )); echo $n > \"$dir/runs-$1\"\n\
+         if [ -e \"$dir/broken-$1\" ]; then echo \"helper: session for $1 ended\" >&2; exit 1; fi\n\
+         printf '{\"Version\": 1, \"AccessKeyId\": \"%s%04d\", \"SecretAccessKey\": \"testing\", \
+         \"SessionToken\": \"token-%d\", \"Expiration\": \"%s\"}\\n' \
+         \"$1\" $n $n \"$(date -u -d \"+$2 seconds\" +%Y-%m-%dT%H:%M:%SZ)\"\n",
+    )
+    .unwrap();
+    script
+}
+
+/// How many times `keys_script` ran for `prefix`.
+fn script_runs(dir: &Path, prefix: &str) -> u32 {
+    fs::read_to_string(dir.join(format!("runs-{prefix}")))
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_credential_process_profile_signs_the_mount_and_a_failing_one_exits_2() {
+    require_fuse!();
+    require_moto!();
+    // As in the static-key test above: the keys that sign are seen at the
+    // proxy in front of a moto that takes any; a wrong key is refused by a
+    // moto with its IAM checks on.
+    let bytes = pattern(23, 600_000);
+    let (_moto, proxy, guarded) = signing_servers(
+        "processed",
+        &[
+            ("ds/a.bin", &bytes),
+            ("ds/b.bin", &bytes[..300_000]),
+            ("ds/c.bin", &bytes[300_000..]),
+        ],
+    );
+
+    let home = tempfile::tempdir().unwrap();
+    let aws = home.path().join(".aws");
+    fs::create_dir(&aws).unwrap();
+    let script = keys_script(home.path());
+    let run = format!("sh \"{}\"", script.display());
+    let config = aws.join("config");
+    fs::write(
+        &config,
+        format!(
+            "[profile process]\ncredential_process = {run} AKIAPROCESS00000 3600\n\
+             endpoint_url = {p}\nregion = us-east-1\n\n\
+             [profile soon]\ncredential_process = {run} AKIAPROCESSSOON0 240\nendpoint_url = {p}\n\n\
+             [profile wrongproc]\ncredential_process = {run} AKIAWRONGWRONGWR 3600\n\
+             endpoint_url = {g}\n\n\
+             [profile failing]\ncredential_process = sh -c \"echo 'helper: not logged in' >&2; exit 1\"\n\
+             endpoint_url = {p}\n\n\
+             [profile garbage]\ncredential_process = echo AKIANOTJSON\nendpoint_url = {p}\n\n\
+             [profile badurl]\naws_access_key_id = A\naws_secret_access_key = B\n\
+             endpoint_url = 127.0.0.1:9\n",
+            p = proxy.endpoint,
+            g = guarded.endpoint
+        ),
+    )
+    .unwrap();
+    let home_env = home.path().to_str().unwrap();
+    let sc = Scratch::new();
+    let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
+    let signers = || signers_seen(&proxy);
+
+    // The command's keys and session token sign every request, not the
+    // environment's key or token; run once (the keys last an hour).
+    {
+        let m = Mount::start_env(
+            Path::new("s3://processed/ds"),
+            &sc.mnt,
+            &sc.cache,
+            &[
+                "--profile",
+                "process",
+                "--metadata-timeout",
+                "30s",
+                "--no-readahead",
+            ],
+            &[("HOME", home_env), ("AWS_SESSION_TOKEN", "env-token")],
+        );
+        assert_eq!(fs::read(m.mnt.join("a.bin")).unwrap(), bytes);
+        assert!(
+            !m.stderr().contains("refreshing the keys failed"),
+            "{}",
+            m.stderr()
+        );
+    }
+    assert_eq!(
+        signers(),
+        [(
+            "AKIAPROCESS000000001".to_owned(),
+            Some("token-1".to_owned())
+        )]
+    );
+    assert_eq!(script_runs(home.path(), "AKIAPROCESS00000"), 1);
+
+    // Keys within 5 minutes of their Expiration are fetched again, at most
+    // every 10 s while they are valid (not for every request): a read more
+    // than 10 s after the last run is signed by a later run's keys, each
+    // with its own token. (No read-ahead in these mounts: b.bin and c.bin
+    // are read from the store here.)
+    let t0 = std::time::Instant::now();
+    let (runs, seen) = {
+        let m = Mount::start_env(
+            Path::new("s3://processed/ds"),
+            &sc.mnt,
+            &sc.cache,
+            &[
+                "--profile",
+                "soon",
+                "--metadata-timeout",
+                "30s",
+                "--no-readahead",
+            ],
+            &[("HOME", home_env)],
+        );
+        assert_eq!(fs::read(m.mnt.join("b.bin")).unwrap(), bytes[..300_000]);
+        let before = script_runs(home.path(), "AKIAPROCESSSOON0");
+        signers();
+        std::thread::sleep(Duration::from_millis(10_500));
+        assert_eq!(fs::read(m.mnt.join("c.bin")).unwrap(), bytes[300_000..]);
+        let runs = script_runs(home.path(), "AKIAPROCESSSOON0");
+        assert!(runs > before, "not run again ({runs} runs)");
+        assert!(
+            !m.stderr().contains("refreshing the keys failed"),
+            "{}",
+            m.stderr()
+        );
+        (runs, signers())
+    };
+    // Once at mount, then at most once per 10 s (and once more at a
+    // boundary).
+    let most = 2 + t0.elapsed().as_secs() as u32 / 10;
+    assert!(runs <= most, "ran {runs} times in {:?}", t0.elapsed());
+    let mut later = false;
+    for (key, token) in &seen {
+        let n: u32 = key
+            .strip_prefix("AKIAPROCESSSOON0")
+            .unwrap_or_else(|| panic!("{seen:?}"))
+            .parse()
+            .unwrap();
+        assert!(n >= 1 && n <= runs, "{seen:?}");
+        assert_eq!(token.as_deref(), Some(format!("token-{n}").as_str()));
+        later |= n >= 2;
+    }
+    assert!(later, "c.bin not signed by a later run's keys: {seen:?}");
+
+    let base = [
+        "s3://processed/ds",
+        mnt,
+        "--cache-dir",
+        cache,
+        "--metadata-timeout",
+        "30s",
+    ];
+    let fails = |profile: &str| {
+        let args: Vec<&str> = base.iter().copied().chain(["--profile", profile]).collect();
+        let (code, err, _) = mount_fails_env(&args, &[("HOME", home_env)]);
+        one_line_exit_2(&sc, code, &err)
+    };
+    // Keys the store refuses: refused as any wrong key is.
+    let line = fails("wrongproc");
+    assert!(
+        line.contains(&format!(
+            "s3://processed/ds: the credentials were refused at {}",
+            guarded.endpoint
+        )) && line.contains("InvalidAccessKeyId"),
+        "{line}"
+    );
+    // A command that fails: the profile, the command, its status and the
+    // first line of its stderr; no request sent.
+    let line = fails("failing");
+    let config_s = config.display().to_string();
+    assert!(
+        line.starts_with("locafs: --profile failing: credential_process `sh -c")
+            && line.contains(&format!(
+                "(in {config_s}) exited with status 1: helper: not logged in"
+            )),
+        "{line}"
+    );
+    // Output that is not keys: said so, without the output.
+    let line = fails("garbage");
+    assert!(
+        line.contains("credential_process `echo AKIANOTJSON`")
+            && line.contains("its output is not JSON")
+            && line.matches("AKIANOTJSON").count() == 1,
+        "{line}"
+    );
+    // A malformed endpoint_url is the profile's, not --endpoint's.
+    let line = fails("badurl");
+    assert_eq!(
+        line,
+        format!(
+            "locafs: --profile badurl: endpoint_url 127.0.0.1:9 (in {config_s}) is not an \
+             http:// or https:// URL"
+        )
+    );
+    assert!(signers().is_empty());
+}
+
+#[test]
+fn keys_a_credential_process_can_no_longer_renew_fail_reads_with_eio_then_recover() {
+    require_fuse!();
+    require_moto!();
+    let moto = Moto::start();
+    let b = moto.bucket("renewed");
+    b.create();
+    let files: Vec<(String, Vec<u8>)> = (0..50)
+        .map(|i| (format!("f{i:02}.bin"), pattern(100 + i, 70_000)))
+        .collect();
+    for (name, bytes) in &files {
+        b.put(&format!("ds/{name}"), bytes);
+    }
+    let home = tempfile::tempdir().unwrap();
+    let aws = home.path().join(".aws");
+    fs::create_dir(&aws).unwrap();
+    let script = keys_script(home.path());
+    // Keys for 15 s: always within the refresh window, so every request
+    // runs the command again (one at a time) while it works.
+    fs::write(
+        aws.join("config"),
+        format!(
+            "[profile short]\ncredential_process = sh \"{}\" AKIASHORTLIVED00 15\n\
+             endpoint_url = {}\n",
+            script.display(),
+            moto.endpoint
+        ),
+    )
+    .unwrap();
+    let sc = Scratch::new();
+    let m = Mount::start_env(
+        Path::new("s3://renewed/ds"),
+        &sc.mnt,
+        &sc.cache,
+        &[
+            "--profile",
+            "short",
+            "--metadata-timeout",
+            "30s",
+            "--no-readahead",
+        ],
+        &[("HOME", home.path().to_str().unwrap())],
+    );
+    let mut next = files.iter();
+    let (name, bytes) = next.next().unwrap();
+    assert_eq!(&fs::read(m.mnt.join(name)).unwrap(), bytes);
+
+    // The helper's session ends: the keys in hand sign until they expire,
+    // then uncached reads fail with EIO.
+    fs::write(home.path().join("broken-AKIASHORTLIVED00"), "").unwrap();
+    let mut failed = None;
+    wait_until(
+        "a read failing once the keys expired",
+        Duration::from_secs(120),
+        || {
+            let Some((name, bytes)) = next.next() else {
+                panic!("no read failed; stderr:\n{}", m.stderr());
+            };
+            match fs::read(m.mnt.join(name)) {
+                Ok(got) => {
+                    assert_eq!(&got, bytes, "{name}");
+                    std::thread::sleep(Duration::from_millis(500));
+                    false
+                }
+                Err(e) => {
+                    failed = Some((name, bytes, e));
+                    true
+                }
+            }
+        },
+    );
+    let (name, bytes, e) = failed.unwrap();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::EIO),
+        "{e}; stderr:\n{}",
+        m.stderr()
+    );
+    let log = m.stderr();
+    assert!(
+        log.contains("refreshing the keys failed: --profile short: credential_process `sh ")
+            && log.contains("exited with status 1: helper: session for AKIASHORTLIVED00 ended"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("AKIASHORTLIVED0001"),
+        "a key in the log: {log}"
+    );
+    // The helper works again: the next reads run it again and succeed.
+    fs::remove_file(home.path().join("broken-AKIASHORTLIVED00")).unwrap();
+    wait_until(
+        "the read after renewal",
+        Duration::from_secs(60),
+        || match fs::read(m.mnt.join(name)) {
+            Ok(got) => {
+                assert_eq!(&got, bytes);
+                true
+            }
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(500));
+                false
+            }
+        },
+    );
+}
+
 /// A failed mount said so in one `locafs:` line (returned), exited 2 and
 /// left nothing mounted.
 fn one_line_exit_2(sc: &Scratch, code: i32, err: &str) -> String {
@@ -802,6 +1140,70 @@ fn az_a_missing_container_or_a_wrong_key_exits_2_before_mounting() {
     );
     assert_eq!(fs::read(sc.mnt.join("a.bin")).unwrap(), b"a");
     drop(m);
+}
+
+/// fake-gcs-server takes any credentials (no flag turns checks on; a
+/// bearer token it never issued lists a bucket), so refused keys are not
+/// tested on gs://; what is checked before any request is: a
+/// service-account file that is missing, not JSON, or whose private key is
+/// not one (named through each variable object_store reads) gives one line
+/// naming the variable and file, exit 2, nothing mounted. No server is
+/// needed: no request is sent.
+#[test]
+fn gs_a_malformed_service_account_exits_2_naming_it() {
+    require_fuse!();
+    let d = tempfile::tempdir().unwrap();
+    let not_json = d.path().join("not-json.json");
+    fs::write(&not_json, "{client_email: oops").unwrap();
+    let bad_key = d.path().join("bad-key.json");
+    fs::write(
+        &bad_key,
+        "{\"type\": \"service_account\", \"client_email\": \"sa@p.iam.gserviceaccount.com\", \
+         \"private_key_id\": \"k1\", \"private_key\": \
+         \"-----BEGIN PRIVATE KEY-----\\nAAAA\\n-----END PRIVATE KEY-----\\n\"}",
+    )
+    .unwrap();
+    let missing = d.path().join("missing.json");
+    let sc = Scratch::new();
+    let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
+    let args = ["gs://b/x", mnt, "--cache-dir", cache];
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    for (var, file, said) in [
+        (
+            "GOOGLE_SERVICE_ACCOUNT",
+            path(&not_json),
+            "Unable to decode service account file",
+        ),
+        (
+            "GOOGLE_SERVICE_ACCOUNT",
+            path(&missing),
+            "No such file or directory",
+        ),
+        (
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            path(&not_json),
+            "Unable to decode service account file",
+        ),
+        ("GOOGLE_SERVICE_ACCOUNT", path(&bad_key), "Invalid RSA key"),
+    ] {
+        let (code, err, _) = mount_fails_env(&args, &[(var, &file)]);
+        let line = one_line_exit_2(&sc, code, &err);
+        assert!(
+            line.starts_with(&format!(
+                "locafs: gs://b/x: the credentials of {var}={file} cannot be used"
+            )) && line.contains(said),
+            "{var}={file}: {line}"
+        );
+    }
+    // The key itself in GOOGLE_SERVICE_ACCOUNT_KEY: named by its length,
+    // never shown.
+    let (code, err, _) = mount_fails_env(&args, &[("GOOGLE_SERVICE_ACCOUNT_KEY", "{secret")]);
+    let line = one_line_exit_2(&sc, code, &err);
+    assert!(
+        line.contains("GOOGLE_SERVICE_ACCOUNT_KEY (a key of 7 bytes) cannot be used")
+            && !line.contains("secret"),
+        "{line}"
+    );
 }
 
 #[test]

@@ -7,11 +7,13 @@
 //! ([`Profile::apply`]).
 //!
 //! Read from a profile: static keys (`aws_access_key_id`,
-//! `aws_secret_access_key`, `aws_session_token`), `region` and
+//! `aws_secret_access_key`, `aws_session_token`) or a `credential_process`
+//! (run by [`credential_process`](super::credential_process)), `region` and
 //! `endpoint_url` (or the `s3` endpoint of its `services` section). A
 //! profile whose credentials come from elsewhere (an assumed role, SSO, a
-//! process, a web identity) is refused with one line naming the key and how
-//! to export the credentials instead: locafs does not run those flows.
+//! web identity) is refused with one line naming the key and how to export
+//! the credentials instead: locafs does not run those flows. So is an
+//! `endpoint_url` that is not an http(s) URL, naming the profile and file.
 //!
 //! The files are parsed here (a small parser of the format botocore reads
 //! with Python's configparser: whole-line `#`/`;` comments, `key = value`,
@@ -20,17 +22,18 @@
 //! profile's.
 //!
 //! It must never print or log a secret (the keys' `Debug` hides them), and
-//! never send a request: it only reads the two files.
+//! never send a request nor run a command: it only reads the two files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use super::credential_process::ProcessSpec;
 
 /// Keys of a profile that get credentials by a flow locafs does not run.
 const UNSUPPORTED: &[&str] = &[
     "role_arn",
     "source_profile",
     "credential_source",
-    "credential_process",
     "web_identity_token_file",
     "sso_session",
     "sso_start_url",
@@ -156,12 +159,38 @@ pub struct Profile {
     pub keys: Option<StaticKeys>,
     /// A key holding only one half of a key pair, if one does.
     pub half_key: Option<&'static str>,
+    /// Whether `aws_access_key_id` is in the credentials file (whose keys
+    /// win over a `credential_process`; the config file's do not).
+    pub keys_in_credentials_file: bool,
+    /// `credential_process` and the file it is in.
+    pub process: Option<(String, PathBuf)>,
     pub region: Option<String>,
     pub endpoint_url: Option<String>,
+    /// The file `endpoint_url` (or the `services` section naming it) is in.
+    pub endpoint_file: Option<PathBuf>,
     pub ignore_endpoint_urls: bool,
     /// The first key that needs a flow locafs does not run, and the file
     /// it is in.
     pub unsupported: Option<(String, PathBuf)>,
+}
+
+/// Where the keys of a profile come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProfileKeys {
+    /// Written in the profile.
+    Static(StaticKeys),
+    /// Printed by its `credential_process`.
+    Process(ProcessSpec),
+}
+
+impl ProfileKeys {
+    /// The keys written in the profile, if that is where they come from.
+    pub fn static_keys(&self) -> Option<&StaticKeys> {
+        match self {
+            ProfileKeys::Static(k) => Some(k),
+            ProfileKeys::Process(_) => None,
+        }
+    }
 }
 
 /// What of a profile a mount uses, once the environment is taken into
@@ -169,7 +198,7 @@ pub struct Profile {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
     /// The keys to sign with instead of the environment's.
-    pub keys: Option<StaticKeys>,
+    pub keys: Option<ProfileKeys>,
     pub region: Option<String>,
     pub endpoint: Option<String>,
 }
@@ -290,6 +319,7 @@ pub fn find_profile(
         Some((Value::Text(v), _)) if !v.is_empty() => Some(v.clone()),
         _ => None,
     };
+    let file = |k: &str| merged.get(k).map(|(_, p)| p.clone());
     let unsupported = UNSUPPORTED
         .iter()
         .find_map(|k| merged.get(*k).map(|(_, p)| ((*k).to_owned(), p.clone())));
@@ -318,13 +348,20 @@ pub fn find_profile(
             Value::Text(_) => None,
         }
     });
+    let (endpoint_url, endpoint_file) = match service_endpoint {
+        Some(e) => (Some(e), Some(config_path.clone())),
+        None => (text("endpoint_url"), file("endpoint_url")),
+    };
     Ok(Profile {
         name: name.to_owned(),
         named,
+        keys_in_credentials_file: file("aws_access_key_id").as_ref() == Some(&creds_path),
         keys,
         half_key,
+        process: text("credential_process").zip(file("credential_process")),
         region: text("region"),
-        endpoint_url: service_endpoint.or_else(|| text("endpoint_url")),
+        endpoint_url,
+        endpoint_file,
         ignore_endpoint_urls: text("ignore_configured_endpoint_urls")
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         unsupported,
@@ -345,14 +382,17 @@ impl Profile {
     ///   came from `AWS_PROFILE` and `AWS_ACCESS_KEY_ID` is set (then the
     ///   environment's keys win, as in the AWS CLI); a profile that needs a
     ///   flow locafs does not run, or holds half a key pair, is refused then
-    ///   (and only then: its keys would not be used otherwise);
+    ///   (and only then: its keys would not be used otherwise). Which keys,
+    ///   in the AWS CLI's order: those of the credentials file, else the
+    ///   `credential_process`, else those of the config file;
     /// - region: the profile's unless `AWS_REGION` / `AWS_DEFAULT_REGION`
     ///   is set;
     /// - endpoint: the profile's unless `AWS_ENDPOINT_URL` (or
     ///   object_store's `AWS_ENDPOINT`, `AWS_ENDPOINT_URL_S3`) is set, or
     ///   configured endpoints are to be ignored
     ///   (`ignore_configured_endpoint_urls`,
-    ///   `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true`).
+    ///   `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true`); one that is used
+    ///   must be an http(s) URL.
     pub fn apply(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
@@ -380,7 +420,18 @@ impl Profile {
                      aws_secret_access_key go together)"
                 ));
             }
-            self.keys.clone()
+            match (&self.keys, &self.process) {
+                (Some(k), None) => Some(ProfileKeys::Static(k.clone())),
+                (Some(k), Some(_)) if self.keys_in_credentials_file => {
+                    Some(ProfileKeys::Static(k.clone()))
+                }
+                (_, Some((command, file))) => Some(ProfileKeys::Process(ProcessSpec::new(
+                    &who,
+                    command,
+                    file.clone(),
+                )?)),
+                (None, None) => None,
+            }
         };
         let region = if set("AWS_REGION") || set("AWS_DEFAULT_REGION") {
             None
@@ -399,6 +450,17 @@ impl Profile {
         } else {
             self.endpoint_url.clone()
         };
+        if let Some(e) = &endpoint {
+            super::object::check_endpoint(e).map_err(|why| {
+                format!(
+                    "{who}: endpoint_url {e} (in {}) {why}",
+                    self.endpoint_file
+                        .as_deref()
+                        .unwrap_or(Path::new("?"))
+                        .display()
+                )
+            })?;
+        }
         Ok(Applied {
             keys,
             region,
@@ -470,6 +532,15 @@ region = us-east-2
 
 [profile half]
 aws_access_key_id = AKIAHALF
+
+[profile vault]
+credential_process = aws-vault exec \"corp admin\" --json
+region = eu-central-1
+
+[profile badurl]
+aws_access_key_id = A
+aws_secret_access_key = B
+endpoint_url = 10.0.0.5:9000
 ";
 
     fn find(name: &str, named: Named) -> Result<Profile, String> {
@@ -644,7 +715,10 @@ aws_access_key_id = AKIAHALF
         ];
         let flag = find("train", Named::Flag).unwrap();
         let a = flag.apply(&env(&env_keys), false).unwrap();
-        assert_eq!(a.keys.unwrap().access_key_id, "AKIATRAIN");
+        assert_eq!(
+            a.keys.unwrap().static_keys().unwrap().access_key_id,
+            "AKIATRAIN"
+        );
         let from_env = find("train", Named::Env).unwrap();
         assert_eq!(from_env.apply(&env(&env_keys), false).unwrap().keys, None);
         assert_eq!(
@@ -652,6 +726,8 @@ aws_access_key_id = AKIAHALF
                 .apply(&env(&[]), false)
                 .unwrap()
                 .keys
+                .unwrap()
+                .static_keys()
                 .unwrap()
                 .access_key_id,
             "AKIATRAIN"
@@ -715,5 +791,120 @@ aws_access_key_id = AKIAHALF
         assert!(e.contains("no such profile"), "{e}");
         std::fs::write(&files.credentials, CREDS).unwrap();
         assert!(files.load("train", Named::Flag).unwrap().keys.is_some());
+    }
+
+    #[test]
+    fn a_credential_process_is_split_and_ranks_as_in_the_aws_cli() {
+        let v = find("vault", Named::Flag).unwrap();
+        let Some(ProfileKeys::Process(p)) = v.apply(&env(&[]), false).unwrap().keys else {
+            panic!("{v:?}");
+        };
+        assert_eq!(p.argv, ["aws-vault", "exec", "corp admin", "--json"]);
+        assert_eq!(p.who, "--profile vault");
+        assert_eq!(p.file, Path::new("/h/.aws/config"));
+        // Unsigned, or AWS_PROFILE with keys in the environment: not used.
+        assert_eq!(v.apply(&env(&[]), true).unwrap().keys, None);
+        let e = find("vault", Named::Env).unwrap();
+        let a = e
+            .apply(&env(&[("AWS_ACCESS_KEY_ID", "AKIAENV")]), false)
+            .unwrap();
+        assert_eq!((a.keys, a.region.as_deref()), (None, Some("eu-central-1")));
+
+        // Keys in the credentials file win over the process; keys in the
+        // config file lose to it.
+        let with = |creds: &str, config: &str| {
+            find_profile(
+                "p",
+                Named::Flag,
+                (Path::new("/cr"), Some(creds)),
+                (Path::new("/co"), Some(config)),
+            )
+            .unwrap()
+            .apply(&env(&[]), false)
+            .unwrap()
+            .keys
+        };
+        let keys = "aws_access_key_id = AKIAK\naws_secret_access_key = s\n";
+        let process = "credential_process = helper --json\n";
+        assert!(matches!(
+            with(&format!("[p]\n{keys}"), &format!("[profile p]\n{process}")),
+            Some(ProfileKeys::Static(k)) if k.access_key_id == "AKIAK"
+        ));
+        assert!(matches!(
+            with("", &format!("[profile p]\n{keys}{process}")),
+            Some(ProfileKeys::Process(p)) if p.argv == ["helper", "--json"]
+        ));
+        assert!(matches!(
+            with(&format!("[p]\n{process}"), &format!("[profile p]\n{keys}")),
+            Some(ProfileKeys::Process(p)) if p.file == Path::new("/cr")
+        ));
+        // A line that cannot be split names the profile and file.
+        let e = find_profile(
+            "q",
+            Named::Flag,
+            (Path::new("/cr"), None),
+            (
+                Path::new("/co"),
+                Some("[profile q]\ncredential_process = helper 'x\n"),
+            ),
+        )
+        .unwrap()
+        .apply(&env(&[]), false)
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "--profile q: credential_process (in /co) has an unclosed quote or a trailing backslash"
+        );
+        // Still refused with role_arn (the AWS CLI would assume the role).
+        let e = find_profile(
+            "r",
+            Named::Flag,
+            (Path::new("/cr"), None),
+            (
+                Path::new("/co"),
+                Some("[profile r]\nrole_arn = arn:aws:iam::1:role/r\ncredential_process = x\n"),
+            ),
+        )
+        .unwrap()
+        .apply(&env(&[]), false)
+        .unwrap_err();
+        assert!(
+            e.starts_with("--profile r: role_arn (in /co) is not supported"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_endpoint_url_names_the_profile_and_file() {
+        let b = find("badurl", Named::Flag).unwrap();
+        let e = b.apply(&env(&[]), false).unwrap_err();
+        assert_eq!(
+            e,
+            "--profile badurl: endpoint_url 10.0.0.5:9000 (in /h/.aws/config) is not an \
+             http:// or https:// URL"
+        );
+        // Not used (the environment's wins): not checked.
+        let a = b
+            .apply(&env(&[("AWS_ENDPOINT_URL", "http://e:1")]), false)
+            .unwrap();
+        assert_eq!(a.endpoint, None);
+        // A services section's endpoint is the config file's.
+        let e = find_profile(
+            "s",
+            Named::Env,
+            (Path::new("/cr"), Some("[s]\nservices = x\n")),
+            (
+                Path::new("/co"),
+                Some("[services x]\ns3 =\n  endpoint_url = http://h:99999\n"),
+            ),
+        )
+        .unwrap()
+        .apply(&env(&[]), false)
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "AWS_PROFILE=s: endpoint_url http://h:99999 (in /co) has a port \"99999\" that is \
+             not a number from 1 to 65535"
+        );
     }
 }

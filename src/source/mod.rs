@@ -8,10 +8,12 @@
 //!
 //! Two kinds sit behind the [`Source`] trait: [`posix`] (a directory) and
 //! [`object`] (an object store: s3://, gs://, az://; with [`aws_profile`]
-//! for AWS named profiles). Nothing above this module knows which kind it
+//! for AWS named profiles and [`credential_process`] for the profiles whose
+//! keys a command prints). Nothing above this module knows which kind it
 //! reads.
 
 pub mod aws_profile;
+pub mod credential_process;
 pub mod object;
 pub mod posix;
 
@@ -213,6 +215,24 @@ pub trait Source: Send + Sync + 'static {
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e)))
         })
+    }
+
+    /// [`Source::stat`] for a caller that must not wait (a FUSE thread):
+    /// `done` gets the answer on whatever thread has it. The default asks
+    /// on a thread of its own (with no deadline: for test sources); the
+    /// source guard that every mount puts in front of its source answers
+    /// from its bounded workers, within `--metadata-timeout`.
+    fn stat_then(
+        self: Arc<Self>,
+        rel: PathBuf,
+        done: Box<dyn FnOnce(io::Result<SourceAttr>) + Send>,
+    ) {
+        let asked = std::thread::Builder::new()
+            .name("locafs-stat".into())
+            .spawn(move || done(self.stat(&rel)));
+        if let Err(e) = asked {
+            tracing::warn!("no thread for a stat: {e}");
+        }
     }
 
     /// [`Source::list`] for async callers (see [`Source::read_at_async`]).

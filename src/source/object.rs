@@ -75,9 +75,10 @@ pub struct ObjectSpec {
     pub region: Option<String>,
     pub no_sign_request: bool,
     /// s3:// only: keys from an AWS profile (`--profile`, `AWS_PROFILE`),
-    /// signing instead of those of the environment (see
+    /// written in it or printed by its `credential_process`, signing
+    /// instead of those of the environment (see
     /// [`aws_profile`](super::aws_profile)).
-    pub keys: Option<super::aws_profile::StaticKeys>,
+    pub keys: Option<super::aws_profile::ProfileKeys>,
 }
 
 /// Whether a SOURCE argument is an object-store URL rather than a path.
@@ -161,8 +162,11 @@ impl ObjectSpec {
 
     /// The store client for this spec: credentials from the provider's
     /// standard chain (environment, web identity, instance metadata), or
-    /// the profile's keys (`keys`), none with `no_sign_request`. `timeout` bounds each HTTP request and the
-    /// retries of one call (throttling answers are retried with backoff).
+    /// the profile's keys (`keys`), none with `no_sign_request`. `timeout`
+    /// bounds each HTTP request and the retries of one call (throttling
+    /// answers are retried with backoff). A profile's `credential_process`
+    /// is run here, once, before any request (within its own deadline):
+    /// a failure is one line naming the profile and the command.
     pub fn build(&self, timeout: Duration) -> Result<Built, String> {
         use object_store::{ClientOptions, RetryConfig};
         // object_store's HTTP client (rustls) and the peer cache (quinn, on
@@ -193,12 +197,23 @@ impl ObjectSpec {
                 if let Some(r) = &self.region {
                     b = b.with_region(r);
                 }
-                if let Some(k) = &self.keys {
-                    b = b
-                        .with_access_key_id(&k.access_key_id)
-                        .with_secret_access_key(&k.secret_access_key);
-                    if let Some(t) = &k.session_token {
-                        b = b.with_token(t);
+                use super::aws_profile::ProfileKeys;
+                match &self.keys {
+                    None => {}
+                    Some(ProfileKeys::Static(k)) => {
+                        b = b
+                            .with_access_key_id(&k.access_key_id)
+                            .with_secret_access_key(&k.secret_access_key);
+                        if let Some(t) = &k.session_token {
+                            b = b.with_token(t);
+                        }
+                    }
+                    // Unsigned requests use no credentials: the command is
+                    // not run (apply_profile leaves no keys then anyway).
+                    Some(ProfileKeys::Process(_)) if self.no_sign_request => {}
+                    Some(ProfileKeys::Process(p)) => {
+                        let c = super::credential_process::ProcessCredentials::start(p.clone())?;
+                        b = b.with_credentials(Arc::new(c));
                     }
                 }
                 if let Some(e) = &self.endpoint {
@@ -225,7 +240,7 @@ impl ObjectSpec {
                 if let Some(e) = &self.endpoint {
                     b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
                 }
-                let s = Arc::new(b.build().map_err(err)?);
+                let s = Arc::new(b.build().map_err(|e| gcs_build_error(&self.url(), &e))?);
                 Ok(Built {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
                     paged: s as Arc<dyn PaginatedListStore>,
@@ -304,6 +319,83 @@ impl ObjectSpec {
             }
         }
     }
+}
+
+/// The variables naming GCS credentials (a service-account file or key,
+/// application default credentials), as object_store reads them.
+const GCS_CREDENTIAL_VARS: &[&str] = &[
+    "GOOGLE_SERVICE_ACCOUNT",
+    "GOOGLE_SERVICE_ACCOUNT_PATH",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+];
+
+/// A gs:// client that cannot be built (a service-account file that is
+/// missing, not JSON, or holds a key that is not one): one line naming the
+/// variables that give the credentials (the files they name; never a key's
+/// text) and what object_store said.
+fn gcs_build_error(url: &str, e: &object_store::Error) -> String {
+    let text = one_line(e);
+    let text = text
+        .trim_start_matches("Generic GCS error: ")
+        .trim_start_matches("GCP credential error: ");
+    let named: Vec<String> = GCS_CREDENTIAL_VARS
+        .iter()
+        .filter_map(|k| {
+            let v = std::env::var(k).ok().filter(|v| !v.is_empty())?;
+            Some(if k.ends_with("_KEY") {
+                format!("{k} (a key of {} bytes)", v.len())
+            } else {
+                format!("{k}={v}")
+            })
+        })
+        .collect();
+    if named.is_empty() {
+        format!("{url}: {text}")
+    } else {
+        format!(
+            "{url}: the credentials of {} cannot be used (see docs/objstore.md): {}",
+            named.join(" and "),
+            short(text)
+        )
+    }
+}
+
+/// Checks an endpoint URL (`--endpoint`, a profile's `endpoint_url`):
+/// `http://` or `https://`, a host, and a port if any that is a number.
+/// Why not otherwise (a phrase).
+pub fn check_endpoint(e: &str) -> Result<(), String> {
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .ok_or("is not an http:// or https:// URL")?;
+    if e.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("is not a URL (it holds a space or a control character)".to_owned());
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        // [v6]:port
+        Some(v6) => match v6.split_once(']') {
+            Some((h, p)) if !h.is_empty() => (h, p.strip_prefix(':')),
+            _ => return Err("has a malformed [IPv6] host".to_owned()),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("has no host".to_owned());
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().ok().filter(|&n| n > 0).is_none() {
+            return Err(format!(
+                "has a port {p:?} that is not a number from 1 to 65535"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// object_store's S3 client configured from the `AWS_*` environment (as
@@ -1035,6 +1127,32 @@ mod tests {
             "http://b/x",
         ] {
             assert!(ObjectSpec::parse(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn endpoints_must_be_http_urls_with_a_host() {
+        for ok in [
+            "http://10.0.0.5:9000",
+            "https://s3.eu-west-1.amazonaws.com/",
+            "http://[::1]:9000/x",
+            "http://user@host:1",
+            "http://localhost",
+        ] {
+            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("10.0.0.5:9000", "is not an http:// or https:// URL"),
+            ("ftp://h", "is not an http:// or https:// URL"),
+            ("http://", "has no host"),
+            ("http://:9000", "has no host"),
+            ("http://h:0", "has a port \"0\""),
+            ("http://h:90o0", "has a port \"90o0\""),
+            ("http://h :1", "holds a space"),
+            ("http://[::1", "malformed [IPv6] host"),
+        ] {
+            let e = check_endpoint(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
         }
     }
 
