@@ -253,9 +253,11 @@ impl<B: Send + Sync + 'static> FsCore<B> {
                     let ns = Arc::clone(&self.ns);
                     self.rt.spawn(async move { stat_entries(&ns, ahead).await });
                 }
+                // Answered by the metadata worker that gets the source's
+                // answer: one hand-off (this thread to the worker), not
+                // three (to the runtime, the worker, the runtime again).
                 let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
-                self.rt.spawn(async move {
-                    let r = ns.stat_for(&ask).await;
+                self.ns.stat_then(ask, move |ask, r| {
                     reply(ns.lookup_answer(parent, &name, ask, r))
                 });
             }
@@ -268,10 +270,8 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             Step::Done(r) => reply(r),
             Step::Ask(ask) => {
                 let ns = Arc::clone(&self.ns);
-                self.rt.spawn(async move {
-                    let r = ns.stat_for(&ask).await;
-                    reply(ns.getattr_answer(ino, ask, r))
-                });
+                self.ns
+                    .stat_then(ask, move |ask, r| reply(ns.getattr_answer(ino, ask, r)));
             }
         }
     }
@@ -343,13 +343,20 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             } else {
                 None
             };
-        let opened = self.files.open(ino, Arc::clone(&file), prepared);
-        if let Ok((_, _, true)) = &opened {
-            // Older versions of this path are stale from now on.
-            cache.note_current(&file);
+        let version = a.version();
+        let keep_cache = self.ns.opened_at(ino, &version);
+        let opened = self
+            .files
+            .open(ino, Arc::clone(&file), prepared, keep_cache);
+        if opened.is_ok() {
+            self.ns.note_opened(ino, &version);
+            if !keep_cache {
+                // Older versions of this path are stale from now on.
+                cache.note_current(&file);
+            }
         }
         match opened {
-            Ok((fh, mode, _)) => {
+            Ok((fh, mode)) => {
                 let passthrough = matches!(mode, OpenMode::Passthrough(_));
                 self.readahead.on_open(ino, &file, passthrough);
                 self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
@@ -496,16 +503,15 @@ impl<B: Send + Sync + 'static> FsCore<B> {
 
     /// The kernel forgot `nlookup` lookups of each inode (FORGET,
     /// BATCH_FORGET). An inode it no longer knows at all keeps nothing
-    /// here but its compact record in the namespace: its idle open state
-    /// and its handle of the kernel open mode go (its pages went with the
-    /// kernel's inode, so there is no page cache left to keep).
+    /// but its compact record in the namespace (which also notes that its
+    /// pages went with the kernel's inode): its handle of the kernel open
+    /// mode goes.
     pub fn forget(&self, nodes: &[(u64, u64)]) {
         let dropped = self.ns.forget(nodes);
-        self.files.forget_inodes(&dropped);
         self.inode_handles.forget(&dropped);
     }
 
-    /// Inodes the open table holds state for (opened, not yet forgotten).
+    /// Inodes with open handles in the open table.
     pub fn open_inodes(&self) -> usize {
         self.files.inode_count()
     }

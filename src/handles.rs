@@ -55,7 +55,8 @@ pub struct Handle {
 
 /// What the table knows of an inode with open handles: kept while it has
 /// any (the passthrough, rare and short-lived, boxed). Once the last is
-/// released only its last version stays, in `Inner::versions`.
+/// released nothing stays (whether the kernel's pages are of the version
+/// opened next is the namespace's to say: it keeps one bit per inode).
 #[derive(Debug)]
 struct InodeState<B, P> {
     cached_opens: u32,
@@ -95,11 +96,6 @@ struct Inner<B, P> {
     handles: HashMap<u64, Arc<Handle>>,
     /// Inodes with open handles.
     inodes: HashMap<u64, InodeState<B, P>>,
-    /// The version each inode the kernel has opened was last opened at,
-    /// until the kernel forgets the inode ([`OpenFiles::forget_inodes`]):
-    /// it says whether the inode's page cache may be kept at the next
-    /// open. 24 bytes per inode (the kernel can hold millions).
-    versions: HashMap<u64, VersionKey>,
     next_fh: u64,
     /// Backing ids of closed inodes by version: (inode, backing).
     idle: [HashMap<VersionKey, (u64, Arc<B>)>; 2],
@@ -120,7 +116,6 @@ impl<B, P> Default for OpenFiles<B, P> {
             inner: Mutex::new(Inner {
                 handles: HashMap::new(),
                 inodes: HashMap::new(),
-                versions: HashMap::new(),
                 next_fh: 1,
                 idle: [HashMap::new(), HashMap::new()],
             }),
@@ -182,18 +177,20 @@ impl<B, P> OpenFiles<B, P> {
     /// Registers an open. `prepared` is a ready backing and its pin if the
     /// caller prepared one: the inode's passthrough takes it if the inode
     /// can take passthrough now and has none; otherwise it is dropped here
-    /// (its pin given back), whatever the outcome. Returns the handle
-    /// number, the mode, and whether this version is new for the inode
-    /// (not the one its previous open saw).
+    /// (its pin given back), whatever the outcome. `keep_cache`: the
+    /// kernel's pages of the inode are of this version (it opened it at
+    /// this version before and has held it since). Returns the handle
+    /// number and the mode.
     pub fn open(
         &self,
         ino: u64,
         file: Arc<FileVersion>,
         prepared: Option<Prepared<B, P>>,
-    ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
+        keep_cache: bool,
+    ) -> Result<(u64, OpenMode<B>), ModeConflict> {
         let mut unused = prepared;
         let mut guard = self.inner.lock();
-        let opened = Self::open_locked(&mut guard, ino, file, &mut unused);
+        let opened = Self::open_locked(&mut guard, ino, file, &mut unused, keep_cache);
         drop(guard);
         // Not taken: its pin goes back and its backing is unregistered
         // from the kernel, outside the lock.
@@ -206,8 +203,8 @@ impl<B, P> OpenFiles<B, P> {
         ino: u64,
         file: Arc<FileVersion>,
         prepared: &mut Option<Prepared<B, P>>,
-    ) -> Result<(u64, OpenMode<B>, bool), ModeConflict> {
-        let keep_cache = inner.versions.get(&ino) == Some(&file.key);
+        keep_cache: bool,
+    ) -> Result<(u64, OpenMode<B>), ModeConflict> {
         let st = inner.inodes.entry(ino).or_insert(InodeState {
             cached_opens: 0,
             passthrough: None,
@@ -236,8 +233,6 @@ impl<B, P> OpenFiles<B, P> {
                 }
             },
         };
-        let new_version = !keep_cache;
-        inner.versions.insert(ino, file.key);
         let fh = inner.next_fh;
         inner.next_fh += 1;
         let passthrough = matches!(mode, OpenMode::Passthrough(_));
@@ -250,7 +245,7 @@ impl<B, P> OpenFiles<B, P> {
                 seq: Mutex::default(),
             }),
         );
-        Ok((fh, mode, new_version))
+        Ok((fh, mode))
     }
 
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
@@ -301,29 +296,9 @@ impl<B, P> OpenFiles<B, P> {
         Some((h, last_passthrough))
     }
 
-    /// The kernel no longer knows these inodes (FORGET): their state goes
-    /// (the kernel forgets an inode only after its last RELEASE; one still
-    /// open here keeps its state).
-    pub fn forget_inodes(&self, inos: &[u64]) {
-        if inos.is_empty() {
-            return;
-        }
-        let mut guard = self.inner.lock();
-        let inner = &mut *guard;
-        for ino in inos {
-            if !inner.inodes.contains_key(ino) {
-                inner.versions.remove(ino);
-            }
-        }
-        let (cap, len) = (inner.versions.capacity(), inner.versions.len());
-        if cap > 64 && len < cap / 4 {
-            inner.versions.shrink_to(len * 2);
-        }
-    }
-
-    /// Inodes the table holds state for (opened and not forgotten).
+    /// Inodes with open handles.
     pub fn inode_count(&self) -> usize {
-        self.inner.lock().versions.len()
+        self.inner.lock().inodes.len()
     }
 
     pub fn open_count(&self) -> usize {
@@ -521,14 +496,14 @@ mod tests {
         let (p1, p2) = (Arc::default(), Arc::default());
         // Two opens that both found the inode idle and both prepared one:
         // the second joins the first's passthrough and its pin goes back.
-        let (a, m, _) = t.open(7, v1.clone(), pinned(&p1)).unwrap();
+        let (a, m) = t.open(7, v1.clone(), pinned(&p1), false).unwrap();
         assert!(matches!(m, OpenMode::Passthrough(_)));
-        let (b, m, _) = t.open(7, v1.clone(), pinned(&p1)).unwrap();
+        let (b, m) = t.open(7, v1.clone(), pinned(&p1), false).unwrap();
         assert!(matches!(m, OpenMode::Passthrough(_)));
         assert_eq!(pins(&p1), 1);
         // Another version while in passthrough: refused, its pin goes back.
         assert_eq!(
-            t.open(7, v2.clone(), pinned(&p2)).unwrap_err(),
+            t.open(7, v2.clone(), pinned(&p2), false).unwrap_err(),
             ModeConflict
         );
         assert_eq!(pins(&p2), 0);
@@ -538,9 +513,9 @@ mod tests {
         assert_eq!(pins(&p1), 0, "the last close gives the pin back");
         assert_eq!(t.idle_count(), 1, "its backing is kept, unpinned");
         // Cached mode chosen (a cached open is there): the pin goes back.
-        let (c, m, _) = t.open(8, v1.clone(), None).unwrap();
+        let (c, m) = t.open(8, v1.clone(), None, false).unwrap();
         assert!(matches!(m, OpenMode::Cached { .. }));
-        let (d, m, _) = t.open(8, v1.clone(), pinned(&p1)).unwrap();
+        let (d, m) = t.open(8, v1.clone(), pinned(&p1), false).unwrap();
         assert!(matches!(m, OpenMode::Cached { .. }));
         assert_eq!(pins(&p1), 0);
         t.release(c);
@@ -564,7 +539,7 @@ mod tests {
                     std::thread::spawn(move || {
                         barrier.wait();
                         let prepared = if t.is_idle(7) { pinned(&count) } else { None };
-                        let (fh, _, _) = t.open(7, f, prepared).unwrap();
+                        let (fh, _) = t.open(7, f, prepared, false).unwrap();
                         t.release(fh);
                     })
                 })
@@ -581,27 +556,27 @@ mod tests {
     fn modes_never_mix_on_one_inode() {
         let t: OpenFiles<&'static str> = OpenFiles::default();
         let f = fv(10);
-        let (a, m, _) = t.open(7, f.clone(), None).unwrap();
-        assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
+        let (a, m) = t.open(7, f.clone(), None, false).unwrap();
+        assert!(matches!(m, OpenMode::Cached { .. }));
         assert!(!t.is_idle(7));
         // A backing offered while cached handles exist is not used.
-        let (b, m, _) = t.open(7, f.clone(), Some(prep("backing"))).unwrap();
-        assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
+        let (b, m) = t.open(7, f.clone(), Some(prep("backing")), false).unwrap();
+        assert!(matches!(m, OpenMode::Cached { .. }));
         t.release(a);
         t.release(b);
         assert!(t.is_idle(7));
-        let (c, m, _) = t.open(7, f.clone(), Some(prep("backing"))).unwrap();
+        let (c, m) = t.open(7, f.clone(), Some(prep("backing")), false).unwrap();
         let OpenMode::Passthrough(id) = m else {
             panic!()
         };
         // Later opens share the same backing, even without offering one.
-        let (d, m, _) = t.open(7, f.clone(), None).unwrap();
+        let (d, m) = t.open(7, f.clone(), None, false).unwrap();
         let OpenMode::Passthrough(id2) = m else {
             panic!()
         };
         assert!(Arc::ptr_eq(&id, &id2));
         // Another version cannot be opened while passthrough is active.
-        assert_eq!(t.open(7, fv(11), None).unwrap_err(), ModeConflict);
+        assert_eq!(t.open(7, fv(11), None, false).unwrap_err(), ModeConflict);
         assert!(!t.release(c).unwrap().1);
         assert!(t.release(d).unwrap().1);
         assert_eq!(t.open_count(), 0);
@@ -611,7 +586,7 @@ mod tests {
     fn the_backing_of_a_closed_inode_is_kept_for_its_next_open() {
         let t: OpenFiles<u32> = OpenFiles::default();
         let f = fv(10);
-        let (a, m, _) = t.open(7, f.clone(), Some(prep(1))).unwrap();
+        let (a, m) = t.open(7, f.clone(), Some(prep(1)), false).unwrap();
         assert!(matches!(m, OpenMode::Passthrough(_)));
         assert_eq!(t.idle_count(), 0);
         assert!(t.release(a).unwrap().1);
@@ -623,7 +598,7 @@ mod tests {
         let b = t.take_idle(7, &f.key).expect("kept");
         assert_eq!(*b, 1);
         assert_eq!(t.idle_count(), 0);
-        let (a, m, _) = t
+        let (a, m) = t
             .open(
                 7,
                 f.clone(),
@@ -631,6 +606,7 @@ mod tests {
                     backing: b,
                     pin: (),
                 }),
+                false,
             )
             .unwrap();
         assert!(matches!(m, OpenMode::Passthrough(ref x) if **x == 1));
@@ -645,7 +621,7 @@ mod tests {
     fn kept_backings_are_bounded() {
         let t: OpenFiles<u64> = OpenFiles::default();
         for ino in 1..=(IDLE_BACKINGS as u64 + 1000) {
-            let (h, _, _) = t.open(ino, fv(ino), Some(prep(ino))).unwrap();
+            let (h, _) = t.open(ino, fv(ino), Some(prep(ino)), false).unwrap();
             t.release(h);
             assert!(t.idle_count() <= IDLE_BACKINGS);
         }
@@ -653,47 +629,6 @@ mod tests {
         let last = IDLE_BACKINGS as u64 + 1000;
         assert!(t.take_idle(last, &fv(last).key).is_some());
         assert!(t.take_idle(1, &fv(1).key).is_none());
-    }
-
-    #[test]
-    fn keep_cache_only_for_the_same_version() {
-        let t: OpenFiles<()> = OpenFiles::default();
-        let (a, _, _) = t.open(3, fv(10), None).unwrap();
-        t.release(a);
-        let (_, m, _) = t.open(3, fv(10), None).unwrap();
-        assert!(matches!(m, OpenMode::Cached { keep_cache: true }));
-        let (_, m, _) = t.open(3, fv(20), None).unwrap();
-        assert!(matches!(m, OpenMode::Cached { keep_cache: false }));
-    }
-
-    #[test]
-    fn a_closed_inode_keeps_only_its_version_until_forgotten() {
-        let t: OpenFiles<u32> = OpenFiles::default();
-        let (a, _, _) = t.open(3, fv(10), None).unwrap();
-        let (b, _, _) = t.open(4, fv(10), Some(prep(9))).unwrap();
-        assert!(!t.is_idle(3) && !t.is_idle(4));
-        // FORGET of an inode still open keeps its state.
-        t.forget_inodes(&[3, 4]);
-        assert_eq!(t.inode_count(), 2);
-        t.release(a);
-        t.release(b);
-        assert!(t.is_idle(3) && t.is_idle(4));
-        {
-            let inner = t.inner.lock();
-            assert!(
-                inner.inodes.is_empty(),
-                "no open state after the last release"
-            );
-            assert_eq!(inner.versions.len(), 2);
-        }
-        // The version still decides keep_cache at the next open.
-        let (c, m, new) = t.open(3, fv(10), None).unwrap();
-        assert!(matches!(m, OpenMode::Cached { keep_cache: true }) && !new);
-        t.release(c);
-        t.forget_inodes(&[3, 4]);
-        assert_eq!(t.inode_count(), 0);
-        let (_, m, new) = t.open(3, fv(10), None).unwrap();
-        assert!(matches!(m, OpenMode::Cached { keep_cache: false }) && new);
     }
 
     #[test]

@@ -52,6 +52,13 @@ const UNKNOWN: u8 = 2;
 /// `Node::flags`: an unknown entry whose stat-ahead was started (not
 /// started again; cleared with `UNKNOWN`).
 const AHEAD: u8 = 4;
+/// `Node::flags`: the kernel opened this file at the version in the record
+/// and has held the inode since, so the pages it caches are of this
+/// version (FUSE's keep_cache). Cleared when the version changes and when
+/// the kernel forgets the inode (its pages go with it). One bit here
+/// instead of a table of versions by inode in the open-file table: 24
+/// bytes plus a hash table's slack for every file ever opened.
+const OPENED: u8 = 8;
 /// `Node::checked` counts ticks of this many ms since the namespace started
 /// (u32: 2.2 years). Rounded down, so an entry is revalidated up to one tick
 /// early, never late.
@@ -86,7 +93,7 @@ struct Node {
     blocks: u8,
     name_len: u8,
     kind: u8,
-    /// `GONE`, `UNKNOWN`, `AHEAD`.
+    /// `GONE`, `UNKNOWN`, `AHEAD`, `OPENED`.
     flags: u8,
 }
 
@@ -404,6 +411,11 @@ impl Inner {
         let Some(n) = self.node_mut(ino) else {
             return;
         };
+        let same_size = n.is_dir() || n.size == a.size;
+        if !same_size || n.mtime_ns != a.mtime_ns || n.src_ino != a.ino {
+            // The kernel's pages, if any, are of the old version.
+            n.flags &= !OPENED;
+        }
         n.blocks = blocks;
         n.mtime_ns = a.mtime_ns;
         n.src_ino = a.ino;
@@ -724,7 +736,12 @@ impl Inner {
         };
         let left = node.lookups.get_mut();
         *left = left.saturating_sub(n.min(u32::MAX as u64) as u32);
-        if *left > 0 || ino == ROOT || self.reachable(ino) {
+        if *left > 0 {
+            return;
+        }
+        // The kernel's inode, and its pages, are gone.
+        node.flags &= !OPENED;
+        if ino == ROOT || self.reachable(ino) {
             return;
         }
         self.mark_gone(ino);
@@ -938,6 +955,15 @@ impl Namespace {
         })
     }
 
+    /// Reports the total size of the files seen to `sink` from now on
+    /// (the cache's, once it is open: the namespace may be restored
+    /// before).
+    pub fn set_known_sink(&self, sink: Arc<AtomicU64>) {
+        let mut inner = self.inner.write();
+        sink.store(inner.known_bytes, Ordering::Relaxed);
+        inner.known_sink = sink;
+    }
+
     /// Counts answers given from the last known tree in `stats`.
     pub fn with_stats(mut self, stats: Arc<Stats>) -> Self {
         self.stats = Some(stats);
@@ -1016,6 +1042,39 @@ impl Namespace {
         if let Some(n) = self.inner.read().node(ino) {
             bump(&n.lookups);
         }
+    }
+
+    /// Whether the kernel may keep its page cache of `ino` at an open of
+    /// version `v`: it opened the file at this version before and has held
+    /// the inode since ([`OPENED`]).
+    pub fn opened_at(&self, ino: u64, v: &SourceVersion) -> bool {
+        let inner = self.inner.read();
+        inner
+            .node(ino)
+            .is_some_and(|n| n.flags & OPENED != 0 && Self::is_version(n, v))
+    }
+
+    /// An open of `ino` at version `v` succeeded: the pages the kernel
+    /// caches from now on are of `v`, if that is still the version in the
+    /// record (an open of a version already replaced marks nothing).
+    pub fn note_opened(&self, ino: u64, v: &SourceVersion) {
+        if self.opened_at(ino, v) {
+            return;
+        }
+        let mut inner = self.inner.write();
+        if let Some(n) = inner.node_mut(ino) {
+            if Self::is_version(n, v) {
+                n.flags |= OPENED;
+            }
+        }
+    }
+
+    fn is_version(n: &Node, v: &SourceVersion) -> bool {
+        !n.is_dir()
+            && n.known()
+            && n.size == v.size
+            && n.mtime_ns == v.mtime_ns
+            && n.src_ino == v.ino
     }
 
     /// Several [`Namespace::looked_up`] under one lock.
@@ -1151,6 +1210,19 @@ impl Namespace {
     /// The source's `stat` for `ask`, without holding a thread.
     pub async fn stat_for(&self, ask: &Ask) -> io::Result<SourceAttr> {
         Arc::clone(&self.source).stat_async(ask.path.clone()).await
+    }
+
+    /// Asks the source for `ask` and hands `answer` the source's
+    /// attributes (or its error) on whatever thread has them, holding none:
+    /// with the mount's source guard, the worker that did the `stat`, or
+    /// its deadline thread.
+    pub fn stat_then(
+        &self,
+        ask: Ask,
+        answer: impl FnOnce(Ask, io::Result<SourceAttr>) + Send + 'static,
+    ) {
+        let path = ask.path.clone();
+        Arc::clone(&self.source).stat_then(path, Box::new(move |r| answer(ask, r)));
     }
 
     /// A lookup's answer if the namespace knows it fresh, else what to ask
@@ -1885,6 +1957,52 @@ mod tests {
             .unwrap();
         assert_eq!(Some(&again), inos.get("n000007.JPEG"));
         assert_eq!(run(&inner, ROOT).len() as u64, n);
+    }
+
+    /// keep_cache's bit: set by an open at the record's version, read back
+    /// at the next open of that version only, gone when the file changes
+    /// or the kernel forgets the inode (not when it forgets some lookups).
+    #[test]
+    fn the_opened_bit_follows_the_version_and_the_kernels_inode() {
+        let src = tempfile::tempdir().unwrap();
+        let f = src.path().join("f");
+        std::fs::write(&f, b"one").unwrap();
+        let source = Arc::new(crate::source::DirSource::new(src.path().to_owned()));
+        // Everything stale at once: every getattr asks the source.
+        let ns = Namespace::new(source, Some(Duration::ZERO), Arc::default()).unwrap();
+        let (ino, a) = ns.lookup(ROOT, "f".as_ref()).unwrap();
+        ns.looked_up(ino);
+        ns.looked_up(ino);
+        let v = a.version();
+        assert!(!ns.opened_at(ino, &v), "never opened");
+        ns.note_opened(ino, &v);
+        assert!(ns.opened_at(ino, &v));
+        // An open of another version says nothing of this one's pages and
+        // marks nothing.
+        let other = SourceVersion { size: 9, ..v };
+        assert!(!ns.opened_at(ino, &other));
+        ns.note_opened(ino, &other);
+        assert!(!ns.opened_at(ino, &other) && ns.opened_at(ino, &v));
+        // The kernel still holds one lookup: its pages stay.
+        assert_eq!(ns.forget(&[(ino, 1)]), Vec::<u64>::new());
+        assert!(ns.opened_at(ino, &v));
+        // Forgotten: the pages went with the inode.
+        assert_eq!(ns.forget(&[(ino, 1)]), vec![ino]);
+        assert!(!ns.opened_at(ino, &v));
+        ns.note_opened(ino, &v);
+        assert!(ns.opened_at(ino, &v));
+        // The file changed at the source: the bit goes with the old version,
+        // and an open of the old version (raced with the change) marks
+        // nothing.
+        std::fs::write(&f, b"three").unwrap();
+        let a2 = ns.getattr(ino).unwrap();
+        assert_eq!(a2.size, 5);
+        let v2 = a2.version();
+        assert!(!ns.opened_at(ino, &v) && !ns.opened_at(ino, &v2));
+        ns.note_opened(ino, &v);
+        assert!(!ns.opened_at(ino, &v2));
+        ns.note_opened(ino, &v2);
+        assert!(ns.opened_at(ino, &v2));
     }
 
     #[test]

@@ -18,6 +18,12 @@
 //! ends the stall; nothing needs a remount. Callers above (the namespace, the
 //! reader) answer what they can from what the mount already holds.
 //!
+//! A caller that must not wait at all (a FUSE thread answering a lookup)
+//! hands over its answer instead ([`SourceGuard::stat_then`]): the worker
+//! that gets the source's answer gives it, with no hop back to the runtime,
+//! and the guard's deadline thread gives ETIMEDOUT if the deadline comes
+//! first; exactly one of them answers.
+//!
 //! It must never let a caller wait past its deadline, never run more threads
 //! than its pools' bounds plus one probe, and never change what a call that
 //! completes in time returns.
@@ -382,6 +388,127 @@ impl Progress {
     }
 }
 
+/// What a caller of [`SourceGuard::stat_then`] is given: the source's
+/// answer or ETIMEDOUT, on whatever thread has it.
+pub type StatAnswer = Box<dyn FnOnce(io::Result<SourceAttr>) + Send>;
+
+/// One handed-over answer: taken (and called) by whoever answers first.
+struct Once(Mutex<Option<StatAnswer>>);
+
+impl Once {
+    fn take(&self) -> Option<StatAnswer> {
+        self.0.lock().take()
+    }
+
+    fn answered(&self) -> bool {
+        self.0.lock().is_none()
+    }
+}
+
+/// The deadlines of handed-over answers, in the order they fall: every
+/// call gets the same timeout, so a new one always falls last and pushing
+/// it wakes nobody (unless the queue was empty). One thread sleeps until
+/// the first deadline and answers ETIMEDOUT for a call still running.
+struct Deadlines {
+    state: Mutex<DeadlineState>,
+    wake: Condvar,
+    stats: Arc<Stats>,
+}
+
+#[derive(Default)]
+struct DeadlineState {
+    queue: VecDeque<(Instant, Arc<Once>)>,
+    /// The deadline thread runs.
+    running: bool,
+    closed: bool,
+}
+
+impl Deadlines {
+    fn new(stats: Arc<Stats>) -> Arc<Self> {
+        Arc::new(Deadlines {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            stats,
+        })
+    }
+
+    /// Answers `once` with ETIMEDOUT at `at` unless it was answered. False
+    /// if no deadline thread can run (the caller then must not hand over).
+    fn push(self: &Arc<Self>, at: Instant, once: Arc<Once>) -> bool {
+        let mut st = self.state.lock();
+        if st.closed {
+            return false;
+        }
+        if !st.running {
+            let me = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name("locafs-deadline".into())
+                .spawn(move || me.run());
+            if spawned.is_err() {
+                return false;
+            }
+            st.running = true;
+        }
+        st.queue.push_back((at, once));
+        if st.queue.len() == 1 {
+            self.wake.notify_one();
+        }
+        true
+    }
+
+    /// Drops answered calls from the front (calls mostly end in the order
+    /// they started, so the queue holds about the calls running).
+    fn prune(&self) {
+        let mut st = self.state.lock();
+        while st.queue.front().is_some_and(|(_, o)| o.answered()) {
+            st.queue.pop_front();
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut st = self.state.lock();
+        loop {
+            while st.queue.front().is_some_and(|(_, o)| o.answered()) {
+                st.queue.pop_front();
+            }
+            if st.closed {
+                // The guard is gone: nobody will answer the rest.
+                let left: Vec<_> = st.queue.drain(..).collect();
+                st.running = false;
+                drop(st);
+                for (_, once) in left {
+                    if let Some(done) = once.take() {
+                        done(Err(timed_out()));
+                    }
+                }
+                return;
+            }
+            match st.queue.front() {
+                None => self.wake.wait(&mut st),
+                Some(&(at, _)) if at > Instant::now() => {
+                    let _ = self.wake.wait_until(&mut st, at);
+                }
+                Some(_) => {
+                    let Some((_, once)) = st.queue.pop_front() else {
+                        continue;
+                    };
+                    drop(st);
+                    if let Some(done) = once.take() {
+                        self.stats.source_timeouts.fetch_add(1, Relaxed);
+                        done(Err(timed_out()));
+                    }
+                    st = self.state.lock();
+                }
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.wake.notify_all();
+    }
+}
+
 /// A [`Source`] behind deadlines, bounded threads and stall detection; see
 /// the module's documentation.
 pub struct SourceGuard {
@@ -390,6 +517,7 @@ pub struct SourceGuard {
     metadata: Arc<Pool>,
     data: Arc<Pool>,
     health: Arc<Health>,
+    deadlines: Arc<Deadlines>,
     stats: Arc<Stats>,
 }
 
@@ -409,6 +537,7 @@ impl SourceGuard {
                 stall_after: cfg.metadata_timeout,
                 stats: Arc::clone(&stats),
             }),
+            deadlines: Deadlines::new(Arc::clone(&stats)),
             inner,
             cfg,
             stats,
@@ -521,6 +650,45 @@ impl SourceGuard {
         }
     }
 
+    /// `stat` of `rel` on a metadata worker, its answer handed to `done`
+    /// on that worker (no thread waits, and no hop back to the runtime); or
+    /// ETIMEDOUT from the deadline thread once `--metadata-timeout` has
+    /// passed (at once if the source is stalled). `done` is called exactly
+    /// once.
+    fn stat_handed(&self, rel: PathBuf, done: StatAnswer) {
+        if let Err(e) = self.admit() {
+            return done(Err(e));
+        }
+        let once = Arc::new(Once(Mutex::new(Some(done))));
+        let at = Instant::now() + self.cfg.metadata_timeout;
+        if !self.deadlines.push(at, Arc::clone(&once)) {
+            // No deadline thread: answered through the runtime-free
+            // blocking call instead, on this thread, with its deadline.
+            if let Some(done) = once.take() {
+                done(Source::stat(self, &rel));
+            }
+            return;
+        }
+        let (inner, health, deadlines) = (
+            Arc::clone(&self.inner),
+            Arc::clone(&self.health),
+            Arc::clone(&self.deadlines),
+        );
+        self.metadata.submit(Box::new(move || {
+            // Its caller was answered (the deadline came) before it started.
+            if once.answered() {
+                return;
+            }
+            let id = health.begin("stat");
+            let r = inner.stat(&rel);
+            health.end(id);
+            if let Some(done) = once.take() {
+                done(r);
+            }
+            deadlines.prune();
+        }));
+    }
+
     fn meta<T: Send + 'static>(
         &self,
         what: &'static str,
@@ -534,6 +702,7 @@ impl Drop for SourceGuard {
     fn drop(&mut self) {
         self.metadata.close();
         self.data.close();
+        self.deadlines.close();
     }
 }
 
@@ -643,6 +812,10 @@ impl Source for SourceGuard {
             self.call_async(&self.metadata, self.cfg.metadata_timeout, "list", f)
                 .await?
         })
+    }
+
+    fn stat_then(self: Arc<Self>, rel: PathBuf, done: StatAnswer) {
+        self.stat_handed(rel, done)
     }
 
     fn stalled(&self) -> bool {
@@ -796,6 +969,71 @@ mod tests {
         };
         let g = SourceGuard::new(Arc::clone(gate) as Arc<dyn Source>, cfg, Arc::clone(&stats));
         (g, stats)
+    }
+
+    /// A handed-over stat is answered exactly once: by the worker while the
+    /// source answers, with ETIMEDOUT by the deadline thread when it hangs
+    /// (the worker's late answer then goes nowhere), at once while the
+    /// source is stalled, and with ETIMEDOUT when the guard goes.
+    #[test]
+    fn a_handed_over_stat_is_answered_exactly_once() {
+        let gate = Arc::new(Gate::default());
+        let (g, stats) = guard(&gate, 100);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let answer = |tx: &std::sync::mpsc::Sender<_>| -> StatAnswer {
+            let tx = tx.clone();
+            Box::new(move |r: io::Result<SourceAttr>| {
+                let _ = tx.send((
+                    r.map_err(|e| e.raw_os_error()),
+                    std::thread::current().name().map(String::from),
+                ));
+            })
+        };
+        g.stat_handed(PathBuf::from("a"), answer(&tx));
+        let (r, thread) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(r, Ok(attr()));
+        assert_eq!(
+            thread.as_deref(),
+            Some("locafs-meta"),
+            "answered by the worker"
+        );
+        // The source hangs: ETIMEDOUT once the deadline passed, from the
+        // deadline thread; nothing more when the source answers late.
+        gate.set(true);
+        let t = Instant::now();
+        g.stat_handed(PathBuf::from("b"), answer(&tx));
+        let (r, thread) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(r, Err(Some(libc::ETIMEDOUT)));
+        assert_eq!(thread.as_deref(), Some("locafs-deadline"));
+        assert!(
+            t.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(stats.source_timeouts.load(Relaxed), 1);
+        // Stalled by now (a call waited a deadline, no answer since):
+        // refused at once, on the calling thread.
+        while !g.is_stalled() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        g.stat_handed(PathBuf::from("c"), answer(&tx));
+        let (r, thread) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(r, Err(Some(libc::ETIMEDOUT)));
+        assert_eq!(thread, std::thread::current().name().map(String::from));
+        gate.set(false);
+        // The late answer of "b" (and the probe's) reached nobody.
+        while g.is_stalled() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+        // The guard goes with a call running: its caller still hears.
+        gate.set(true);
+        g.stat_handed(PathBuf::from("d"), answer(&tx));
+        drop(g);
+        let (r, _) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(r, Err(Some(libc::ETIMEDOUT)));
+        gate.set(false);
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
     }
 
     #[test]

@@ -815,9 +815,10 @@ fn the_root_has_the_stats_and_control_attributes_and_lists_none() {
     assert!(h.fs.listxattr(ROOT).is_empty());
 }
 
-/// FORGET: an inode the kernel no longer knows keeps nothing in the open
-/// table (its pages went with the kernel's inode, so its next open keeps no
-/// page cache); one still open keeps its state.
+/// FORGET: an inode the kernel no longer knows keeps no page cache at its
+/// next open (its pages went with the kernel's inode); a closed inode keeps
+/// nothing in the open table, only the namespace's bit that its pages are
+/// of the version last opened.
 #[test]
 fn an_inode_the_kernel_forgot_keeps_no_open_state() {
     let src = MemSource::new();
@@ -826,15 +827,16 @@ fn an_inode_the_kernel_forgot_keeps_no_open_state() {
     let h = Harness::new(src, None);
     let (a, b) = (h.ino("a"), h.ino("b"));
     let first = h.open(a).unwrap();
+    assert_eq!(keep_cache(&first), Some(false), "never opened");
     h.fs.release(first.fh);
     let second = h.open(a).unwrap();
     assert_eq!(keep_cache(&second), Some(true), "the kernel still has it");
     h.fs.release(second.fh);
     let open_b = h.open(b).unwrap();
-    assert_eq!(h.fs.open_inodes(), 2);
+    assert_eq!(h.fs.open_inodes(), 1, "a closed inode keeps no open state");
     // One lookup each (`ino`), taken back.
     h.fs.forget(&[(a, 1), (b, 1)]);
-    assert_eq!(h.fs.open_inodes(), 1, "only the open inode keeps its state");
+    assert_eq!(h.fs.open_inodes(), 1, "the open inode keeps its state");
     let third = h.open(a).unwrap();
     assert_eq!(keep_cache(&third), Some(false), "nothing kept of a");
     assert_eq!(h.read(a, third.fh, 0, 100).unwrap(), &data(100, 1)[..]);
