@@ -261,8 +261,9 @@ impl ReadAhead {
 
     /// `--prefetch-jobs auto`: measures the source over short windows (its
     /// counters: bytes, reads, their latency, errors and timeouts, the
-    /// loader's reads included) and resizes the fetch slots by the
-    /// [`Tuner`]'s verdict. A window lasts at least 100 ms and five mean
+    /// loader's reads included) and its own fetches in flight (the slots
+    /// held, on average), and resizes the fetch slots by the [`Tuner`]'s
+    /// verdict. A window lasts at least 100 ms and five mean
     /// reads, and until it saw enough reads to judge by (half the limit),
     /// at most 1 s.
     async fn tune(self: Arc<Self>) {
@@ -279,6 +280,7 @@ impl ReadAhead {
         };
         let mut start = (Instant::now(), counters());
         self.jobs.take_saturated();
+        self.jobs.take_mean_held();
         loop {
             let base = tuner.base_latency();
             let window = if base.is_finite() {
@@ -309,6 +311,7 @@ impl ReadAhead {
                 errors,
                 throttled,
                 saturated: self.jobs.take_saturated(),
+                inflight: self.jobs.take_mean_held(),
             };
             let before = self.jobs.limit();
             let limit = tuner.observe(&w);
