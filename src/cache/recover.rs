@@ -206,6 +206,31 @@ pub fn index_dir(cache_dir: &Path) -> PathBuf {
     cache_dir.join("index")
 }
 
+/// Left in the index directory by a clean shutdown, once its last
+/// checkpoint is installed and no file outside the index can be on disk:
+/// the next start-up takes it away (before anything is written) and needs
+/// no sweep of the block directories for orphans (a walk of every cached
+/// file's name: seconds at millions of files, beside the first epoch).
+fn clean_path(cache_dir: &Path) -> PathBuf {
+    index_dir(cache_dir).join("clean")
+}
+
+/// Marks the cache as shut down cleanly (see [`take_clean`]).
+pub fn mark_clean(cache_dir: &Path) -> io::Result<()> {
+    File::create(clean_path(cache_dir))?.sync_all()?;
+    sync_dir(&index_dir(cache_dir))
+}
+
+/// Whether the last shutdown was clean (the mark is taken away, durably,
+/// so that a crash from now on leaves none). A mark that cannot be taken
+/// away counts as absent.
+pub fn take_clean(cache_dir: &Path) -> bool {
+    if fs::remove_file(clean_path(cache_dir)).is_err() {
+        return false;
+    }
+    sync_dir(&index_dir(cache_dir)).is_ok()
+}
+
 fn snapshot_path(dir: &Path) -> PathBuf {
     dir.join("snapshot")
 }

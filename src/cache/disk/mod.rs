@@ -97,9 +97,16 @@ impl Drop for DiskCache {
         if let Some(t) = self.core.sweeper.lock().take() {
             let _ = t.join();
         }
-        // A clean shutdown: the journal is folded into a new snapshot.
-        if !self.core.crashed.load(Ordering::Relaxed) {
-            self.core.checkpoint();
+        // A clean shutdown: the journal is folded into a new snapshot, and
+        // if every file on disk is the index's (no sweep left unfinished),
+        // the next start-up is told so and sweeps nothing.
+        if !self.core.crashed.load(Ordering::Relaxed)
+            && self.core.checkpoint()
+            && !self.core.orphans_possible.load(Ordering::Relaxed)
+        {
+            if let Err(e) = recover::mark_clean(&self.core.dir) {
+                debug!("cache: marking a clean shutdown failed ({e})");
+            }
         }
     }
 }
@@ -153,6 +160,9 @@ pub struct Core {
     checkpointing: std::sync::atomic::AtomicBool,
     /// Dropped without a clean shutdown (tests: see [`DiskCache::crash`]).
     crashed: std::sync::atomic::AtomicBool,
+    /// Files that no index entry owns may be on disk (a start-up after a
+    /// crash, until its sweep has gone through every block directory).
+    orphans_possible: std::sync::atomic::AtomicBool,
 }
 
 /// Complete files to verify in the background (see
@@ -278,15 +288,20 @@ impl DiskCache {
             sweeper: Mutex::new(None),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
+            orphans_possible: std::sync::atomic::AtomicBool::new(false),
         };
+        // Taken before anything is written: a crash from here on leaves no
+        // mark.
+        let clean = recover::take_clean(&cache.dir);
         let rec = cache.recover()?;
         let core = Arc::new_cyclic(|me| {
             cache.me = me.clone();
             cache
         });
-        if rec.from_index {
+        if rec.from_index && !clean {
             // Files no entry owns (written just before a crash, or whose
             // records a torn journal lost) are deleted in the background.
+            core.orphans_possible.store(true, Ordering::Relaxed);
             let me = Arc::downgrade(&core);
             let spawned = std::thread::Builder::new()
                 .name("locafs-sweep".into())
@@ -1651,6 +1666,45 @@ mod tests {
         // Written again, it is whole again.
         assert!(c.put(&one, 0, &block(&one, 0)));
         assert!(c.is_complete(&one));
+    }
+
+    /// A clean shutdown leaves a mark in the index directory that spares
+    /// the next start-up its sweep of the block directories; that start-up
+    /// takes the mark away, so a crash after it is followed by a sweep.
+    #[test]
+    fn only_a_start_after_a_crash_sweeps_for_orphans() {
+        let d = tempfile::tempdir().unwrap();
+        let mark = recover::index_dir(d.path()).join("clean");
+        let a = file("a", 2);
+        let c = open(d.path(), 1 << 20);
+        assert!(c.put(&a, 0, &block(&a, 0)));
+        drop(c);
+        assert!(mark.exists(), "a clean shutdown is marked");
+        // A file no entry owns (as a crash between a block's data and its
+        // record leaves one).
+        let stray = d.path().join("blocks").join("00").join("stray.data");
+        fs::create_dir_all(stray.parent().unwrap()).unwrap();
+        fs::write(&stray, b"x").unwrap();
+        let c = open(d.path(), 1 << 20);
+        assert!(!mark.exists(), "start-up takes the mark away");
+        assert!(c.sweeper.lock().is_none(), "a sweep after a clean shutdown");
+        assert_eq!(c.get(&a, 0).unwrap().data(), block(&a, 0).data());
+        c.crash();
+        assert!(!mark.exists(), "a crash leaves no mark");
+        let c = open(d.path(), 1 << 20);
+        let sweep = c.sweeper.lock().take().expect("no sweep after a crash");
+        sweep.join().unwrap();
+        assert!(!stray.exists(), "the sweep after a crash missed an orphan");
+        assert_eq!(c.get(&a, 0).unwrap().data(), block(&a, 0).data());
+        // Its sweep went through every directory: the next start-up is
+        // spared again.
+        drop(c);
+        assert!(mark.exists());
+        // A sweep cut short by the shutdown leaves no mark.
+        let c = open(d.path(), 1 << 20);
+        c.orphans_possible.store(true, Ordering::Relaxed);
+        drop(c);
+        assert!(!mark.exists(), "marked clean with a sweep unfinished");
     }
 
     /// The books keep no checksum of a one-block file: after a remount

@@ -185,10 +185,12 @@ impl Core {
     /// Folds the journal into a new snapshot: encoded in memory under the
     /// state lock (appends move to a new journal at the same moment),
     /// written, synced and installed outside it. One at a time; a failure leaves the old
-    /// snapshot and both journals, which start-up replays.
-    pub(super) fn checkpoint(&self) {
+    /// snapshot and both journals, which start-up replays. Whether a
+    /// checkpoint was installed (not if another was being written, or the
+    /// cache keeps no index).
+    pub(super) fn checkpoint(&self) -> bool {
         if self.checkpointing.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         let pending = {
             let mut st = self.state.lock();
@@ -197,16 +199,22 @@ impl Core {
                 .as_mut()
                 .map(|ix| ix.begin_checkpoint(index_puts(books)))
         };
-        match pending {
-            Some(Ok(p)) => {
-                if let Err(e) = p.install() {
+        let installed = match pending {
+            Some(Ok(p)) => match p.install() {
+                Ok(()) => true,
+                Err(e) => {
                     warn!("cache: installing an index checkpoint failed ({e})");
+                    false
                 }
+            },
+            Some(Err(e)) => {
+                warn!("cache: writing an index checkpoint failed ({e})");
+                false
             }
-            Some(Err(e)) => warn!("cache: writing an index checkpoint failed ({e})"),
-            None => {}
-        }
+            None => false,
+        };
         self.checkpointing.store(false, Ordering::Release);
+        installed
     }
 
     /// Deletes the files of the cache directory that no entry owns (left
@@ -243,6 +251,10 @@ impl Core {
                     n += 1;
                 }
             }
+        }
+        // Gone through every directory: no orphan is left.
+        if !self.closed.load(Ordering::Relaxed) {
+            self.orphans_possible.store(false, Ordering::Relaxed);
         }
         n
     }
