@@ -191,6 +191,29 @@ impl Tuner {
         self.slow_start
     }
 
+    /// How long to measure before the next verdict (at least; the caller
+    /// also waits for half the limit in reads, at most 1 s):
+    /// - in slow start, two mean reads (20 ms at least, 20 ms before the
+    ///   first read came back): the reads begun when the limit doubled
+    ///   have come back, so the window measured the new limit. The limit
+    ///   doubles once per two round trips, as TCP's does per round trip: at
+    ///   20 ms a read, 4 to 128 in flight takes 0.2 s, not the 0.5 s of
+    ///   100 ms windows, and an epoch of a few seconds (figure 5 of `cargo
+    ///   bench --bench readahead`: 1 s) spent half of itself climbing;
+    /// - past it, 100 ms and five mean reads: a verdict there moves the
+    ///   limit by an eighth or a sixth, on a throughput that must not be
+    ///   one scheduler hiccup.
+    pub fn window(&self) -> Duration {
+        let base = self.base_latency;
+        let secs = match (base.is_finite(), self.slow_start) {
+            (true, true) => (2.0 * base).clamp(0.02, 1.0),
+            (true, false) => (5.0 * base).clamp(0.1, 1.0),
+            (false, true) => 0.02,
+            (false, false) => 0.1,
+        };
+        Duration::from_secs_f64(secs)
+    }
+
     /// Feeds one window; returns the new limit.
     pub fn observe(&mut self, w: &Window) -> usize {
         if w.errors > 0 || w.throttled > 0 {
@@ -596,6 +619,50 @@ mod tests {
                         "knee {knee}, ramp {secs} s, bursts {burst}x: {limits:?}"
                     ));
                 }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn a_plans_epoch_of_one_second_gets_most_of_the_source() {
+        // Figure 5 with a plan: read-ahead has work for 256 fetches in
+        // flight from the start, the epoch's reads would take 1 s at the
+        // source's bandwidth, 20 ms a read. Windows last what the tuner
+        // asks (and until half the limit in reads came back), as in
+        // `ReadAhead::tune`. The climb from 4 in flight must leave at least
+        // 0.85 of the source to the epoch, for knees of 30-200 in flight:
+        // the model gives 0.86-0.96. (Windows of 100 ms in slow start gave
+        // 0.69-0.75 at knees of 100-200, and the bench's plan 0.58 of the
+        // raw reader at 128 in flight.)
+        let mut wrong = Vec::new();
+        for knee in [30.0, 71.0, 100.0, 150.0, 200.0] {
+            let src = Capped::with_knee(knee);
+            let per_sec = src.bandwidth / READ as f64;
+            let epoch = per_sec * 1.0;
+            let mut t = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, 1 << 30);
+            let (mut done, mut secs_total, mut limits) = (0.0, 0.0, Vec::new());
+            while done < epoch && secs_total < 10.0 {
+                let n = t.limit() as f64 + LOADER;
+                let rate = (n / src.latency).min(per_sec);
+                let secs = t
+                    .window()
+                    .as_secs_f64()
+                    .max(t.limit() as f64 / 2.0 / rate)
+                    .min(1.0);
+                let w = Window {
+                    inflight: n - LOADER,
+                    ..src.window(n, secs)
+                };
+                // The epoch ends inside this window.
+                let secs = secs.min((epoch - done) / rate);
+                done += rate * secs;
+                secs_total += secs;
+                limits.push(t.observe(&w));
+            }
+            let share = 1.0 / secs_total;
+            if share < 0.85 {
+                wrong.push(format!("knee {knee}: {share:.2} of the source, {limits:?}"));
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));

@@ -263,9 +263,8 @@ impl ReadAhead {
     /// counters: bytes, reads, their latency, errors and timeouts, the
     /// loader's reads included) and its own fetches in flight (the slots
     /// held, on average), and resizes the fetch slots by the [`Tuner`]'s
-    /// verdict. A window lasts at least 100 ms and five mean
-    /// reads, and until it saw enough reads to judge by (half the limit),
-    /// at most 1 s.
+    /// verdict. A window lasts [`Tuner::window`], and until it saw enough
+    /// reads to judge by (half the limit), at most 1 s.
     async fn tune(self: Arc<Self>) {
         let stats = Arc::clone(self.reader.stats());
         let mut tuner = Tuner::new(AUTO_START, AUTO_FLOOR, AUTO_CEILING, self.cfg.memory);
@@ -282,13 +281,7 @@ impl ReadAhead {
         self.jobs.take_saturated();
         self.jobs.take_mean_held();
         loop {
-            let base = tuner.base_latency();
-            let window = if base.is_finite() {
-                Duration::from_secs_f64((5.0 * base).clamp(0.1, 1.0))
-            } else {
-                Duration::from_millis(100)
-            };
-            tokio::time::sleep(window).await;
+            tokio::time::sleep(tuner.window()).await;
             let now = (Instant::now(), counters());
             let (t0, (b0, r0, n0, e0, th0)) = start;
             let (t1, (b1, r1, n1, e1, th1)) = now;
