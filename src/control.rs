@@ -232,8 +232,11 @@ async fn handle(
                 cached_bytes: cached,
                 missing_bytes: missing,
                 files: 1,
-                error: (missing > 0)
-                    .then(|| "the cache is full of data still in use (or its disk failed)".into()),
+                error: (missing > 0).then(|| {
+                    "the cache is full of data still in use, or its disk failed or \
+                     took longer than --source-timeout to write (see the daemon's log)"
+                        .into()
+                }),
                 ..Default::default()
             },
             Err(e) => {

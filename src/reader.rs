@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -378,12 +378,32 @@ impl Reader {
         let block = tokio::time::timeout(self.cfg.source_timeout, self.fetch(&file, index))
             .await
             .map_err(|_| ReadError::Timeout(self.cfg.source_timeout))??;
-        let me = Arc::clone(&self);
-        Ok(tokio::task::spawn_blocking(move || {
-            me.cache.is_block_cached(&file, index) || me.cache.put(&file, index, &block)
+        let (me, f) = (Arc::clone(&self), Arc::clone(&file));
+        let stored = tokio::task::spawn_blocking(move || {
+            me.cache.is_block_cached(&f, index) || me.cache.put(&f, index, &block)
         })
         .await
-        .unwrap_or(false))
+        .unwrap_or(false);
+        if stored {
+            return Ok(true);
+        }
+        // Another writer of this block (read-ahead's, racing the warm-up)
+        // still at it on a saturated disk: `put` gave up waiting for it,
+        // nothing failed. Wait for its outcome here, holding no thread, up
+        // to the source timeout.
+        let until = Instant::now() + self.cfg.source_timeout;
+        while self.cache.is_block_being_written(&file, index) {
+            if Instant::now() >= until {
+                tracing::warn!(
+                    "warm: {}: block {index}: another write of it to the cache disk has not finished in {}s (the disk is that slow)",
+                    file.rel.display(),
+                    self.cfg.source_timeout.as_secs()
+                );
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(self.cache.is_block_cached(&file, index))
     }
 
     /// Makes sure a block is in the disk cache (or on its way there) without
@@ -912,6 +932,108 @@ mod tests {
                 free,
                 "a disk read held the runtime thread (fetch_for_peer: {peer})"
             );
+        }
+    }
+
+    /// A cache where another writer holds block 0 until `finish` (a write
+    /// on a saturated disk): `put` of it gives up (as `DiskCache::store`
+    /// does after 5 s) and returns false. With `full`, nothing is stored.
+    #[derive(Default)]
+    struct RacedCache {
+        writing: std::sync::atomic::AtomicBool,
+        stored: std::sync::atomic::AtomicBool,
+        full: bool,
+    }
+
+    impl BlockStore for RacedCache {
+        fn get(&self, _: &FileVersion, _: u64) -> Option<ChecksummedBytes> {
+            None
+        }
+        fn put(&self, _: &FileVersion, _: u64, _: &ChecksummedBytes) -> bool {
+            !self.full && !self.writing.load(Relaxed) && {
+                self.stored.store(true, Relaxed);
+                true
+            }
+        }
+        fn is_block_cached(&self, _: &FileVersion, _: u64) -> bool {
+            self.stored.load(Relaxed)
+        }
+        fn is_block_being_written(&self, _: &FileVersion, _: u64) -> bool {
+            self.writing.load(Relaxed)
+        }
+        fn is_complete(&self, _: &FileVersion) -> bool {
+            false
+        }
+        fn usage(&self) -> crate::cache::CacheUsage {
+            crate::cache::CacheUsage {
+                used_bytes: 0,
+                capacity_bytes: 1 << 30,
+                files_cached: 0,
+                evictions: 0,
+                writable: true,
+            }
+        }
+        fn has_room_for(&self, _: &FileVersion) -> bool {
+            !self.full
+        }
+    }
+
+    #[test]
+    fn a_warm_up_racing_another_write_of_its_block_reports_that_write() {
+        // `locafs warm` over a tree read-ahead is also fetching: the block's
+        // other write finishes after `put` gave up on it. The warm-up waits
+        // for it (and says the block is cached) instead of reporting a cache
+        // full of data still in use; a cache that is full says so.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let file = Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size: BS,
+                mtime_ns: 1,
+                ino: 1,
+            },
+        ));
+        for full in [false, true] {
+            let cache = Arc::new(RacedCache {
+                writing: (!full).into(),
+                full,
+                ..Default::default()
+            });
+            let reader = Reader::new(
+                ReaderConfig {
+                    block_size: BS,
+                    memory_bytes: 64 * BS,
+                    write_queue_bytes: 4 * BS,
+                    write_wait_bytes: 4 * BS,
+                    source_timeout: Duration::from_secs(60),
+                },
+                cache.clone(),
+                Arc::new(MemSource {
+                    len: BS,
+                    reads: AtomicU64::new(0),
+                }),
+                None,
+                rt.handle().clone(),
+                Arc::new(Stats::default()),
+            );
+            let other = Arc::clone(&cache);
+            let finisher = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                if other.writing.swap(false, Relaxed) {
+                    other.stored.store(true, Relaxed);
+                }
+            });
+            let got = rt
+                .block_on(Arc::clone(&reader).warm_block(Arc::clone(&file), 0))
+                .unwrap();
+            // Not before the other write ended (it alone stores the block).
+            assert_eq!(got, !full, "full: {full}");
+            assert_eq!(cache.stored.load(Relaxed), !full);
+            finisher.join().unwrap();
         }
     }
 }

@@ -224,6 +224,12 @@ pub trait BlockStore: Send + Sync + 'static {
     }
     /// Whether one block is cached (not verified).
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool;
+    /// Whether another writer (read-ahead, the loader's write-back) is
+    /// writing this block now: a `put` that returned false meanwhile did not
+    /// fail, it found the write taken.
+    fn is_block_being_written(&self, _file: &FileVersion, _index: u64) -> bool {
+        false
+    }
     /// Whether every block of the file is cached (not verified).
     fn is_complete(&self, file: &FileVersion) -> bool;
     /// The version is the current one for its path: older versions of the

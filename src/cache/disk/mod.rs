@@ -1199,6 +1199,14 @@ impl BlockStore for DiskCache {
             .is_some_and(|s| s == Slot::Present)
     }
 
+    fn is_block_being_written(&self, file: &FileVersion, index: u64) -> bool {
+        let st = self.state.lock();
+        st.books
+            .get(&file.key)
+            .and_then(|e| e.slot(index as usize))
+            .is_some_and(|s| s == Slot::Writing)
+    }
+
     fn is_complete(&self, file: &FileVersion) -> bool {
         self.state
             .lock()
