@@ -411,9 +411,9 @@ impl Inner {
         let Some(n) = self.node_mut(ino) else {
             return;
         };
-        let same_size = n.is_dir() || n.size == a.size;
-        if !same_size || n.mtime_ns != a.mtime_ns || n.src_ino != a.ino {
-            // The kernel's pages, if any, are of the old version.
+        if !Namespace::is_version(n, &a.version()) {
+            // The kernel's pages, if any, are of the old version. (A
+            // directory or a listed, never stat-ed entry was never opened.)
             n.flags &= !OPENED;
         }
         n.blocks = blocks;
