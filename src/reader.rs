@@ -700,16 +700,68 @@ mod tests {
             false
         }
         fn usage(&self) -> crate::cache::CacheUsage {
-            crate::cache::CacheUsage {
-                used_bytes: 0,
-                capacity_bytes: 1 << 30,
-                files_cached: 0,
-                evictions: 0,
-                writable: true,
-            }
+            empty_gib()
         }
         fn has_room_for(&self, _: &FileVersion) -> bool {
             true
+        }
+    }
+
+    fn runtime(threads: usize) -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// The file `f` of `size` bytes (version 1).
+    fn one_file(size: u64) -> Arc<FileVersion> {
+        Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size,
+                mtime_ns: 1,
+                ino: 1,
+            },
+        ))
+    }
+
+    /// A reader with room to spare (64 blocks of memory, 4 in the write
+    /// queue) over `cache` and a [`MemSource`] of `len` bytes.
+    fn roomy_reader(
+        cache: Arc<dyn BlockStore>,
+        len: u64,
+        source_timeout: Duration,
+        rt: &tokio::runtime::Runtime,
+    ) -> Arc<Reader> {
+        Reader::new(
+            ReaderConfig {
+                block_size: BS,
+                memory_bytes: 64 * BS,
+                write_queue_bytes: 4 * BS,
+                write_wait_bytes: 4 * BS,
+                source_timeout,
+            },
+            cache,
+            Arc::new(MemSource {
+                len,
+                reads: AtomicU64::new(0),
+            }),
+            None,
+            rt.handle().clone(),
+            Arc::new(Stats::default()),
+        )
+    }
+
+    /// The usage of the fakes below: an empty, writable GiB.
+    fn empty_gib() -> crate::cache::CacheUsage {
+        crate::cache::CacheUsage {
+            used_bytes: 0,
+            capacity_bytes: 1 << 30,
+            files_cached: 0,
+            evictions: 0,
+            writable: true,
         }
     }
 
@@ -747,11 +799,7 @@ mod tests {
 
     #[test]
     fn loader_blocks_wait_in_memory_for_the_write_queue_then_are_left_for_background() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime(2);
         let blocks = 8u64;
         let cache = Arc::new(GatedCache::default());
         let source = Arc::new(MemSource {
@@ -774,14 +822,7 @@ mod tests {
             rt.handle().clone(),
             Arc::clone(&stats),
         );
-        let file = Arc::new(FileVersion::new(
-            Arc::from(Path::new("f")),
-            SourceVersion {
-                size: blocks * BS,
-                mtime_ns: 1,
-                ino: 1,
-            },
-        ));
+        let file = one_file(blocks * BS);
         // Every read is answered while no write can finish: a write never
         // delays the reply.
         for i in 0..blocks {
@@ -850,13 +891,7 @@ mod tests {
             true
         }
         fn usage(&self) -> crate::cache::CacheUsage {
-            crate::cache::CacheUsage {
-                used_bytes: 0,
-                capacity_bytes: 1 << 30,
-                files_cached: 0,
-                evictions: 0,
-                writable: true,
-            }
+            empty_gib()
         }
         fn has_room_for(&self, _: &FileVersion) -> bool {
             true
@@ -879,38 +914,11 @@ mod tests {
     fn disk_reads_of_async_reads_leave_the_runtime_free() {
         // One runtime thread: a disk read done on it would stop every other
         // task (peer requests, timers, the reads of other files).
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let file = Arc::new(FileVersion::new(
-            Arc::from(Path::new("f")),
-            SourceVersion {
-                size: 2 * BS,
-                mtime_ns: 1,
-                ino: 1,
-            },
-        ));
+        let rt = runtime(1);
+        let file = one_file(2 * BS);
         for peer in [false, true] {
             let cache = Arc::new(SlowGetCache::default());
-            let reader = Reader::new(
-                ReaderConfig {
-                    block_size: BS,
-                    memory_bytes: 64 * BS,
-                    write_queue_bytes: 4 * BS,
-                    write_wait_bytes: 4 * BS,
-                    source_timeout: Duration::from_secs(120),
-                },
-                cache.clone(),
-                Arc::new(MemSource {
-                    len: 2 * BS,
-                    reads: AtomicU64::new(0),
-                }),
-                None,
-                rt.handle().clone(),
-                Arc::new(Stats::default()),
-            );
+            let reader = roomy_reader(cache.clone(), 2 * BS, Duration::from_secs(120), &rt);
             let (r, f) = (Arc::clone(&reader), Arc::clone(&file));
             let read = rt.spawn(async move {
                 if peer {
@@ -965,13 +973,7 @@ mod tests {
             false
         }
         fn usage(&self) -> crate::cache::CacheUsage {
-            crate::cache::CacheUsage {
-                used_bytes: 0,
-                capacity_bytes: 1 << 30,
-                files_cached: 0,
-                evictions: 0,
-                writable: true,
-            }
+            empty_gib()
         }
         fn has_room_for(&self, _: &FileVersion) -> bool {
             !self.full
@@ -984,42 +986,15 @@ mod tests {
         // other write finishes after `put` gave up on it. The warm-up waits
         // for it (and says the block is cached) instead of reporting a cache
         // full of data still in use; a cache that is full says so.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let file = Arc::new(FileVersion::new(
-            Arc::from(Path::new("f")),
-            SourceVersion {
-                size: BS,
-                mtime_ns: 1,
-                ino: 1,
-            },
-        ));
+        let rt = runtime(2);
+        let file = one_file(BS);
         for full in [false, true] {
             let cache = Arc::new(RacedCache {
                 writing: (!full).into(),
                 full,
                 ..Default::default()
             });
-            let reader = Reader::new(
-                ReaderConfig {
-                    block_size: BS,
-                    memory_bytes: 64 * BS,
-                    write_queue_bytes: 4 * BS,
-                    write_wait_bytes: 4 * BS,
-                    source_timeout: Duration::from_secs(60),
-                },
-                cache.clone(),
-                Arc::new(MemSource {
-                    len: BS,
-                    reads: AtomicU64::new(0),
-                }),
-                None,
-                rt.handle().clone(),
-                Arc::new(Stats::default()),
-            );
+            let reader = roomy_reader(cache.clone(), BS, Duration::from_secs(60), &rt);
             let other = Arc::clone(&cache);
             let finisher = std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(300));
