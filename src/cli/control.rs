@@ -1,8 +1,9 @@
 //! `locafs warm` and `locafs plan`: the command-line side of the control
 //! channel. `warm` walks the given paths through the mount and asks the
-//! daemon to cache each file, in parallel, with a progress bar (plain lines
-//! when stdout is not a terminal), and ends with an honest summary: exit 0
-//! only if everything asked for is cached.
+//! daemon to cache each file as the walk finds it (a walk of millions of
+//! files must not come before the first byte), in parallel, with a progress
+//! bar (plain lines when stdout is not a terminal), and ends with an honest
+//! summary: exit 0 only if everything asked for is cached.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -35,23 +36,74 @@ pub struct PlanArgs {
     pub file: PathBuf,
 }
 
-fn collect(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, u64)>) -> std::io::Result<()> {
-    let full = root.join(rel);
-    let m = std::fs::symlink_metadata(&full)?;
-    if m.is_dir() {
-        let mut entries: Vec<_> = std::fs::read_dir(&full)?.collect::<Result<_, _>>()?;
+/// What the walk has found so far, for the progress line and the summary.
+#[derive(Default)]
+struct Found {
+    files: AtomicU64,
+    bytes: AtomicU64,
+    /// The walk has ended: `files` and `bytes` are the totals.
+    done: std::sync::atomic::AtomicBool,
+}
+
+/// Walks `rel` under the mount `root` depth first, in name order, and hands
+/// each regular file to `tx` as it finds it (so that the workers start on
+/// the first file, not after a walk of millions). A directory's kind comes
+/// from the listing (no stat); a file's size from one `lstat`, which the
+/// kernel answers from the listing's attributes. A directory that cannot be
+/// read is a problem of the run, not its end.
+fn walk(
+    root: &Path,
+    rel: &Path,
+    tx: &std::sync::mpsc::SyncSender<(PathBuf, PathBuf, u64)>,
+    found: &Found,
+    problems: &Mutex<Vec<String>>,
+) -> usize {
+    let mut failed = 0;
+    let mut stack = vec![rel.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let entries =
+            std::fs::read_dir(root.join(&dir)).and_then(|rd| rd.collect::<Result<Vec<_>, _>>());
+        let mut entries = match entries {
+            Ok(e) => e,
+            Err(e) => {
+                failed += 1;
+                if let Ok(mut p) = problems.lock() {
+                    p.push(format!(
+                        "{}: {}",
+                        dir.display(),
+                        crate::logging::short_io(&e)
+                    ));
+                }
+                continue;
+            }
+        };
         entries.sort_by_key(|e| e.file_name());
+        let mut subdirs = Vec::new();
         for e in entries {
-            collect(root, &rel.join(e.file_name()), out)?;
+            let rel = dir.join(e.file_name());
+            match e.file_type() {
+                Ok(t) if t.is_dir() => subdirs.push(rel),
+                Ok(t) if t.is_file() => {
+                    let size = e.metadata().map_or(0, |m| m.len());
+                    found.files.fetch_add(1, Relaxed);
+                    found.bytes.fetch_add(size, Relaxed);
+                    if tx.send((root.to_owned(), rel, size)).is_err() {
+                        return failed;
+                    }
+                }
+                _ => {}
+            }
         }
-    } else if m.is_file() {
-        out.push((rel.to_owned(), m.len()));
+        // Popped last first: the first subdirectory is walked next.
+        stack.extend(subdirs.into_iter().rev());
     }
-    Ok(())
+    failed
 }
 
 pub fn warm(args: WarmArgs) -> ExitCode {
-    let mut work: Vec<(PathBuf, PathBuf, u64)> = Vec::new();
+    // Every path is checked before anything is asked of the daemon: a wrong
+    // one is a usage error, not a problem found halfway.
+    let mut starts: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
     for p in &args.paths {
         let (root, rel) = match mount_root_of(p) {
             Ok(x) => x,
@@ -60,18 +112,17 @@ pub fn warm(args: WarmArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        let mut files = Vec::new();
-        if let Err(e) = collect(&root, &rel, &mut files) {
-            eprintln!("locafs: {}: {}", p.display(), crate::logging::short_io(&e));
-            return ExitCode::from(2);
+        match std::fs::symlink_metadata(root.join(&rel)) {
+            Ok(m) => starts.push((root, rel, m.is_dir())),
+            Err(e) => {
+                eprintln!("locafs: {}: {}", p.display(), crate::logging::short_io(&e));
+                return ExitCode::from(2);
+            }
         }
-        work.extend(files.into_iter().map(|(r, s)| (root.clone(), r, s)));
     }
-    let total_files = work.len() as u64;
-    let total_bytes: u64 = work.iter().map(|w| w.2).sum();
     let tty = std::io::stdout().is_terminal();
     let bar = if tty {
-        let b = indicatif::ProgressBar::new(total_bytes);
+        let b = indicatif::ProgressBar::new(0);
         b.set_style(
             indicatif::ProgressStyle::with_template(
                 "{spinner} [{elapsed_precise}] [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
@@ -83,7 +134,9 @@ pub fn warm(args: WarmArgs) -> ExitCode {
     } else {
         None
     };
-    let queue = Arc::new(Mutex::new(work));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(PathBuf, PathBuf, u64)>(4096);
+    let queue = Mutex::new(rx);
+    let found = Found::default();
     let done_files = Arc::new(AtomicU64::new(0));
     let done_bytes = Arc::new(AtomicU64::new(0));
     let cached_bytes = Arc::new(AtomicU64::new(0));
@@ -92,6 +145,22 @@ pub fn warm(args: WarmArgs) -> ExitCode {
     let problems = Arc::new(Mutex::new(Vec::<String>::new()));
     let start = Instant::now();
     std::thread::scope(|s| {
+        let (found, failed_walk, problems_walk) = (&found, &failed, &problems);
+        s.spawn(move || {
+            for (root, rel, is_dir) in starts {
+                if is_dir {
+                    let f = walk(&root, &rel, &tx, found, problems_walk);
+                    failed_walk.fetch_add(f, Relaxed);
+                } else if let Ok(m) = std::fs::symlink_metadata(root.join(&rel)) {
+                    if m.is_file() {
+                        found.files.fetch_add(1, Relaxed);
+                        found.bytes.fetch_add(m.len(), Relaxed);
+                        let _ = tx.send((root, rel, m.len()));
+                    }
+                }
+            }
+            found.done.store(true, Relaxed);
+        });
         for _ in 0..args.jobs.max(1) {
             let (queue, done_files, done_bytes) = (&queue, &done_files, &done_bytes);
             let (cached_bytes, missing_bytes, failed, problems, bar) =
@@ -99,7 +168,7 @@ pub fn warm(args: WarmArgs) -> ExitCode {
             s.spawn(move || {
                 let mut client: Option<(PathBuf, Client)> = None;
                 loop {
-                    let Some((root, rel, size)) = queue.lock().ok().and_then(|mut q| q.pop())
+                    let Some((root, rel, size)) = queue.lock().ok().and_then(|q| q.recv().ok())
                     else {
                         return;
                     };
@@ -143,16 +212,25 @@ pub fn warm(args: WarmArgs) -> ExitCode {
                     }
                     let f = done_files.fetch_add(1, Relaxed) + 1;
                     let b = done_bytes.fetch_add(size, Relaxed) + size;
+                    // The totals grow while the walk goes on.
+                    let (total_files, total_bytes) =
+                        (found.files.load(Relaxed), found.bytes.load(Relaxed));
+                    let walking = if found.done.load(Relaxed) {
+                        ""
+                    } else {
+                        " found so far"
+                    };
                     match bar {
                         Some(bar) => {
+                            bar.set_length(total_bytes);
                             bar.set_position(b);
-                            bar.set_message(format!("{f}/{total_files} files"));
+                            bar.set_message(format!("{f}/{total_files} files{walking}"));
                         }
                         None => {
-                            if f % 1000 == 0 || f == total_files {
+                            if f % 1000 == 0 || (f == total_files && walking.is_empty()) {
                                 let el = start.elapsed().as_secs_f64().max(1e-3);
                                 println!(
-                                    "{f}/{total_files} files, {}/{} ({}/s)",
+                                    "{f}/{total_files} files{walking}, {}/{} ({}/s)",
                                     format_size(b),
                                     format_size(total_bytes),
                                     format_size((b as f64 / el) as u64)
@@ -171,7 +249,7 @@ pub fn warm(args: WarmArgs) -> ExitCode {
     let failed = failed.load(Relaxed);
     println!(
         "warm: {} files, {} cached in {:.1}s; {} did not fit; {} files with problems",
-        total_files,
+        found.files.load(Relaxed),
         format_size(cached_bytes.load(Relaxed)),
         el.as_secs_f64(),
         format_size(missing_bytes.load(Relaxed)),
