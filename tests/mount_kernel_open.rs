@@ -121,11 +121,13 @@ fn tree_equals_source_cold_warm_and_uncached_without_open_requests() {
     let files = non_empty_files(&s.src);
     let (req, addr) = Requests::new();
     let m = s.mount(&["--open-mode", "kernel", "--metrics", &addr]);
-    assert!(
-        m.stderr().contains("open mode kernel:"),
-        "no info line about the open mode: {}",
-        m.stderr()
-    );
+    // Logged when the daemon answers the kernel's INIT, which need not have
+    // been written yet when the mount returned (a fresh-clone CI once saw
+    // the line missing right after it).
+    let logged = wait_for(Duration::from_secs(10), || {
+        m.stderr().contains("open mode kernel:")
+    });
+    assert!(logged, "no info line about the open mode: {}", m.stderr());
 
     check_tree(&s, &mmaps, "cold");
     let (opens_cold, releases) = req.settled(&m);
