@@ -439,28 +439,19 @@ impl ReadAhead {
     }
 
     /// Starts a prefetch of one block if the budget allows; false if not.
-    /// The fetch waits for a slot of the same limiter as background
-    /// prefetch (`--prefetch-jobs`, auto-tuned by default): windows of up to
-    /// 64 MiB on many files at once (8 shards read side by side) put a
-    /// hundred block reads in the source's queue otherwise, whatever its
-    /// latency says, and a store or server that queues them makes the
-    /// loader's opens and lookups wait behind them.
     fn spawn_prefetch(self: &Arc<Self>, file: &Arc<FileVersion>, index: u64) -> bool {
         let len = file.block_len(index, self.reader.block_size()) as u64;
         let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(kib(len)) else {
             self.stats.budget_waits.fetch_add(1, Relaxed);
             return false;
         };
-        let me = Arc::clone(self);
+        let reader = Arc::clone(&self.reader);
         let file = Arc::clone(file);
         self.rt.spawn(async move {
-            let Some(slot) = me.jobs.acquire().await else {
-                return;
-            };
-            if let Err(e) = Arc::clone(&me.reader).prefetch(file, index).await {
+            if let Err(e) = reader.prefetch(file, index).await {
                 debug!("prefetch failed: {e}");
             }
-            drop((slot, permit));
+            drop(permit);
         });
         true
     }
