@@ -48,17 +48,19 @@ const INODE_HANDLES: usize = 4096;
 /// KiB, what glibc asks for, holds about 190 ImageNet-like names; a longer
 /// one ends early and the kernel asks for the rest).
 const PLUS_BATCH: usize = 256;
-/// Entries the first READDIRPLUS of a listing stats at most. Under
+/// Entries the first READDIRPLUS of a listing answers at most, and only
+/// those already known: it stats none at the source. Under
 /// `FUSE_READDIRPLUS_AUTO` the kernel asks for READDIRPLUS at the start of
 /// every directory, also when nothing will look at the attributes (`find`,
-/// an image-folder scan); it goes on with plain READDIR unless lookups
-/// follow, and then asks for READDIRPLUS again (of `PLUS_BATCH`). A short
-/// first reply keeps a cold walk from stat-ing a quarter of every
-/// directory of 1,000 entries, and it holds at most this many entries even
-/// when all are known: the kernel makes an inode and a dentry of each
-/// entry of a READDIRPLUS reply (up to a 32 KiB buffer, about 200 entries),
-/// which made a walk over a known tree (after a remount) 2.5-3x slower
-/// than over one only listed.
+/// an image-folder scan); it goes on with plain READDIR from where the
+/// reply ended, unless lookups follow, and then asks for READDIRPLUS again
+/// (of `PLUS_BATCH`, stat-ed in parallel). Stat-ing even 32 entries of
+/// every directory there made a cold walk of 1 M files twice as slow (2.5
+/// s against 1.3 s, most of it the daemon's CPU in the source calls), and
+/// a walk over a known tree (after a remount) is slower when every reply
+/// holds many entries: the kernel makes an inode and a dentry of each
+/// entry of a READDIRPLUS reply (up to a 32 KiB buffer, about 200 entries;
+/// 2.5-3x slower then).
 const PLUS_FIRST: usize = 32;
 /// Stats of one READDIRPLUS in flight at once (the guard runs at most
 /// `METADATA_THREADS` metadata calls; more queue there).
@@ -541,11 +543,15 @@ impl<B: Send + Sync + 'static> FsCore<B> {
 
     /// [`FsCore::readdir`] with every entry's attributes ("." and ".."
     /// revalidated like any getattr). A listing reads names and kinds
-    /// only, so the entries this reply returns that were never stat-ed (or
-    /// are stale) are stat-ed first, in parallel (at most `PLUS_PARALLEL`
-    /// at once, each within the guard's metadata deadline); the reply ends
-    /// before the first entry whose attributes did not come (the kernel
-    /// asks again from there), and fails only if that is its first entry.
+    /// only. The first reply of a listing stats nothing: it holds "." and
+    /// "..", then at most `PLUS_FIRST` entries whose attributes are known
+    /// and fresh, and ends before the first other one (see `PLUS_FIRST`).
+    /// A reply further on (the kernel asks for one when lookups follow the
+    /// listing) stats the entries it returns that were never stat-ed (or
+    /// are stale) first, in parallel (at most `PLUS_PARALLEL` at once, each
+    /// within the guard's metadata deadline); it ends before the first
+    /// entry whose attributes did not come (the kernel asks again from
+    /// there), and fails only if that is its first entry.
     pub fn readdirplus(&self, ino: u64, offset: u64, reply: impl DirPlusReply) {
         self.readahead.on_listing();
         if offset > 1 {
@@ -569,21 +575,8 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         };
         let (me, up) = (ns.getattr_local(ino), ns.getattr_local(parent));
         if let (Step::Done(listed), Step::Done(me), Step::Done(up)) = (listing, me, up) {
-            let asks = match &listed {
-                Ok(()) => ns.plus_asks(ino, 0, PLUS_FIRST),
-                Err(_) => Vec::new(),
-            };
             return match listed {
-                Ok(()) if asks.is_empty() => {
-                    fill_dir_plus(ns, ino, offset, Some(me), Some(up), reply)
-                }
-                Ok(()) => {
-                    let ns = Arc::clone(&self.ns);
-                    self.rt.spawn(async move {
-                        stat_entries(&ns, asks).await;
-                        fill_dir_plus(&ns, ino, offset, Some(me), Some(up), reply)
-                    });
-                }
+                Ok(()) => fill_dir_plus(ns, ino, offset, Some(me), Some(up), reply),
                 Err(e) => reply.done(Err(e)),
             };
         }
@@ -596,8 +589,6 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             }
             let me = ns.getattr_async(ino).await;
             let up = ns.getattr_async(parent).await;
-            let asks = ns.plus_asks(ino, 0, PLUS_FIRST);
-            stat_entries(&ns, asks).await;
             fill_dir_plus(&ns, ino, offset, Some(me), Some(up), reply)
         });
     }
@@ -672,8 +663,9 @@ async fn stat_entries(ns: &Arc<Namespace>, asks: Vec<(u64, crate::namespace::Ask
 /// are not known (its stat did not answer in time; the kernel asks again
 /// from there), unless it is the reply's first: that one goes out unstated
 /// ([`DirPlusReply::add_unstated`]), so that a listing always advances and
-/// never waits on an entry's stat twice. The reply at offset 0 holds at
-/// most `PLUS_FIRST` entries (see there).
+/// never waits on an entry's stat twice. The reply at offsets 0 and 1
+/// (nothing stat-ed for it) holds at most `PLUS_FIRST` entries, fresh
+/// ones only, after "." and "..".
 fn fill_dir_plus(
     ns: &Namespace,
     ino: u64,
@@ -682,11 +674,14 @@ fn fill_dir_plus(
     up: Option<io::Result<SourceAttr>>,
     mut reply: impl DirPlusReply,
 ) {
+    // Whether the reply holds "." or "..": it is not empty then.
+    let mut dots = false;
     if offset == 0 {
         match me {
             Some(Ok(a)) if reply.add(ino, 1, OsStr::new("."), &a) => return reply.done(Ok(())),
+            Some(Ok(_)) => dots = true,
             Some(Err(e)) => return reply.done(Err(e)),
-            _ => {}
+            None => {}
         }
     }
     if offset <= 1 {
@@ -694,16 +689,19 @@ fn fill_dir_plus(
             if reply.add(ns.parent(ino), 2, OsStr::new(".."), &a) {
                 return reply.done(Ok(()));
             }
+            dots = true;
         }
     }
     // Every entry but "." and ".." counts as a lookup in the kernel.
     let mut handed = Vec::new();
-    let most = if offset == 0 { PLUS_FIRST } else { usize::MAX };
+    let first = offset <= 1;
+    let most = if first { PLUS_FIRST } else { usize::MAX };
     let r = ns.read_dir(ino, offset.saturating_sub(2), |e, next| {
         if handed.len() >= most {
             return true;
         }
-        let full = match (e.known, handed.is_empty()) {
+        let usable = if first { e.fresh } else { e.known };
+        let full = match (usable, handed.is_empty() && !dots) {
             (true, _) => reply.add(e.ino, next + 2, e.name, e.attr),
             (false, true) => reply.add_unstated(e.ino, next + 2, e.name, e.attr),
             (false, false) => return true,

@@ -841,6 +841,8 @@ pub struct DirEntry<'a> {
     /// Whether `attr` was read from the source (else the entry was only
     /// listed: stat it before handing out its attributes).
     pub known: bool,
+    /// Whether `attr` was read from the source within `--revalidate`.
+    pub fresh: bool,
 }
 
 /// The inode table of one mount.
@@ -1590,6 +1592,7 @@ impl Namespace {
                 name: OsStr::from_bytes(inner.name(child)),
                 attr: &attr,
                 known: child.known(),
+                fresh: child.known() && !self.stale_node(child),
             };
             if f(e, i as u64 + 1) {
                 break;
