@@ -1152,6 +1152,15 @@ impl Core {
     }
 }
 
+impl DiskCache {
+    /// The state of block `index` of `file`'s cache entry; None if the
+    /// cache has no entry of that version.
+    fn slot_of(&self, file: &FileVersion, index: u64) -> Option<Slot> {
+        let st = self.state.lock();
+        st.books.get(&file.key).and_then(|e| e.slot(index as usize))
+    }
+}
+
 impl BlockStore for DiskCache {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         let want = {
@@ -1192,19 +1201,11 @@ impl BlockStore for DiskCache {
     }
 
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
-        let st = self.state.lock();
-        st.books
-            .get(&file.key)
-            .and_then(|e| e.slot(index as usize))
-            .is_some_and(|s| s == Slot::Present)
+        self.slot_of(file, index) == Some(Slot::Present)
     }
 
     fn is_block_being_written(&self, file: &FileVersion, index: u64) -> bool {
-        let st = self.state.lock();
-        st.books
-            .get(&file.key)
-            .and_then(|e| e.slot(index as usize))
-            .is_some_and(|s| s == Slot::Writing)
+        self.slot_of(file, index) == Some(Slot::Writing)
     }
 
     fn is_complete(&self, file: &FileVersion) -> bool {
