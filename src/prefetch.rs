@@ -439,16 +439,32 @@ impl ReadAhead {
     }
 
     /// Starts a prefetch of one block if the budget allows; false if not.
+    /// Its fetch (if the block is not cached) takes a slot of the same
+    /// limiter as background prefetch (`--prefetch-jobs`, auto-tuned by
+    /// default): windows of up to 64 MiB on many files at once (shards read
+    /// side by side) would otherwise put a hundred block reads in the
+    /// source's queue whatever its latency says, and a store or server that
+    /// queues them makes the loader's opens and lookups wait behind them.
     fn spawn_prefetch(self: &Arc<Self>, file: &Arc<FileVersion>, index: u64) -> bool {
         let len = file.block_len(index, self.reader.block_size()) as u64;
         let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(kib(len)) else {
             self.stats.budget_waits.fetch_add(1, Relaxed);
             return false;
         };
-        let reader = Arc::clone(&self.reader);
+        let me = Arc::clone(self);
         let file = Arc::clone(file);
         self.rt.spawn(async move {
-            if let Err(e) = reader.prefetch(file, index).await {
+            // Unbounded only where nothing sizes the limiter (`auto`
+            // without the epoch's prefetch, whose tuner sizes it).
+            let bounded = me.cfg.epoch || me.cfg.jobs != Jobs::Auto;
+            let slot = async {
+                match bounded {
+                    true => me.jobs.acquire().await.map(Some),
+                    false => Some(None),
+                }
+            };
+            let reader = Arc::clone(&me.reader);
+            if let Err(e) = reader.prefetch(file, index, slot).await {
                 debug!("prefetch failed: {e}");
             }
             drop(permit);
@@ -637,7 +653,9 @@ impl ReadAhead {
         let reader = Arc::clone(&self.reader);
         let me = Arc::clone(self);
         self.rt.spawn(async move {
-            if reader.prefetch(file, i).await.is_ok() {
+            // The job slot is held already (taken before the memory).
+            let held = std::future::ready(Some(()));
+            if reader.prefetch(file, i, held).await.is_ok() {
                 me.stats.background_bytes.fetch_add(len, Relaxed);
             }
             drop((job, mem));

@@ -410,11 +410,16 @@ impl Reader {
     /// returning it: what read-ahead asks for. It first takes room in the
     /// write-back queue ([`WriteBack::room_ahead`]: after the loader's
     /// blocks), so read-ahead runs at the pace the cache disk takes and
-    /// nothing it fetched is dropped for want of room.
-    pub async fn prefetch(
+    /// nothing it fetched is dropped for want of room. Then, only if the
+    /// block must come from a peer or the source, it waits for `slot` (the
+    /// read-ahead's limit of fetches in flight; None: give up) and holds
+    /// it for the fetch: a fetch never holds a slot while it waits for the
+    /// disk.
+    pub async fn prefetch<S>(
         self: Arc<Self>,
         file: Arc<FileVersion>,
         index: u64,
+        slot: impl std::future::Future<Output = Option<S>>,
     ) -> Result<(), ReadError> {
         // Nothing to do for a block the disk cache holds (without reading
         // and hashing it: the loader's read will verify it).
@@ -449,6 +454,12 @@ impl Reader {
                 };
                 self.writeback.submit(write, Some(room), || {});
             }
+            return Ok(());
+        }
+        let Some(_slot) = slot.await else {
+            return Ok(());
+        };
+        if self.cache.is_block_cached(&file, index) {
             return Ok(());
         }
         tokio::time::timeout(

@@ -774,3 +774,63 @@ fn fixed_prefetch_jobs_stays_fixed() {
     );
     drop(m);
 }
+
+#[test]
+fn sequential_windows_on_many_files_stay_within_the_fetch_limit() {
+    // 8 large files read side by side, as a loader of tar shards does: each
+    // handle's window grows to 64 blocks, so without a bound a hundred block
+    // reads wait at the source, and a store that queues them makes the
+    // loader's opens and lookups wait behind them. Read-ahead's fetches take
+    // the slots of `--prefetch-jobs` (4 here); the loader's own reads add
+    // at most the kernel's read-ahead (4 MiB: 4 blocks) per file. (Without
+    // the bound: 63 blocks in flight; with it, 24.)
+    require_fuse!();
+    let d = Scratch::new();
+    for i in 0..8u64 {
+        write_file(
+            &d.src.join(format!("s{i}.tar")),
+            10 + i,
+            (24 * MIB) as usize,
+        );
+    }
+    let mut cfg = config(
+        &d,
+        &[
+            "--no-passthrough",
+            "--cache-size",
+            "1G",
+            "--prefetch-jobs",
+            "4",
+        ],
+    );
+    cfg.readahead.epoch = false;
+    let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(20), 0));
+    let m = mount(&cfg, source.clone());
+    std::thread::scope(|s| {
+        for i in 0..8u64 {
+            let path = d.mnt.join(format!("s{i}.tar"));
+            s.spawn(move || {
+                let f = File::open(&path).unwrap();
+                let mut buf = vec![0u8; 128 << 10];
+                for k in 0..(24 * MIB / (128 << 10)) {
+                    f.read_exact_at(&mut buf, k * (128 << 10)).unwrap();
+                }
+            });
+        }
+    });
+    let s = snapshot(m.mountpoint());
+    assert!(
+        s.read_ahead.prefetch_sequential_blocks >= 8,
+        "no window opened: {}",
+        s.read_ahead.prefetch_sequential_blocks
+    );
+    let most = source
+        .max_inflight_bytes
+        .load(std::sync::atomic::Ordering::SeqCst)
+        .div_ceil(MIB);
+    assert!(
+        most <= 4 + 8 * 4,
+        "{most} blocks in flight at the source with 4 jobs and 8 readers"
+    );
+    drop(m);
+}
