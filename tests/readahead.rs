@@ -142,7 +142,7 @@ fn prefetch_memory_budget_holds_with_many_handles() {
     for i in 0..n {
         write_file(&d.src.join(format!("f{i:03}")), 100 + i, (2 * MIB) as usize);
     }
-    let mut cfg = config(
+    let (m, source) = within_file_mount(
         &d,
         &[
             "--no-passthrough",
@@ -153,10 +153,8 @@ fn prefetch_memory_budget_holds_with_many_handles() {
             "--memory-cache",
             "4MiB",
         ],
+        Duration::from_millis(1),
     );
-    cfg.readahead.epoch = false;
-    let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(1), 0));
-    let m = mount(&cfg, source.clone());
     // The kernel's own read-ahead is turned off on these handles, so that
     // what the loader has in flight is exactly its own reads and anything
     // more at the source is locafs's read-ahead.
@@ -793,7 +791,7 @@ fn sequential_windows_on_many_files_stay_within_the_fetch_limit() {
             (24 * MIB) as usize,
         );
     }
-    let mut cfg = config(
+    let (m, source) = within_file_mount(
         &d,
         &[
             "--no-passthrough",
@@ -802,10 +800,8 @@ fn sequential_windows_on_many_files_stay_within_the_fetch_limit() {
             "--prefetch-jobs",
             "4",
         ],
+        Duration::from_millis(20),
     );
-    cfg.readahead.epoch = false;
-    let source = Arc::new(SlowSource::new(&d.src, Duration::from_millis(20), 0));
-    let m = mount(&cfg, source.clone());
     std::thread::scope(|s| {
         for i in 0..8u64 {
             let path = d.mnt.join(format!("s{i}.tar"));
@@ -833,4 +829,17 @@ fn sequential_windows_on_many_files_stay_within_the_fetch_limit() {
         "{most} blocks in flight at the source with 4 jobs and 8 readers"
     );
     drop(m);
+}
+
+/// A mount with within-file read-ahead only (no prefetch of the epoch's
+/// files) over a source that takes `latency` per read.
+fn within_file_mount(
+    d: &Scratch,
+    args: &[&str],
+    latency: Duration,
+) -> (locafs::mount::Mount, Arc<SlowSource>) {
+    let mut cfg = config(d, args);
+    cfg.readahead.epoch = false;
+    let source = Arc::new(SlowSource::new(&d.src, latency, 0));
+    (mount(&cfg, source.clone()), source)
 }
