@@ -365,12 +365,10 @@ fn mount_args(extra: &[String]) -> Vec<&str> {
     extra.iter().map(String::as_str).collect()
 }
 
-/// Mounts and waits until the mount answers a stat of `probe` (and a read
-/// of it): the seconds that took.
-/// Mounts and waits until `probe` answers a stat, and a read if `read`.
-/// A read starts the epoch (the cross-file prefetch of the whole data
-/// set), so the mount whose cold walk is measured is only stat-ed, as a
-/// loader scans its tree before it reads.
+/// Mounts and waits until `probe` answers a stat, and a read if `read`:
+/// the seconds that took. A read starts the epoch (the cross-file prefetch
+/// of the whole data set), so the mount whose cold walk is measured is
+/// only stat-ed, as a loader scans its tree before it reads.
 fn mount_ready(
     src: &Path,
     mnt: &Path,

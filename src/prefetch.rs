@@ -458,9 +458,10 @@ impl ReadAhead {
             // without the epoch's prefetch, whose tuner sizes it).
             let bounded = me.cfg.epoch || me.cfg.jobs != Jobs::Auto;
             let slot = async {
-                match bounded {
-                    true => me.jobs.acquire().await.map(Some),
-                    false => Some(None),
+                if bounded {
+                    me.jobs.acquire().await.map(Some)
+                } else {
+                    Some(None)
                 }
             };
             let reader = Arc::clone(&me.reader);
