@@ -30,7 +30,7 @@ use tracing::warn;
 
 use crate::cache::{CompleteFiles, FileVersion};
 use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode, Prepared};
-use crate::namespace::{Namespace, Step, ROOT};
+use crate::namespace::{Ask, Namespace, Step, ROOT};
 use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
 use crate::source::SourceAttr;
@@ -259,7 +259,7 @@ impl<B: Send + Sync + 'static> FsCore<B> {
                 // answer: one hand-off (this thread to the worker), not
                 // three (to the runtime, the worker, the runtime again).
                 let (ns, name) = (Arc::clone(&self.ns), name.to_owned());
-                self.ns.stat_then(ask, move |ask, r| {
+                self.ask_then(ask, move |ask, r| {
                     reply(ns.lookup_answer(parent, &name, ask, r))
                 });
             }
@@ -272,10 +272,28 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             Step::Done(r) => reply(r),
             Step::Ask(ask) => {
                 let ns = Arc::clone(&self.ns);
-                self.ns
-                    .stat_then(ask, move |ask, r| reply(ns.getattr_answer(ino, ask, r)));
+                self.ask_then(ask, move |ask, r| reply(ns.getattr_answer(ino, ask, r)));
             }
         }
+    }
+
+    /// Puts `ask` to the source without holding the caller's thread and
+    /// hands `answer` the source's answer: a stat from the metadata worker
+    /// that gets it, a listing of the parent directory (shared by every
+    /// entry that waits on it) from a task.
+    fn ask_then(
+        &self,
+        ask: Ask,
+        answer: impl FnOnce(Ask, io::Result<SourceAttr>) + Send + 'static,
+    ) {
+        if !ask.by_listing() {
+            return self.ns.stat_then(ask, answer);
+        }
+        let ns = Arc::clone(&self.ns);
+        self.rt.spawn(async move {
+            let r = ns.stat_for(&ask).await;
+            answer(ask, r)
+        });
     }
 
     /// A symlink's target: asked of the source every time (the kernel

@@ -25,15 +25,16 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
+use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
-use crate::source::{EntryKind, Source, SourceAttr, SourceVersion};
+use crate::source::{DirName, EntryKind, Source, SourceAttr, SourceVersion};
 use crate::source_guard::{is_timeout, timed_out};
 use crate::stats::Stats;
 
@@ -830,6 +831,53 @@ pub enum Step<T> {
 pub struct Ask {
     pub path: PathBuf,
     at_ms: u64,
+    /// Asked by listing the parent directory instead of a stat (a source
+    /// whose listing carries every attribute: an object store, where it
+    /// is one LIST request for up to 1,000 entries instead of one HEAD
+    /// each). Only [`Namespace::stat_for`] does so; a thread-holding
+    /// caller stats.
+    relist: Option<Relist>,
+}
+
+/// The directory to list for an [`Ask`].
+#[derive(Clone, Debug)]
+struct Relist {
+    dir: u64,
+    path: PathBuf,
+}
+
+impl Ask {
+    /// Whether the question is a listing of the parent directory (asked
+    /// with [`Namespace::stat_for`], from a task).
+    pub fn by_listing(&self) -> bool {
+        self.relist.is_some()
+    }
+}
+
+/// Directories above this many entries are not listed again to revalidate
+/// one entry (a listing of a flat directory of a million objects is a
+/// thousand LIST pages, one after the other): their stale entries are
+/// stat-ed (one HEAD each).
+pub const RELIST_MAX: usize = 10_000;
+
+/// A listing as every caller waiting on it gets it.
+type Listed = Result<Arc<Vec<DirName>>, Arc<io::Error>>;
+
+/// One listing of a directory, shared by every revalidation that waits on
+/// it (single flight): the first to get it applies it to the tree.
+struct Flight {
+    listing: Shared<BoxFuture<'static, Listed>>,
+    at_ms: u64,
+    path: PathBuf,
+    applied: OnceLock<Result<(), Arc<io::Error>>>,
+}
+
+/// A copy of a shared error, with its errno (a timeout stays one).
+fn copy_err(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(n) => io::Error::from_raw_os_error(n),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
 }
 
 /// One directory entry as `readdir` hands it out.
@@ -857,6 +905,11 @@ pub struct Namespace {
     last_known: Mutex<LastKnown>,
     /// Where answers from the last known tree are counted.
     stats: Option<Arc<Stats>>,
+    /// Whether the source's listings carry every attribute (stale entries
+    /// are then revalidated by listing their directory).
+    listing_attrs: bool,
+    /// Listings in flight for revalidation, by directory inode.
+    relists: Mutex<HashMap<u64, Arc<Flight>>>,
 }
 
 #[derive(Default)]
@@ -885,12 +938,14 @@ impl Namespace {
             ));
         }
         let ns = Namespace {
+            listing_attrs: source.listing_carries_attrs(),
             source,
             revalidate,
             started: Instant::now(),
             inner: RwLock::new(Inner::new(known_sink, 0)),
             last_known: Mutex::default(),
             stats: None,
+            relists: Mutex::default(),
         };
         ns.inner.write().push(ROOT, b"", root, 0)?;
         Ok(ns)
@@ -948,12 +1003,14 @@ impl Namespace {
         inner.dirs = dirs;
         inner.changes = 0;
         Some(Namespace {
+            listing_attrs: source.listing_carries_attrs(),
             source,
             revalidate,
             started,
             inner: RwLock::new(inner),
             last_known: Mutex::default(),
             stats: None,
+            relists: Mutex::default(),
         })
     }
 
@@ -1145,6 +1202,28 @@ impl Namespace {
         Step::Ask(Ask {
             path,
             at_ms: self.now_ms(),
+            relist: None,
+        })
+    }
+
+    /// The question for entry `path` of directory `parent`: a listing of
+    /// the directory where the source's listings carry every attribute and
+    /// the directory was listed before (and is not too big to list again),
+    /// else a stat.
+    fn ask_entry<T>(&self, inner: &Inner, parent: u64, path: PathBuf) -> Step<T> {
+        let dir = inner.dir_of(parent);
+        let listable = |d: &Dir| d.listed_ms.is_some() && d.len() <= RELIST_MAX;
+        if !self.listing_attrs || !dir.is_some_and(listable) {
+            return self.ask(path);
+        }
+        let dir_path = path.parent().unwrap_or(Path::new("")).to_owned();
+        Step::Ask(Ask {
+            path,
+            at_ms: self.now_ms(),
+            relist: Some(Relist {
+                dir: parent,
+                path: dir_path,
+            }),
         })
     }
 
@@ -1209,9 +1288,69 @@ impl Namespace {
         }
     }
 
-    /// The source's `stat` for `ask`, without holding a thread.
+    /// The source's `stat` for `ask`, without holding a thread (or the
+    /// entry's attributes from a listing of its directory, see [`Ask`]).
     pub async fn stat_for(&self, ask: &Ask) -> io::Result<SourceAttr> {
-        Arc::clone(&self.source).stat_async(ask.path.clone()).await
+        match &ask.relist {
+            Some(by) => self.relisted(by, &ask.path).await,
+            None => Arc::clone(&self.source).stat_async(ask.path.clone()).await,
+        }
+    }
+
+    /// Lists directory `by` again (one listing for every caller waiting on
+    /// it) and answers entry `path` of it from the tree as listed: its
+    /// fresh attributes, or NotFound if the listing has it no more. The
+    /// listing's error (a timeout: the caller answers from the last known
+    /// tree) if it failed.
+    async fn relisted(&self, by: &Relist, path: &Path) -> io::Result<SourceAttr> {
+        let flight = Arc::clone(self.relists.lock().entry(by.dir).or_insert_with(|| {
+            let (source, dir) = (Arc::clone(&self.source), by.path.clone());
+            let listing = async move {
+                source
+                    .list_names_async(dir)
+                    .await
+                    .map(Arc::new)
+                    .map_err(Arc::new)
+            };
+            Arc::new(Flight {
+                listing: listing.boxed().shared(),
+                at_ms: self.now_ms(),
+                path: by.path.clone(),
+                applied: OnceLock::new(),
+            })
+        }));
+        let listing = flight.listing.clone().await;
+        let applied = flight.applied.get_or_init(|| {
+            {
+                let mut m = self.relists.lock();
+                if m.get(&by.dir).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                    m.remove(&by.dir);
+                }
+            }
+            let ask = Ask {
+                path: flight.path.clone(),
+                at_ms: flight.at_ms,
+                relist: None,
+            };
+            let r = match &listing {
+                Ok(v) => Ok(v.as_ref().clone()),
+                Err(e) => Err(copy_err(e)),
+            };
+            self.listing_answer(by.dir, ask, r).map_err(Arc::new)
+        });
+        if let Err(e) = &listing {
+            return Err(copy_err(e));
+        }
+        if let Err(e) = applied {
+            return Err(copy_err(e));
+        }
+        let name = path.file_name().unwrap_or_default().as_bytes();
+        let inner = self.inner.read();
+        inner
+            .dir_of(by.dir)
+            .and_then(|d| inner.child(d, name))
+            .and_then(|c| inner.known_attr_of(c))
+            .ok_or_else(enoent)
     }
 
     /// Asks the source for `ask` and hands `answer` the source's
@@ -1270,7 +1409,7 @@ impl Namespace {
                 None => Err(timed_out()),
             });
         }
-        self.ask(path.join(OsStr::from_bytes(name)))
+        self.ask_entry(&inner, parent, path.join(OsStr::from_bytes(name)))
     }
 
     /// Applies the source's answer `r` to [`Namespace::lookup_local`]'s
@@ -1352,8 +1491,8 @@ impl Namespace {
         let Some(path) = inner.path(ino) else {
             return Step::Done(Err(enoent()));
         };
-        drop(inner);
         if self.source.stalled() {
+            drop(inner);
             // No point asking: the last known attributes now (none for an
             // entry only listed).
             if !known {
@@ -1362,7 +1501,10 @@ impl Namespace {
             self.stale_answer("stat", &path);
             return Step::Done(Ok(attr));
         }
-        self.ask(path)
+        if ino == ROOT {
+            return self.ask(path);
+        }
+        self.ask_entry(&inner, n.parent as u64, path)
     }
 
     /// Applies the source's answer `r` to [`Namespace::getattr_local`]'s
@@ -1626,7 +1768,14 @@ impl Namespace {
                 continue;
             }
             if let Some(path) = inner.path(c as u64) {
-                out.push((c as u64, Ask { path, at_ms }));
+                out.push((
+                    c as u64,
+                    Ask {
+                        path,
+                        at_ms,
+                        relist: None,
+                    },
+                ));
             }
         }
         out
@@ -1667,7 +1816,14 @@ impl Namespace {
                 _ => continue,
             }
             if let Some(path) = inner.path(c) {
-                out.push((c, Ask { path, at_ms }));
+                out.push((
+                    c,
+                    Ask {
+                        path,
+                        at_ms,
+                        relist: None,
+                    },
+                ));
                 if let Some(n) = inner.node_mut(c) {
                     n.flags |= AHEAD;
                 }

@@ -822,6 +822,10 @@ impl Source for SourceGuard {
         self.is_stalled()
     }
 
+    fn listing_carries_attrs(&self) -> bool {
+        self.inner.listing_carries_attrs()
+    }
+
     fn skipped_entries(&self) -> u64 {
         self.inner.skipped_entries()
     }

@@ -11,7 +11,8 @@
 //! reads with EIO (once the keys expired, until it works again); real
 //! loaders (Python's tarfile over shards, pyarrow over mmap), cold and warm.
 //! Then, with the proxy of tests/common/proxy.rs between the mount and the
-//! server: no GET for cached data after a remount; every read served while
+//! server: no GET for cached data after a remount; stale files revalidated
+//! by listing their directory, never a HEAD each; every read served while
 //! the store answers 503 SlowDown to a share of the requests, each counted;
 //! read-ahead's concurrency cut to its floor by such answers; cached reads
 //! going on and uncached ones failing within --source-timeout while the
@@ -1322,6 +1323,64 @@ fn a_remount_reads_cached_data_with_no_get() {
 }
 
 #[test]
+fn stale_files_are_revalidated_by_listing_their_directory_not_by_a_head_each() {
+    require_fuse!();
+    require_moto!();
+    let (s, p) = setup_proxied("relist");
+    // Forty more files in one directory: a HEAD each would show.
+    for i in 0..40 {
+        let rel = format!("train/many/{i:03}.jpg");
+        let path = s.data.path().join(&rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        write_file(&path, seed("relist") + i, 1000 + i as usize);
+        s.bucket
+            .put(&format!("ds/{rel}"), &fs::read(&path).unwrap());
+    }
+    let m = mount_via(&s, &p, &["--revalidate", "2s"]);
+    assert_same_files(s.data.path(), &s.scratch.mnt);
+    let files = list_files(s.data.path());
+    let mut dirs: Vec<PathBuf> = files
+        .iter()
+        .flat_map(|f| f.ancestors().skip(1).map(Path::to_owned))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    let lists0 = p.counts.lists.load(Relaxed);
+    let gets0 = p.counts.total_gets();
+    // Every entry stale, then every file opened and read again: the
+    // kernel looks each path up again, and each open revalidates.
+    std::thread::sleep(Duration::from_millis(2500));
+    let t0 = std::time::Instant::now();
+    for rel in &files {
+        assert_same_content(&s.data.path().join(rel), &s.scratch.mnt.join(rel));
+    }
+    let took = t0.elapsed();
+    let lists = p.counts.lists.load(Relaxed) - lists0;
+    assert_eq!(p.counts.heads.load(Relaxed), 0, "stale files were HEAD-ed");
+    assert_eq!(
+        p.counts.total_gets(),
+        gets0,
+        "cached data was fetched again"
+    );
+    // One listing per directory (the root's stat is a listing too) while
+    // the pass took less than --revalidate; one more each per 2 s past it.
+    let rounds = 1 + took.as_secs() / 2;
+    assert!(
+        lists <= (dirs.len() as u64 + 1) * rounds,
+        "{lists} listings for {} files in {} directories in {took:?}",
+        files.len(),
+        dirs.len()
+    );
+    assert!(lists > 0, "nothing was revalidated");
+    assert_eq!(m.stat("read_errors"), 0);
+    eprintln!(
+        "{} files in {} directories revalidated with {lists} listings, 0 HEAD, in {took:?}",
+        files.len(),
+        dirs.len()
+    );
+}
+
+#[test]
 fn throttling_answers_are_retried_and_every_read_succeeds() {
     require_fuse!();
     require_moto!();
@@ -1429,8 +1488,8 @@ fn throttling_cuts_read_ahead_concurrency_to_its_floor() {
     );
     let cut_after = t0.elapsed();
     // And no read failed: files read as they were put, while the store
-    // still throttles (every open revalidates its file against the store,
-    // with retries, about 2 s a file here: a sample of 12, not all 600;
+    // still throttles (every open revalidates its directory against the
+    // store, with retries: a sample of 12, not all 600;
     // throttling_answers_are_retried reads a whole tree so).
     for rel in list_files(data.path()).iter().step_by(50) {
         assert_same_content(&data.path().join(rel), &sc.mnt.join(rel));

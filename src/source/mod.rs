@@ -283,6 +283,14 @@ pub trait Source: Send + Sync + 'static {
         })
     }
 
+    /// Whether [`Source::list_names`] gives every entry's attributes (an
+    /// object store's listing does): a stale entry is then revalidated by
+    /// listing its directory again, one request for many entries, rather
+    /// than by a stat of each.
+    fn listing_carries_attrs(&self) -> bool {
+        false
+    }
+
     /// Whether the source has stopped answering (calls that need it fail
     /// at once until it answers again). Only the guard knows; a plain
     /// source is never stalled.

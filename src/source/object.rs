@@ -1093,6 +1093,10 @@ impl Source for ObjectSource {
         Ok(s)
     }
 
+    fn listing_carries_attrs(&self) -> bool {
+        true
+    }
+
     fn skipped_entries(&self) -> u64 {
         self.skipped.load(Relaxed)
     }

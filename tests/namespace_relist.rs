@@ -1,0 +1,185 @@
+//! Revalidation by listing: over a source whose listings carry every
+//! attribute (an object store's do), the stale entries of a directory are
+//! revalidated by listing the directory again, one listing shared by every
+//! caller waiting on it, never by a stat of each (a HEAD request per open).
+//! A replaced, a deleted and a new entry show as a stat would have shown
+//! them; a directory too big to list again, and a source whose listings do
+//! not carry attributes, are stat-ed; a listing that times out answers
+//! from the last known tree.
+
+mod common;
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::fakes::MemSource;
+use locafs::namespace::{Namespace, RELIST_MAX, ROOT};
+use locafs::source::{Source, SourceAttr, SourceError, SourceVersion};
+
+/// A [`MemSource`] whose listings say they carry every attribute (or not,
+/// with `attrs` false), counting stats and listings; each listing takes
+/// `LIST_MS`, or fails with ETIMEDOUT while `fail_lists` is set.
+struct Listing {
+    mem: MemSource,
+    attrs: bool,
+    stats: AtomicU64,
+    lists: AtomicU64,
+    fail_lists: AtomicBool,
+}
+
+const LIST_MS: u64 = 100;
+/// --revalidate for these tests.
+const REVALIDATE: Duration = Duration::from_millis(300);
+
+impl Listing {
+    fn new(attrs: bool) -> Self {
+        Listing {
+            mem: MemSource::new(),
+            attrs,
+            stats: AtomicU64::new(0),
+            lists: AtomicU64::new(0),
+            fail_lists: AtomicBool::new(false),
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.stats.load(SeqCst), self.lists.load(SeqCst))
+    }
+}
+
+impl Source for Listing {
+    fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
+        self.stats.fetch_add(1, SeqCst);
+        self.mem.stat(rel)
+    }
+    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
+        self.lists.fetch_add(1, SeqCst);
+        std::thread::sleep(Duration::from_millis(LIST_MS));
+        if self.fail_lists.load(SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        }
+        self.mem.list(rel)
+    }
+    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
+        self.mem.read_link(rel)
+    }
+    fn read_at(
+        &self,
+        rel: &Path,
+        version: &SourceVersion,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes, SourceError> {
+        self.mem.read_at(rel, version, offset, len)
+    }
+    fn statvfs(&self) -> io::Result<libc::statvfs> {
+        self.mem.statvfs()
+    }
+    fn listing_carries_attrs(&self) -> bool {
+        self.attrs
+    }
+}
+
+/// A namespace over `src` with directory `d` of `files` files listed and
+/// every entry known; the inodes of `d` and of its files.
+fn listed(src: &Arc<Listing>, files: usize) -> (Namespace, u64, Vec<u64>) {
+    for i in 0..files {
+        src.mem.put_file(format!("d/f{i:05}"), vec![i as u8; i % 7]);
+    }
+    let source: Arc<dyn Source> = Arc::clone(src) as Arc<dyn Source>;
+    let ns = Namespace::new(source, Some(REVALIDATE), Arc::default()).unwrap();
+    ns.refresh_dir(ROOT).unwrap();
+    let (d, _) = ns.lookup(ROOT, "d".as_ref()).unwrap();
+    ns.refresh_dir(d).unwrap();
+    let inos = (0..files)
+        .map(|i| ns.lookup(d, format!("f{i:05}").as_ref()).unwrap().0)
+        .collect();
+    (ns, d, inos)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stale_entries_of_a_directory_are_revalidated_by_one_shared_listing() {
+    let src = Arc::new(Listing::new(true));
+    let (ns, _, inos) = listed(&src, 300);
+    let ns = Arc::new(ns);
+    let (stats0, lists0) = src.counts();
+    tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
+    // 300 opens at once, as loader threads give them: every entry stale.
+    let asked: Vec<_> = inos
+        .iter()
+        .map(|&ino| {
+            let ns = Arc::clone(&ns);
+            tokio::spawn(async move { ns.getattr_async(ino).await })
+        })
+        .collect();
+    for (i, t) in asked.into_iter().enumerate() {
+        let a = t.await.unwrap().unwrap();
+        assert_eq!(a.size, (i % 7) as u64, "f{i:05}");
+    }
+    let (stats, lists) = src.counts();
+    assert_eq!(stats - stats0, 0, "stale entries were stat-ed");
+    assert_eq!(lists - lists0, 1, "one listing for the whole directory");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_shows_replaced_deleted_and_new_entries_as_stats_would() {
+    let src = Arc::new(Listing::new(true));
+    let (ns, d, inos) = listed(&src, 10);
+    src.mem.put_file("d/f00003", vec![9u8; 1234]);
+    src.mem.remove("d/f00004");
+    src.mem.put_file("d/new", vec![1u8; 5]);
+    let (stats0, lists0) = src.counts();
+    tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
+    // The replaced object is another inode, the deleted one is gone.
+    let e = ns.getattr_async(inos[3]).await.unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    let e = ns.getattr_async(inos[4]).await.unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    let (ino, a) = ns.lookup_async(d, "f00003".as_ref()).await.unwrap();
+    assert_ne!(ino, inos[3]);
+    assert_eq!(a.size, 1234);
+    let (_, a) = ns.lookup_async(d, "new".as_ref()).await.unwrap();
+    assert_eq!(a.size, 5);
+    let e = ns.lookup_async(d, "f00004".as_ref()).await.unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    // An unchanged one keeps its inode.
+    assert_eq!(ns.getattr_async(inos[5]).await.unwrap().size, 5);
+    let (stats, lists) = src.counts();
+    assert_eq!((stats - stats0, lists - lists0), (0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_that_times_out_answers_from_the_last_known_tree() {
+    let src = Arc::new(Listing::new(true));
+    let (ns, _, inos) = listed(&src, 10);
+    tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
+    src.fail_lists.store(true, SeqCst);
+    let (stats0, lists0) = src.counts();
+    assert_eq!(ns.getattr_async(inos[2]).await.unwrap().size, 2);
+    assert_eq!(src.counts(), (stats0, lists0 + 1));
+    // The listing is asked again (the entry is still stale), and answers.
+    src.fail_lists.store(false, SeqCst);
+    assert_eq!(ns.getattr_async(inos[2]).await.unwrap().size, 2);
+    assert_eq!(src.counts(), (stats0, lists0 + 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_directories_and_sources_whose_listings_lack_attributes_are_stat_ed() {
+    for (attrs, files) in [(true, RELIST_MAX + 1), (false, 10)] {
+        let src = Arc::new(Listing::new(attrs));
+        let (ns, _, inos) = listed(&src, files);
+        tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
+        let (stats0, lists0) = src.counts();
+        assert_eq!(ns.getattr_async(inos[6]).await.unwrap().size, 6);
+        assert_eq!(
+            src.counts(),
+            (stats0 + 1, lists0),
+            "{files} files, listings with attributes: {attrs}"
+        );
+    }
+}
