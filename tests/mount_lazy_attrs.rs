@@ -201,14 +201,17 @@ fn ls_l_shows_the_sources_attributes() {
     let direct = ls(&src_dir);
     assert_eq!(through.lines().count(), 1 + 600 + 2);
     assert_eq!(through, direct);
-    // Each entry stat-ed at the source about once (READDIRPLUS, lookups
-    // and their stat-ahead overlap a little, never by much).
+    // Each entry stat-ed at the source about once: READDIRPLUS, lookups
+    // and their stat-ahead overlap (an entry whose stat is in flight for
+    // one is asked again by another), the more so on a loaded machine
+    // (602 + 75 and + 118 seen with the other tests of this file running
+    // alongside), never for every entry (2 x 602).
     let mut statted = src.statted();
     let all = statted.len();
     statted.sort();
     statted.dedup();
     assert_eq!(statted.len(), 602, "entries stat-ed");
-    assert!(all <= 602 + 64, "{all} stats for 602 entries");
+    assert!(all <= 602 * 3 / 2, "{all} stats for 602 entries");
     // And once more, warm.
     assert_eq!(ls(&m.mountpoint().join("d")), direct);
 }
