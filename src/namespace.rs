@@ -908,7 +908,8 @@ pub struct Namespace {
     /// Whether the source's listings carry every attribute (stale entries
     /// are then revalidated by listing their directory).
     listing_attrs: bool,
-    /// Listings in flight for revalidation, by directory inode.
+    /// Listings in flight, by directory inode (each shared by every
+    /// caller waiting on it).
     relists: Mutex<HashMap<u64, Arc<Flight>>>,
 }
 
@@ -1209,11 +1210,14 @@ impl Namespace {
     /// The question for entry `path` of directory `parent`: a listing of
     /// the directory where the source's listings carry every attribute and
     /// the directory was listed before (and is not too big to list again),
-    /// else a stat.
+    /// or is being listed now (a listing of it is in flight: read-ahead's
+    /// walk of the tree, a `readdir`), else a stat.
     fn ask_entry<T>(&self, inner: &Inner, parent: u64, path: PathBuf) -> Step<T> {
         let dir = inner.dir_of(parent);
         let listable = |d: &Dir| d.listed_ms.is_some() && d.len() <= RELIST_MAX;
-        if !self.listing_attrs || !dir.is_some_and(listable) {
+        if !self.listing_attrs
+            || !(dir.is_some_and(listable) || self.relists.lock().contains_key(&parent))
+        {
             return self.ask(path);
         }
         let dir_path = path.parent().unwrap_or(Path::new("")).to_owned();
@@ -1303,11 +1307,32 @@ impl Namespace {
     /// listing's error (a timeout: the caller answers from the last known
     /// tree) if it failed.
     async fn relisted(&self, by: &Relist, path: &Path) -> io::Result<SourceAttr> {
-        let flight = Arc::clone(self.relists.lock().entry(by.dir).or_insert_with(|| {
-            let (source, dir) = (Arc::clone(&self.source), by.path.clone());
+        let (listing, applied) = self.listing_shared(by.dir, &by.path).await;
+        if let Err(e) = &listing {
+            return Err(copy_err(e));
+        }
+        if let Err(e) = applied {
+            return Err(copy_err(&e));
+        }
+        let name = path.file_name().unwrap_or_default().as_bytes();
+        let inner = self.inner.read();
+        inner
+            .dir_of(by.dir)
+            .and_then(|d| inner.child(d, name))
+            .and_then(|c| inner.known_attr_of(c))
+            .ok_or_else(enoent)
+    }
+
+    /// Lists directory `dir` (at `path`) from the source, one listing for
+    /// every caller that waits on it meanwhile (single flight), applied to
+    /// the tree once ([`Namespace::listing_answer`]): the listing as the
+    /// source gave it, and what applying it gave.
+    async fn listing_shared(&self, dir: u64, path: &Path) -> (Listed, Result<(), Arc<io::Error>>) {
+        let flight = Arc::clone(self.relists.lock().entry(dir).or_insert_with(|| {
+            let (source, at) = (Arc::clone(&self.source), path.to_owned());
             let listing = async move {
                 source
-                    .list_names_async(dir)
+                    .list_names_async(at)
                     .await
                     .map(Arc::new)
                     .map_err(Arc::new)
@@ -1315,7 +1340,7 @@ impl Namespace {
             Arc::new(Flight {
                 listing: listing.boxed().shared(),
                 at_ms: self.now_ms(),
-                path: by.path.clone(),
+                path: path.to_owned(),
                 applied: OnceLock::new(),
             })
         }));
@@ -1323,8 +1348,8 @@ impl Namespace {
         let applied = flight.applied.get_or_init(|| {
             {
                 let mut m = self.relists.lock();
-                if m.get(&by.dir).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
-                    m.remove(&by.dir);
+                if m.get(&dir).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                    m.remove(&dir);
                 }
             }
             let ask = Ask {
@@ -1336,21 +1361,9 @@ impl Namespace {
                 Ok(v) => Ok(v.as_ref().clone()),
                 Err(e) => Err(copy_err(e)),
             };
-            self.listing_answer(by.dir, ask, r).map_err(Arc::new)
+            self.listing_answer(dir, ask, r).map_err(Arc::new)
         });
-        if let Err(e) = &listing {
-            return Err(copy_err(e));
-        }
-        if let Err(e) = applied {
-            return Err(copy_err(e));
-        }
-        let name = path.file_name().unwrap_or_default().as_bytes();
-        let inner = self.inner.read();
-        inner
-            .dir_of(by.dir)
-            .and_then(|d| inner.child(d, name))
-            .and_then(|c| inner.known_attr_of(c))
-            .ok_or_else(enoent)
+        (listing, applied.clone())
     }
 
     /// Asks the source for `ask` and hands `answer` the source's
@@ -1567,12 +1580,13 @@ impl Namespace {
     pub async fn refresh_dir_async(&self, ino: u64) -> io::Result<()> {
         match self.listing_local(ino) {
             Step::Done(r) => r,
-            Step::Ask(ask) => {
-                let r = Arc::clone(&self.source)
-                    .list_names_async(ask.path.clone())
-                    .await;
-                self.listing_answer(ino, ask, r)
-            }
+            // (shared with every lookup, open and listing of the same
+            // directory meanwhile)
+            Step::Ask(ask) => self
+                .listing_shared(ino, &ask.path)
+                .await
+                .1
+                .map_err(|e| copy_err(&e)),
         }
     }
 

@@ -147,6 +147,10 @@ const PLAN_DIVERGED_AFTER: u32 = 64;
 /// one of the source guard's metadata threads).
 const OPENS_AHEAD: usize = 16;
 
+/// Directories read-ahead's walk of the tree lists at once (each one
+/// request in flight at the source, from the guard's metadata threads).
+const WALK_JOBS: usize = 16;
+
 /// The background prefetch starts nothing new until this long after the
 /// last directory listing the kernel asked for. A listing is a scan (`find`,
 /// an image folder's class walk before the first epoch), whose requests
@@ -570,27 +574,43 @@ impl ReadAhead {
     }
 
     /// Lists the whole tree once (in the background) so that the epoch's
-    /// unread files are known.
+    /// unread files are known: `WALK_JOBS` directories at a time (a remote
+    /// source answers each in a round trip; an object store's listing of
+    /// one prefix is paged, one page after the other). A lookup of the
+    /// loader in a directory being listed waits for that listing rather
+    /// than asking the source on its own, where listings carry attributes.
     async fn walk(self: &Arc<Self>) {
-        let mut stack = vec![crate::namespace::ROOT];
+        let mut todo = vec![crate::namespace::ROOT];
         let mut files = crate::epoch::BitSet::default();
-        while let Some(dir) = stack.pop() {
-            let ns = Arc::clone(&self.ns);
-            let listed = tokio::task::spawn_blocking(move || {
-                let mut out = Vec::new();
-                if ns.refresh_dir(dir).is_ok() {
-                    let _ = ns.read_dir(dir, 0, |e, _| {
-                        out.push((e.ino, e.attr.kind));
-                        false
-                    });
-                }
-                out
-            })
-            .await
-            .unwrap_or_default();
+        let mut listing = futures::stream::FuturesUnordered::new();
+        loop {
+            while listing.len() < WALK_JOBS {
+                let Some(dir) = todo.pop() else { break };
+                let ns = Arc::clone(&self.ns);
+                listing.push(async move {
+                    if ns.refresh_dir_async(dir).await.is_err() {
+                        return Vec::new();
+                    }
+                    // (a directory of a million entries is read off the
+                    // runtime's threads)
+                    tokio::task::spawn_blocking(move || {
+                        let mut out = Vec::new();
+                        let _ = ns.read_dir(dir, 0, |e, _| {
+                            out.push((e.ino, e.attr.kind));
+                            false
+                        });
+                        out
+                    })
+                    .await
+                    .unwrap_or_default()
+                });
+            }
+            let Some(listed) = futures::StreamExt::next(&mut listing).await else {
+                break;
+            };
             for (ino, kind) in listed {
                 match kind {
-                    EntryKind::Dir => stack.push(ino),
+                    EntryKind::Dir => todo.push(ino),
                     EntryKind::File => {
                         files.insert(ino);
                     }

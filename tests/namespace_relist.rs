@@ -5,7 +5,8 @@
 //! A replaced, a deleted and a new entry show as a stat would have shown
 //! them; a directory too big to list again, and a source whose listings do
 //! not carry attributes, are stat-ed; a listing that times out answers
-//! from the last known tree.
+//! from the last known tree. Lookups in a directory never listed wait for
+//! its listing if one is under way (read-ahead's walk), else stat.
 
 mod common;
 
@@ -151,6 +152,54 @@ async fn a_listing_shows_replaced_deleted_and_new_entries_as_stats_would() {
     assert_eq!(ns.getattr_async(inos[5]).await.unwrap().size, 5);
     let (stats, lists) = src.counts();
     assert_eq!((stats - stats0, lists - lists0), (0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lookups_in_a_directory_being_listed_wait_for_that_listing() {
+    let src = Arc::new(Listing::new(true));
+    for i in 0..50 {
+        src.mem.put_file(format!("d/f{i:05}"), vec![1u8; i]);
+    }
+    let source: Arc<dyn Source> = Arc::clone(&src) as Arc<dyn Source>;
+    let ns = Arc::new(Namespace::new(source, Some(REVALIDATE), Arc::default()).unwrap());
+    ns.refresh_dir(ROOT).unwrap();
+    let (d, _) = ns.lookup(ROOT, "d".as_ref()).unwrap();
+    let (stats0, lists0) = src.counts();
+    // A listing of `d` under way (read-ahead's walk), then 50 lookups and
+    // one of a name that is not there.
+    let walk = {
+        let ns = Arc::clone(&ns);
+        tokio::spawn(async move { ns.refresh_dir_async(d).await })
+    };
+    tokio::time::sleep(Duration::from_millis(LIST_MS / 4)).await;
+    let asked: Vec<_> = (0..51)
+        .map(|i| {
+            let ns = Arc::clone(&ns);
+            tokio::spawn(async move { ns.lookup_async(d, format!("f{i:05}").as_ref()).await })
+        })
+        .collect();
+    for (i, t) in asked.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok((_, a)) => assert_eq!(a.size, i as u64),
+            Err(e) => assert!(
+                i == 50 && e.raw_os_error() == Some(libc::ENOENT),
+                "{i}: {e}"
+            ),
+        }
+    }
+    walk.await.unwrap().unwrap();
+    assert_eq!(src.counts(), (stats0, lists0 + 1));
+    // With no listing under way, a lookup in a directory never listed
+    // stats (its listing could be a million entries long).
+    let src = Arc::new(Listing::new(true));
+    src.mem.put_file("e/x", vec![1u8; 3]);
+    let source: Arc<dyn Source> = Arc::clone(&src) as Arc<dyn Source>;
+    let ns = Namespace::new(source, Some(REVALIDATE), Arc::default()).unwrap();
+    ns.refresh_dir(ROOT).unwrap();
+    let (e, _) = ns.lookup(ROOT, "e".as_ref()).unwrap();
+    let (stats0, lists0) = src.counts();
+    assert_eq!(ns.lookup_async(e, "x".as_ref()).await.unwrap().1.size, 3);
+    assert_eq!(src.counts(), (stats0 + 1, lists0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

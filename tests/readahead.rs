@@ -843,3 +843,59 @@ fn within_file_mount(
     let source = Arc::new(SlowSource::new(&d.src, latency, 0));
     (mount(&cfg, source.clone()), source)
 }
+
+/// Counts the directory listings in flight at a source (each takes 30 ms),
+/// and the most at once.
+#[derive(Default)]
+struct Listings {
+    now: std::sync::atomic::AtomicU64,
+    max: std::sync::atomic::AtomicU64,
+    all: std::sync::atomic::AtomicU64,
+}
+
+impl common::fakes::Hook for Listings {
+    fn around<T>(&self, call: common::fakes::Call<'_>, real: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !matches!(call, common::fakes::Call::List(_)) {
+            return real();
+        }
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(n, SeqCst);
+        self.all.fetch_add(1, SeqCst);
+        std::thread::sleep(Duration::from_millis(30));
+        let r = real();
+        self.now.fetch_sub(1, SeqCst);
+        r
+    }
+}
+
+#[test]
+fn the_tree_is_listed_for_read_ahead_several_directories_at_a_time() {
+    use std::sync::atomic::Ordering::SeqCst;
+    require_fuse!();
+    let d = Scratch::new();
+    // 48 class directories of 4 files, as an image folder.
+    for i in 0..192 {
+        write_file(&d.src.join(format!("c{:02}/f{i:04}", i % 48)), i, 1000);
+    }
+    let cfg = config(&d, &["--no-passthrough", "--cache-size", "1G"]);
+    let source = Arc::new(common::fakes::Hooked::wrap(&d.src, Listings::default()));
+    let m = mount(&cfg, source.clone());
+    let t0 = Instant::now();
+    while snapshot(m.mountpoint()).read_ahead.epoch_files_total < 192 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the walk did not list the tree"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (max, all) = (source.max.load(SeqCst), source.all.load(SeqCst));
+    // The root, then its 48 directories 16 at a time (the walk's bound).
+    assert!(all >= 49, "{all} listings");
+    assert!((8..=16).contains(&max), "{max} listings at once");
+    eprintln!(
+        "{all} listings, at most {max} at once, in {:?}",
+        t0.elapsed()
+    );
+    drop(m);
+}
