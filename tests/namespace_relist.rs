@@ -10,76 +10,65 @@
 
 mod common;
 
-use std::ffi::OsString;
 use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::fakes::MemSource;
+use common::fakes::{Call, Hook, Hooked, MemSource};
 use locafs::namespace::{Namespace, RELIST_MAX, ROOT};
-use locafs::source::{Source, SourceAttr, SourceError, SourceVersion};
+use locafs::source::Source;
 
-/// A [`MemSource`] whose listings say they carry every attribute (or not,
-/// with `attrs` false), counting stats and listings; each listing takes
-/// `LIST_MS`, or fails with ETIMEDOUT while `fail_lists` is set.
-struct Listing {
-    mem: MemSource,
+/// What the [`MemSource`] behind it is asked: its listings say they carry
+/// every attribute (or not, with `attrs` false); stats and listings are
+/// counted; each listing takes `LIST_MS`, or fails with ETIMEDOUT while
+/// `fail_lists` is set.
+struct Lists {
     attrs: bool,
     stats: AtomicU64,
     lists: AtomicU64,
     fail_lists: AtomicBool,
 }
 
+type Listing = Hooked<Lists, MemSource>;
+
 const LIST_MS: u64 = 100;
 /// --revalidate for these tests.
 const REVALIDATE: Duration = Duration::from_millis(300);
 
-impl Listing {
-    fn new(attrs: bool) -> Self {
-        Listing {
-            mem: MemSource::new(),
-            attrs,
-            stats: AtomicU64::new(0),
-            lists: AtomicU64::new(0),
-            fail_lists: AtomicBool::new(false),
-        }
-    }
+fn listing(attrs: bool) -> Listing {
+    let lists = Lists {
+        attrs,
+        stats: AtomicU64::new(0),
+        lists: AtomicU64::new(0),
+        fail_lists: AtomicBool::new(false),
+    };
+    Hooked::over(MemSource::new(), lists)
+}
 
+impl Lists {
     fn counts(&self) -> (u64, u64) {
         (self.stats.load(SeqCst), self.lists.load(SeqCst))
     }
 }
 
-impl Source for Listing {
-    fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
-        self.stats.fetch_add(1, SeqCst);
-        self.mem.stat(rel)
-    }
-    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        self.lists.fetch_add(1, SeqCst);
-        std::thread::sleep(Duration::from_millis(LIST_MS));
-        if self.fail_lists.load(SeqCst) {
-            return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+impl Hook for Lists {
+    fn around<T>(&self, call: Call<'_>, real: impl FnOnce() -> T) -> T {
+        match call {
+            Call::Stat(_) => {
+                self.stats.fetch_add(1, SeqCst);
+            }
+            Call::List(_) => {
+                self.lists.fetch_add(1, SeqCst);
+                std::thread::sleep(Duration::from_millis(LIST_MS));
+            }
+            _ => {}
         }
-        self.mem.list(rel)
+        real()
     }
-    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
-        self.mem.read_link(rel)
-    }
-    fn read_at(
-        &self,
-        rel: &Path,
-        version: &SourceVersion,
-        offset: u64,
-        len: usize,
-    ) -> Result<Bytes, SourceError> {
-        self.mem.read_at(rel, version, offset, len)
-    }
-    fn statvfs(&self) -> io::Result<libc::statvfs> {
-        self.mem.statvfs()
+    fn refuse(&self, call: Call<'_>) -> Option<io::Error> {
+        let fail = matches!(call, Call::List(_)) && self.fail_lists.load(SeqCst);
+        fail.then(|| io::Error::from_raw_os_error(libc::ETIMEDOUT))
     }
     fn listing_carries_attrs(&self) -> bool {
         self.attrs
@@ -90,7 +79,8 @@ impl Source for Listing {
 /// every entry known; the inodes of `d` and of its files.
 fn listed(src: &Arc<Listing>, files: usize) -> (Namespace, u64, Vec<u64>) {
     for i in 0..files {
-        src.mem.put_file(format!("d/f{i:05}"), vec![i as u8; i % 7]);
+        src.inner()
+            .put_file(format!("d/f{i:05}"), vec![i as u8; i % 7]);
     }
     let source: Arc<dyn Source> = Arc::clone(src) as Arc<dyn Source>;
     let ns = Namespace::new(source, Some(REVALIDATE), Arc::default()).unwrap();
@@ -105,7 +95,7 @@ fn listed(src: &Arc<Listing>, files: usize) -> (Namespace, u64, Vec<u64>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stale_entries_of_a_directory_are_revalidated_by_one_shared_listing() {
-    let src = Arc::new(Listing::new(true));
+    let src = Arc::new(listing(true));
     let (ns, _, inos) = listed(&src, 300);
     let ns = Arc::new(ns);
     let (stats0, lists0) = src.counts();
@@ -129,11 +119,11 @@ async fn stale_entries_of_a_directory_are_revalidated_by_one_shared_listing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_shows_replaced_deleted_and_new_entries_as_stats_would() {
-    let src = Arc::new(Listing::new(true));
+    let src = Arc::new(listing(true));
     let (ns, d, inos) = listed(&src, 10);
-    src.mem.put_file("d/f00003", vec![9u8; 1234]);
-    src.mem.remove("d/f00004");
-    src.mem.put_file("d/new", vec![1u8; 5]);
+    src.inner().put_file("d/f00003", vec![9u8; 1234]);
+    src.inner().remove("d/f00004");
+    src.inner().put_file("d/new", vec![1u8; 5]);
     let (stats0, lists0) = src.counts();
     tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
     // The replaced object is another inode, the deleted one is gone.
@@ -156,9 +146,9 @@ async fn a_listing_shows_replaced_deleted_and_new_entries_as_stats_would() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lookups_in_a_directory_being_listed_wait_for_that_listing() {
-    let src = Arc::new(Listing::new(true));
+    let src = Arc::new(listing(true));
     for i in 0..50 {
-        src.mem.put_file(format!("d/f{i:05}"), vec![1u8; i]);
+        src.inner().put_file(format!("d/f{i:05}"), vec![1u8; i]);
     }
     let source: Arc<dyn Source> = Arc::clone(&src) as Arc<dyn Source>;
     let ns = Arc::new(Namespace::new(source, Some(REVALIDATE), Arc::default()).unwrap());
@@ -191,8 +181,8 @@ async fn lookups_in_a_directory_being_listed_wait_for_that_listing() {
     assert_eq!(src.counts(), (stats0, lists0 + 1));
     // With no listing under way, a lookup in a directory never listed
     // stats (its listing could be a million entries long).
-    let src = Arc::new(Listing::new(true));
-    src.mem.put_file("e/x", vec![1u8; 3]);
+    let src = Arc::new(listing(true));
+    src.inner().put_file("e/x", vec![1u8; 3]);
     let source: Arc<dyn Source> = Arc::clone(&src) as Arc<dyn Source>;
     let ns = Namespace::new(source, Some(REVALIDATE), Arc::default()).unwrap();
     ns.refresh_dir(ROOT).unwrap();
@@ -204,7 +194,7 @@ async fn lookups_in_a_directory_being_listed_wait_for_that_listing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_that_times_out_answers_from_the_last_known_tree() {
-    let src = Arc::new(Listing::new(true));
+    let src = Arc::new(listing(true));
     let (ns, _, inos) = listed(&src, 10);
     tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
     src.fail_lists.store(true, SeqCst);
@@ -220,7 +210,7 @@ async fn a_listing_that_times_out_answers_from_the_last_known_tree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_directories_and_sources_whose_listings_lack_attributes_are_stat_ed() {
     for (attrs, files) in [(true, RELIST_MAX + 1), (false, 10)] {
-        let src = Arc::new(Listing::new(attrs));
+        let src = Arc::new(listing(attrs));
         let (ns, _, inos) = listed(&src, files);
         tokio::time::sleep(REVALIDATE + Duration::from_millis(50)).await;
         let (stats0, lists0) = src.counts();

@@ -1,7 +1,7 @@
 //! Fakes to put behind the seams, for injecting faults and slowness only
 //! (everything else in a test is real):
 //!
-//! - [`Hooked`]: a real directory (`DirSource`) behind a [`Hook`] that sees
+//! - [`Hooked`]: a real directory (`DirSource`), or any source, behind a [`Hook`] that sees
 //!   every call: [`SlowSource`] (latency per read and one bandwidth cap,
 //!   recording what reached the source) and [`StallSource`] (every call
 //!   hangs while stalled, as a hard NFS mount whose server stopped). A test
@@ -49,34 +49,61 @@ pub enum Call<'a> {
 pub trait Hook: Send + Sync + 'static {
     /// Runs `real` (the directory's answer to `call`) and returns its result.
     fn around<T>(&self, call: Call<'_>, real: impl FnOnce() -> T) -> T;
+    /// An error to answer a metadata call (stat, list) with instead of
+    /// asking the directory, if any (after `around` has seen the call).
+    fn refuse(&self, _call: Call<'_>) -> Option<io::Error> {
+        None
+    }
+    /// What the source says of its listings (see
+    /// [`Source::listing_carries_attrs`]).
+    fn listing_carries_attrs(&self) -> bool {
+        false
+    }
 }
 
-/// A real directory behind a hook. Derefs to the hook, so a test reads the
-/// hook's records through the source.
-pub struct Hooked<H> {
-    inner: DirSource,
+/// A real directory (or, with [`Hooked::over`], any source) behind a hook.
+/// Derefs to the hook, so a test reads the hook's records through the
+/// source.
+pub struct Hooked<H, S = DirSource> {
+    inner: S,
     hook: H,
 }
 
 impl<H> Hooked<H> {
     pub fn wrap(root: &Path, hook: H) -> Self {
-        Hooked {
-            inner: DirSource::new(root.to_owned()),
-            hook,
-        }
+        Hooked::over(DirSource::new(root.to_owned()), hook)
     }
 }
 
-impl<H> Deref for Hooked<H> {
+impl<H, S> Hooked<H, S> {
+    pub fn over(inner: S, hook: H) -> Self {
+        Hooked { inner, hook }
+    }
+
+    /// The source behind the hook.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<H, S> Deref for Hooked<H, S> {
     type Target = H;
     fn deref(&self) -> &H {
         &self.hook
     }
 }
 
-impl<H: Hook> Source for Hooked<H> {
+impl<H: Hook, S: Source> Source for Hooked<H, S> {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
-        self.hook.around(Call::Stat(rel), || self.inner.stat(rel))
+        self.hook.around(Call::Stat(rel), || {
+            match self.hook.refuse(Call::Stat(rel)) {
+                Some(e) => Err(e),
+                None => self.inner.stat(rel),
+            }
+        })
+    }
+    fn listing_carries_attrs(&self) -> bool {
+        self.hook.listing_carries_attrs()
     }
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
         self.list_with_progress(rel, &|| {})
@@ -91,7 +118,10 @@ impl<H: Hook> Source for Hooked<H> {
             progress()
         };
         self.hook.around(Call::List(rel), || {
-            self.inner.list_with_progress(rel, &entry)
+            match self.hook.refuse(Call::List(rel)) {
+                Some(e) => Err(e),
+                None => self.inner.list_with_progress(rel, &entry),
+            }
         })
     }
     fn list_names(
@@ -103,8 +133,12 @@ impl<H: Hook> Source for Hooked<H> {
             self.hook.around(Call::ListEntry(rel), || ());
             progress()
         };
-        self.hook
-            .around(Call::List(rel), || self.inner.list_names(rel, &entry))
+        self.hook.around(Call::List(rel), || {
+            match self.hook.refuse(Call::List(rel)) {
+                Some(e) => Err(e),
+                None => self.inner.list_names(rel, &entry),
+            }
+        })
     }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         self.hook
