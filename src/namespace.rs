@@ -3,6 +3,11 @@
 //! the source once it is older than the revalidation interval (never with
 //! `--immutable`), so that new, changed and deleted files show up in time.
 //!
+//! Over a source whose listings carry every attribute (an object store),
+//! a stale entry is revalidated by listing its directory again, one
+//! request for up to 1,000 entries instead of one each, and every listing
+//! of a directory is shared by all that wait on it (single flight).
+//!
 //! Inode numbers are stable for the life of the mount (a renamed or replaced
 //! entry gets a new one) and never reused. This module never reads file data,
 //! adds no entry of its own to the tree (no control files), and does no source
@@ -863,8 +868,11 @@ pub const RELIST_MAX: usize = 10_000;
 /// A listing as every caller waiting on it gets it.
 type Listed = Result<Arc<Vec<DirName>>, Arc<io::Error>>;
 
-/// One listing of a directory, shared by every revalidation that waits on
-/// it (single flight): the first to get it applies it to the tree.
+/// One listing of a directory, shared by every caller that waits on it
+/// meanwhile (a `readdir`, read-ahead's walk, the revalidation of entries:
+/// single flight): the first to get it applies it to the tree and takes it
+/// out of the map of flights. Its callers are tasks that run to the end
+/// (never dropped half-way), so a flight is never left unapplied.
 struct Flight {
     listing: Shared<BoxFuture<'static, Listed>>,
     at_ms: u64,
