@@ -26,7 +26,9 @@
 //!
 //! It measures and asserts nothing. Root, /dev/fuse and moto_server are
 //! needed (else it says SKIPPED). Environment (defaults in brackets):
-//! LOCAFS_OBJ_FILES [2000], LOCAFS_OBJ_FILE_KB [110], LOCAFS_OBJ_SHARDS [2],
+//! LOCAFS_OBJ_SERVER [moto] (or `dir`: benches/dirs3.py, an S3 server over
+//! a directory that reads only the range asked for, for the issue's
+//! 256 MiB shards), LOCAFS_OBJ_FILES [2000], LOCAFS_OBJ_FILE_KB [110], LOCAFS_OBJ_SHARDS [2],
 //! LOCAFS_OBJ_SHARD_MB [64], LOCAFS_OBJ_LATENCY_MS [20],
 //! LOCAFS_OBJ_BANDWIDTH_MB [100] (MB/s, 0: none), LOCAFS_OBJ_WORKERS [16],
 //! LOCAFS_BENCH_DIR [/var/tmp/locafs-bench-objstore], LOCAFS_BENCH_LOCAFS_ARGS
@@ -41,7 +43,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::proxy::Proxy;
-use common::s3::Moto;
+use common::s3::{Bucket, Moto};
+use common::server::Server;
 use futures::StreamExt;
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -50,6 +53,44 @@ fn knob(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The S3 server the bench reads: moto_server (the default, the tests'
+/// server), or with `LOCAFS_OBJ_SERVER=dir` benches/dirs3.py, a small S3
+/// server over a directory that answers a range by reading that range
+/// (moto reads the whole object for each: with shards of 256 MiB, moto is
+/// then what the bench measures).
+enum BenchStore {
+    Moto(Moto),
+    Dir(Server),
+}
+
+impl BenchStore {
+    fn start(dir: &Path) -> BenchStore {
+        match std::env::var("LOCAFS_OBJ_SERVER").as_deref() {
+            Ok("dir") => {
+                let port = common::free_tcp_port();
+                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/dirs3.py");
+                let mut cmd = std::process::Command::new("python3");
+                cmd.arg(script).arg(port.to_string()).arg(dir);
+                BenchStore::Dir(Server::start("dirs3.py", cmd, port))
+            }
+            Ok("moto") | Err(_) => BenchStore::Moto(Moto::start()),
+            Ok(other) => panic!("LOCAFS_OBJ_SERVER={other}: moto or dir"),
+        }
+    }
+    fn endpoint(&self) -> &str {
+        match self {
+            BenchStore::Moto(m) => &m.endpoint,
+            BenchStore::Dir(s) => &s.endpoint,
+        }
+    }
+    fn name(&self) -> &str {
+        match self {
+            BenchStore::Moto(_) => "moto_server",
+            BenchStore::Dir(_) => "dirs3.py (an S3 server over a directory)",
+        }
+    }
 }
 
 /// What one epoch did.
@@ -252,7 +293,9 @@ impl Drop for Rclone {
 
 fn main() {
     require_fuse!();
-    require_moto!();
+    if std::env::var("LOCAFS_OBJ_SERVER").as_deref() != Ok("dir") {
+        require_moto!();
+    }
     if std::env::args().any(|a| a == "--list") {
         return;
     }
@@ -272,8 +315,8 @@ fn main() {
     std::fs::create_dir_all(&mnt).unwrap();
     std::fs::create_dir_all(&cache).unwrap();
 
-    let moto = Moto::start();
-    let bucket = moto.bucket("bench");
+    let store = BenchStore::start(&root.join("store"));
+    let bucket = Bucket::at(store.endpoint(), "bench");
     bucket.create();
     let mut rng = common::Rng(17);
     let mut images = Vec::new();
@@ -296,14 +339,15 @@ fn main() {
         shards.push((rel, len as u64));
     }
     let total: u64 = images.iter().chain(&shards).map(|(_, l)| l).sum();
-    let proxy = Proxy::start(&format!("127.0.0.1:{}", moto.port));
+    let proxy = Proxy::start(store.endpoint().trim_start_matches("http://"));
     proxy.knobs.latency_us.store(latency_ms * 1000, Relaxed);
     proxy.knobs.bandwidth.store(bw_mb * 1_000_000, Relaxed);
     println!(
         "objstore bench: {files} files of ~{file_kb} KiB + {nshards} shards of {shard_mb} MiB \
-         ({:.0} MB), moto_server behind a proxy adding {latency_ms} ms per request, \
+         ({:.0} MB), {} behind a proxy adding {latency_ms} ms per request, \
          {bw_mb} MB/s cap; {workers} loader threads (uploaded in {:.0} s)",
         total as f64 / 1e6,
+        store.name(),
         t0.elapsed().as_secs_f64()
     );
     let n = files + nshards;
