@@ -134,6 +134,13 @@ impl FreeWatch {
     }
 }
 
+/// How long epochs may run until a data set is cached. Each epoch drops
+/// the page cache after a `sync` of the whole machine, which waits on every
+/// other writer's dirty data: one epoch took all of 30 s in a CI run while
+/// a cache of 2 M files was being written on the same disk. Only a test
+/// that fails waits this long.
+const UNTIL_CACHED: Duration = Duration::from_secs(120);
+
 #[test]
 fn three_data_sets_filling_one_small_disk_at_once_never_fill_it() {
     require_fuse!();
@@ -223,7 +230,7 @@ fn a_new_data_set_evicts_the_unmounted_one_not_the_one_being_read() {
     // Epochs (each from the cache or the source, not the page cache) until
     // both are cached: the second mount's first booking may find the budget
     // taken by the first until its next booking.
-    wait_until("both cached", Duration::from_secs(30), || {
+    wait_until("both cached", UNTIL_CACHED, || {
         drop_page_cache();
         read_all(&ma, &files_a);
         read_all(&mb, &files_b);
@@ -261,7 +268,7 @@ fn a_new_data_set_evicts_the_unmounted_one_not_the_one_being_read() {
         wait_until("C's grant", Duration::from_secs(10), || {
             c.stat("cache_grant_bytes") >= 22 << 20
         });
-        wait_until("C cached", Duration::from_secs(30), || {
+        wait_until("C cached", UNTIL_CACHED, || {
             drop_page_cache();
             read_all(&mc, &files_c);
             let sc = c.stats();
@@ -435,7 +442,7 @@ fn when_another_program_fills_the_disk_the_cache_gives_space_back() {
     let _disk = Tmpfs::mount(&tcache, "48M");
     let (src, files) = data_set(&s.src, "a", 24, MIB);
     let m = Mount::start(&src, &s.mnt, &tcache, &[]);
-    wait_until("cached", Duration::from_secs(30), || {
+    wait_until("cached", UNTIL_CACHED, || {
         drop_page_cache();
         read_all(&s.mnt, &files);
         m.stat("files_cached") >= 24
