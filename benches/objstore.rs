@@ -16,8 +16,8 @@
 //! each epoch, and the GETs of an epoch after a remount. The direct reader
 //! runs twice: reading each shard in one GET (the limit a client gets), and
 //! in ranged GETs of a 1 MiB cache block, four in flight (the requests
-//! locafs makes; moto reads the whole object for each range, so this is
-//! the store's own cost of ranges).
+//! locafs makes, at the store's own cost of ranges: moto reads the whole
+//! object for each).
 //!
 //! rclone (`rclone mount --vfs-cache-mode full`, its S3 backend configured
 //! by a temporary rclone.conf to the same proxy and bucket) is measured in
@@ -357,9 +357,9 @@ fn main() {
     );
     let n = files + nshards;
 
-    // Direct: the store's own client, the limit. With the page cache
-    // dropped, as before every epoch below (moto keeps big objects in
-    // temporary files).
+    // Direct: the store's own client at the loader's concurrency. With the
+    // page cache dropped, as before every epoch below (both stores keep
+    // objects in files: dirs3.py its directory, moto big objects).
     common::drop_page_cache();
     let gets0 = proxy.counts.total_gets();
     let (secs, bytes) = epoch_direct(&proxy.endpoint, &images, &shards, workers, 1, None);
@@ -370,8 +370,8 @@ fn main() {
         gets: proxy.counts.total_gets() - gets0,
     };
     // The same with the shards read in ranged GETs of a cache block, the
-    // requests locafs must make (moto reads the whole object to answer
-    // each: the store's own cost of ranges).
+    // requests locafs must make, at the store's own cost of ranges (moto
+    // reads the whole object to answer each).
     common::drop_page_cache();
     let gets0 = proxy.counts.total_gets();
     let (secs, bytes) = epoch_direct(&proxy.endpoint, &images, &shards, workers, 1, Some(1 << 20));
