@@ -57,6 +57,10 @@ const IORING_SETUP_SUBMIT_ALL: u32 = 1 << 7;
 const IORING_SETUP_SQE128: u32 = 1 << 10;
 const IORING_FEAT_SINGLE_MMAP: u32 = 1;
 const IORING_ENTER_GETEVENTS: u32 = 1;
+const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
+const IORING_REGISTER_FILES: u32 = 2;
+const IORING_REGISTER_RING_FD: u32 = 20;
+const IOSQE_FIXED_FILE: u8 = 1;
 const IORING_OFF_SQ_RING: i64 = 0;
 const IORING_OFF_CQ_RING: i64 = 0x800_0000;
 const IORING_OFF_SQES: i64 = 0x1000_0000;
@@ -205,13 +209,7 @@ impl Ring {
             ..Params::default()
         };
         // SAFETY: io_uring_setup fills `p`, which lives across the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_io_uring_setup,
-                entries,
-                &mut p as *mut Params,
-            )
-        };
+        let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, entries, &mut p as *mut Params) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -222,14 +220,22 @@ impl Ring {
         let shared = libc::MAP_SHARED | libc::MAP_POPULATE;
         let raw = fd.as_raw_fd();
         let (rings, cq_rings) = if p.features & IORING_FEAT_SINGLE_MMAP != 0 {
-            (Mapping::map(sq_len.max(cq_len), raw, IORING_OFF_SQ_RING, shared)?, None)
+            (
+                Mapping::map(sq_len.max(cq_len), raw, IORING_OFF_SQ_RING, shared)?,
+                None,
+            )
         } else {
             (
                 Mapping::map(sq_len, raw, IORING_OFF_SQ_RING, shared)?,
                 Some(Mapping::map(cq_len, raw, IORING_OFF_CQ_RING, shared)?),
             )
         };
-        let sqes = Mapping::map(p.sq_entries as usize * SQE_SIZE, raw, IORING_OFF_SQES, shared)?;
+        let sqes = Mapping::map(
+            p.sq_entries as usize * SQE_SIZE,
+            raw,
+            IORING_OFF_SQES,
+            shared,
+        )?;
         let cq = cq_rings.as_ref().unwrap_or(&rings);
         // SAFETY (reads of the masks): inside the ring mapping.
         let (sq_mask, cq_mask) = unsafe {
@@ -284,15 +290,28 @@ impl Ring {
     }
 
     /// Submits whatever is on the submission ring and, with `wait`, blocks
-    /// for at least one completion.
-    fn enter(&self, wait: bool) -> io::Result<()> {
-        let (min, flags) = if wait { (1, IORING_ENTER_GETEVENTS) } else { (0, 0) };
+    /// for at least one completion. `registered`: the ring's index among
+    /// this thread's registered rings (only the thread that registered it),
+    /// which spares the kernel a file lookup per call.
+    fn enter(&self, wait: bool, registered: Option<u32>) -> io::Result<()> {
+        let (min, mut flags) = if wait {
+            (1, IORING_ENTER_GETEVENTS)
+        } else {
+            (0, 0)
+        };
+        let fd = match registered {
+            Some(i) => {
+                flags |= IORING_ENTER_REGISTERED_RING;
+                i as libc::c_long
+            }
+            None => self.fd.as_raw_fd() as libc::c_long,
+        };
         loop {
-            // SAFETY: plain syscall on our ring fd; no pointers passed.
+            // SAFETY: plain syscall on our ring; no pointers passed.
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_io_uring_enter,
-                    self.fd.as_raw_fd(),
+                    fd,
                     self.sq_entries,
                     min,
                     flags,
@@ -310,6 +329,45 @@ impl Ring {
                 _ => return Err(e),
             }
         }
+    }
+
+    /// Registers `fd` as the ring's fixed file 0 (SQEs then name it by
+    /// index: no file lookup per command).
+    fn register_file(&self, fd: RawFd) -> io::Result<()> {
+        let fds = [fd];
+        // SAFETY: the kernel reads one fd from `fds`, alive across the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_register,
+                self.fd.as_raw_fd(),
+                IORING_REGISTER_FILES,
+                fds.as_ptr(),
+                1u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Registers the ring's fd for the calling thread; its index, if the
+    /// kernel takes it (5.18 and later).
+    fn register_for_thread(&self) -> Option<u32> {
+        // struct io_uring_rsrc_update { offset, resv, data }: offset -1
+        // lets the kernel pick the index, written back.
+        let mut update: [u64; 2] = [u32::MAX as u64, self.fd.as_raw_fd() as u64];
+        // SAFETY: the kernel reads and writes one 16-byte update in place.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_register,
+                self.fd.as_raw_fd(),
+                IORING_REGISTER_RING_FD,
+                update.as_mut_ptr(),
+                1u32,
+            )
+        };
+        (r == 1).then_some(update[0] as u32)
     }
 
     /// Takes the completions that are there (only the queue's thread).
@@ -368,7 +426,13 @@ thread_local! {
 }
 
 impl Queue {
-    fn new(qid: u16, fuse: BorrowedFd<'_>, depth: usize, payload_len: usize, stats: Arc<Stats>) -> io::Result<Queue> {
+    fn new(
+        qid: u16,
+        fuse: BorrowedFd<'_>,
+        depth: usize,
+        payload_len: usize,
+        stats: Arc<Stats>,
+    ) -> io::Result<Queue> {
         let ring = Ring::new((depth + 1).next_power_of_two() as u32)?;
         let mut entries = Vec::with_capacity(depth);
         for _ in 0..depth {
@@ -412,12 +476,13 @@ impl Queue {
         } else {
             e.commit_id.load(Ordering::Acquire)
         };
-        let fd = self.fuse.as_raw_fd();
         let qid = self.qid;
         let _g = self.submit.lock();
         let pushed = self.ring.push(|s| {
             s.opcode = IORING_OP_URING_CMD;
-            s.fd = fd;
+            // The session's /dev/fuse fd, registered as fixed file 0.
+            s.flags = IOSQE_FIXED_FILE;
+            s.fd = 0;
             s.cmd_op = cmd;
             s.user_data = entry as u64;
             if cmd == FUSE_IO_URING_CMD_REGISTER {
@@ -429,7 +494,7 @@ impl Queue {
             s.cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
         });
         if pushed && cmd == FUSE_IO_URING_CMD_REGISTER {
-            if let Err(e) = self.ring.enter(false) {
+            if let Err(e) = self.ring.enter(false, None) {
                 warn!("fuse ring {}: registering an entry: {e}", self.qid);
                 return false;
             }
@@ -446,7 +511,7 @@ impl Queue {
         }
         if OWNER.with(|o| o.get()) != self as *const Queue {
             let _g = self.submit.lock();
-            self.ring.enter(false)?;
+            self.ring.enter(false, None)?;
         }
         Ok(())
     }
@@ -462,7 +527,10 @@ impl Queue {
         // the commit.
         unsafe {
             std::ptr::copy_nonoverlapping(out.as_ptr(), e.header.ptr.as_ptr(), OUT_HEADER_LEN);
-            e.header.at(HEADER_ENT_IN_OUT as u32 + 16).cast::<u32>().write(0);
+            e.header
+                .at(HEADER_ENT_IN_OUT as u32 + 16)
+                .cast::<u32>()
+                .write(0);
         }
         if let Err(err) = self.commit(entry) {
             warn!("fuse ring {}: answering a request failed: {err}", self.qid);
@@ -521,7 +589,10 @@ impl ExternalReply for Replies {
     fn send(&self, tag: u64, data: &[IoSlice<'_>]) -> io::Result<()> {
         let q = &self.0;
         if q.stopped.load(Ordering::Acquire) {
-            return Err(io::Error::new(io::ErrorKind::NotConnected, "fuse ring stopped"));
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "fuse ring stopped",
+            ));
         }
         let Some(e) = q.entries.get(tag as usize) else {
             return Err(io::Error::other("fuse ring: no such entry"));
@@ -686,7 +757,7 @@ pub fn start<FS: Filesystem + Send + Sync + 'static>(
                 q.ring.push(|s| {
                     s.opcode = IORING_OP_NOP;
                     s.user_data = WAKE;
-                }) && q.ring.enter(false).is_ok()
+                }) && q.ring.enter(false, None).is_ok()
             };
             if !pushed {
                 warn!("fuse ring {}: could not wake its thread to stop", q.qid);
@@ -701,7 +772,10 @@ pub fn start<FS: Filesystem + Send + Sync + 'static>(
         stop();
         return Err(e);
     }
-    info!("FUSE over io_uring: {n} queues of {depth} entries ({} payload each)", crate::units::format_size(payload as u64));
+    info!(
+        "FUSE over io_uring: {n} queues of {depth} entries ({} payload each)",
+        crate::units::format_size(payload as u64)
+    );
     Ok(Box::new(stop))
 }
 
@@ -714,6 +788,17 @@ fn run_queue<FS: Filesystem + Send + Sync + 'static>(
     pin_to_cpu(q.qid as usize);
     OWNER.with(|o| o.set(Arc::as_ptr(&q)));
     let sink: Arc<dyn ExternalReply> = Arc::new(Replies(Arc::clone(&q)));
+    if let Err(e) = q.ring.register_file(q.fuse.as_raw_fd()) {
+        let _ = ready.send(Err(io::Error::new(
+            e.kind(),
+            format!(
+                "fuse ring {}: registering /dev/fuse with the ring: {e}",
+                q.qid
+            ),
+        )));
+        return;
+    }
+    let own = q.ring.register_for_thread();
     let mut registered = 0;
     for i in 0..q.entries.len() {
         if q.push_command(i, FUSE_IO_URING_CMD_REGISTER) {
@@ -786,7 +871,10 @@ fn run_queue<FS: Filesystem + Send + Sync + 'static>(
                     }
                 }
                 Some((unique, false)) => {
-                    warn!("fuse ring {}: a request that does not fit its entry; answered EIO", q.qid);
+                    warn!(
+                        "fuse ring {}: a request that does not fit its entry; answered EIO",
+                        q.qid
+                    );
                     q.answer_error(entry, unique, libc::EIO);
                 }
                 None => q.answer_error(entry, 0, libc::EIO),
@@ -795,7 +883,7 @@ fn run_queue<FS: Filesystem + Send + Sync + 'static>(
         if live == 0 || q.stopped.load(Ordering::Acquire) {
             return;
         }
-        if let Err(e) = q.ring.enter(true) {
+        if let Err(e) = q.ring.enter(true, own) {
             warn!("fuse ring {}: waiting for requests failed: {e}", q.qid);
             return;
         }

@@ -503,7 +503,10 @@ impl StatsSnapshot {
             (
                 "fuse transport",
                 if self.fuse_ring_requests > 0 {
-                    format!("io_uring, {} requests over the rings", self.fuse_ring_requests)
+                    format!(
+                        "io_uring, {} requests over the rings",
+                        self.fuse_ring_requests
+                    )
                 } else {
                     "/dev/fuse".to_string()
                 },
