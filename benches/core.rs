@@ -18,10 +18,7 @@
 //!   1 and 1b; `1b` alone means only 1b).
 //! - `LOCAFS_BENCH_TOOLS` (default all): columns to measure, e.g.
 //!   `direct,locafs` (names: direct, locafs, locafs-nopt, locafs-kernel,
-//!   locafs-uring, bindfs, rclone). locafs-uring mounts with `--fuse-uring`;
-//!   run as root, the bench turns /sys/module/fuse/parameters/enable_uring on
-//!   for its run if it is off (and back off at the end), else that column
-//!   is SKIPPED.
+//!   bindfs, rclone).
 //! - `LOCAFS_BENCH_RUNS` (default 3): timed passes per warm figure (median).
 //! - `LOCAFS_BENCH_COLD_RUNS` (default 3): cold passes of figure 4 (median),
 //!   each on a fresh mount with an empty cache.
@@ -294,17 +291,15 @@ enum Tool {
     Locafs,
     LocafsNoPt,
     LocafsKernel,
-    LocafsUring,
     Bindfs,
     Rclone,
 }
 
-const TOOLS: [Tool; 7] = [
+const TOOLS: [Tool; 6] = [
     Tool::Direct,
     Tool::Locafs,
     Tool::LocafsNoPt,
     Tool::LocafsKernel,
-    Tool::LocafsUring,
     Tool::Bindfs,
     Tool::Rclone,
 ];
@@ -316,7 +311,6 @@ impl Tool {
             Tool::Locafs => "locafs",
             Tool::LocafsNoPt => "locafs --no-passthrough",
             Tool::LocafsKernel => "locafs --open-mode kernel",
-            Tool::LocafsUring => "locafs --fuse-uring",
             Tool::Bindfs => "bindfs",
             Tool::Rclone => "rclone",
         }
@@ -328,7 +322,6 @@ impl Tool {
             Tool::Locafs => "locafs",
             Tool::LocafsNoPt => "locafs-nopt",
             Tool::LocafsKernel => "locafs-kernel",
-            Tool::LocafsUring => "locafs-uring",
             Tool::Bindfs => "bindfs",
             Tool::Rclone => "rclone",
         }
@@ -338,7 +331,7 @@ impl Tool {
     fn program(self) -> Option<PathBuf> {
         match self {
             Tool::Direct => None,
-            Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel | Tool::LocafsUring => {
+            Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel => {
                 Some(PathBuf::from(common::bin()))
             }
             Tool::Bindfs => which("bindfs"),
@@ -384,7 +377,7 @@ impl Mounted {
         let mut cmd = Command::new(&program);
         match tool {
             Tool::Direct => unreachable!("direct reads mount nothing"),
-            Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel | Tool::LocafsUring => {
+            Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel => {
                 cmd.arg("mount")
                     .arg(source)
                     .arg(&mnt)
@@ -397,9 +390,6 @@ impl Mounted {
                 }
                 if tool == Tool::LocafsKernel {
                     cmd.args(["--open-mode", "kernel"]);
-                }
-                if tool == Tool::LocafsUring {
-                    cmd.arg("--fuse-uring");
                 }
                 // Extra options for experiments, e.g. "--fuse-threads 4".
                 if let Ok(extra) = std::env::var("LOCAFS_BENCH_LOCAFS_ARGS") {
@@ -967,13 +957,6 @@ impl Bench {
             self.mark_all(&rows, tool, "SKIPPED (not installed)");
             return;
         }
-        if tool == Tool::LocafsUring && !uring_on() {
-            eprintln!(
-                "  SKIPPED: FUSE over io_uring is off or missing on this host ({ENABLE_URING})"
-            );
-            self.mark_all(&rows, tool, "SKIPPED (no FUSE over io_uring)");
-            return;
-        }
         let (_, small) = small_list(&self.sz);
         let (_, large) = large_list(&self.sz);
         let data = self.data.clone();
@@ -1161,7 +1144,7 @@ impl Bench {
                 self.put("5", tool, Cell::Text("n/a (no daemon)".into()));
                 return;
             }
-            Tool::LocafsNoPt | Tool::LocafsKernel | Tool::LocafsUring => {
+            Tool::LocafsNoPt | Tool::LocafsKernel => {
                 self.put("5", tool, Cell::Text("n/a (same path as locafs)".into()));
                 return;
             }
@@ -1310,10 +1293,7 @@ fn locafs_stats(m: &Mounted) -> Option<serde_json::Value> {
 /// settled, as a loader's second epoch finds it, not that catch-up.
 fn wait_cache_settled(tool: Tool, m: Option<&Mounted>, files: usize) {
     let Some(m) = m else { return };
-    if !matches!(
-        tool,
-        Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel | Tool::LocafsUring
-    ) {
+    if !matches!(tool, Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel) {
         return;
     }
     let t = Instant::now();
@@ -1336,10 +1316,7 @@ fn wait_cache_settled(tool: Tool, m: Option<&Mounted>, files: usize) {
 /// Prints what the locafs daemon says it did (passthrough opens, bytes from
 /// source and cache), so a figure can be read against it.
 fn print_locafs_stats(tool: Tool, m: &Mounted) {
-    if !matches!(
-        tool,
-        Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel | Tool::LocafsUring
-    ) {
+    if !matches!(tool, Tool::Locafs | Tool::LocafsNoPt | Tool::LocafsKernel) {
         return;
     }
     if let Some(v) = locafs_stats(m) {
@@ -1383,31 +1360,6 @@ fn machine() -> String {
         })
         .unwrap_or_else(|| "?".into());
     format!("{cpus} cores ({model}), {mem} RAM, kernel {kernel}")
-}
-
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
-
-fn uring_on() -> bool {
-    fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "Y")
-}
-
-/// Turns FUSE over io_uring on for the run where it is off and this is
-/// root (the `locafs --fuse-uring` column needs it), and back off after.
-struct UringSwitch(bool);
-
-impl UringSwitch {
-    fn on() -> UringSwitch {
-        let off = fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "N");
-        UringSwitch(off && fs::write(ENABLE_URING, "Y").is_ok())
-    }
-}
-
-impl Drop for UringSwitch {
-    fn drop(&mut self) {
-        if self.0 {
-            let _ = fs::write(ENABLE_URING, "N");
-        }
-    }
 }
 
 fn main() {
@@ -1476,7 +1428,6 @@ fn main() {
         }
     };
     let tools: Vec<Tool> = TOOLS.into_iter().filter(|t| b.s.uses(*t)).collect();
-    let _uring = tools.contains(&Tool::LocafsUring).then(UringSwitch::on);
     for t in &tools {
         b.main_figures(*t);
     }
@@ -1516,7 +1467,6 @@ fn main() {
             Tool::Locafs,
             Tool::LocafsNoPt,
             Tool::LocafsKernel,
-            Tool::LocafsUring,
             Tool::Rclone,
         ] {
             if let Some(r) = b.ratios.get(&("4".to_string(), t)) {

@@ -107,15 +107,6 @@ pub struct MountFlags {
     /// Threads serving FUSE requests. [default: 8]
     #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
-    /// Take FUSE requests over io_uring (Linux 6.14 or later, with
-    /// /sys/module/fuse/parameters/enable_uring set to Y by root): one ring
-    /// and thread per CPU instead of a read and a write on /dev/fuse per
-    /// request. Warm small files (open + close per file) go about 1.5x
-    /// faster. Refused with the reason where the host cannot. See
-    /// docs/tuning.md.
-    #[arg(long)]
-    #[serde(default)]
-    pub fuse_uring: bool,
     /// Name of the data set's cache subdirectory. [default: derived from the
     /// source path]
     #[arg(long, value_name = "NAME")]
@@ -282,8 +273,6 @@ pub struct MountConfig {
     pub source_timeout: Duration,
     pub metadata_timeout: Duration,
     pub fuse_threads: usize,
-    /// Take FUSE requests over io_uring (--fuse-uring).
-    pub fuse_uring: bool,
     pub readahead: crate::prefetch::ReadAheadConfig,
     pub log_format: LogFormat,
     pub log_file: Option<PathBuf>,
@@ -312,7 +301,6 @@ impl MountFlags {
             source_timeout: self.source_timeout.or(other.source_timeout),
             metadata_timeout: self.metadata_timeout.or(other.metadata_timeout),
             fuse_threads: self.fuse_threads.or(other.fuse_threads),
-            fuse_uring: self.fuse_uring || other.fuse_uring,
             dataset_id: self.dataset_id.or(other.dataset_id),
             no_readahead: self.no_readahead || other.no_readahead,
             readahead_window: self.readahead_window.or(other.readahead_window),
@@ -845,7 +833,6 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         source_timeout,
         metadata_timeout,
         fuse_threads,
-        fuse_uring: f.fuse_uring,
         readahead,
         log_format: f.log_format.unwrap_or_default(),
         log_file: f.log_file,

@@ -50,9 +50,6 @@ pub struct FuseOptions {
     pub mount_label: String,
     /// Path of the control socket (the `user.locafs.control` attribute).
     pub control_socket: String,
-    /// Ask the kernel for FUSE over io_uring (--fuse-uring); the mount
-    /// fails at init where the kernel does not offer it.
-    pub fuse_uring: bool,
 }
 
 /// The mounted file system: the core, and the adapter's settings.
@@ -218,23 +215,6 @@ impl Filesystem for LocaFs {
         }
         // Loader reads in flight (each may hold a block) stay within 32.
         let _ = config.set_max_background(32);
-        if self.opts.fuse_uring {
-            if config
-                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
-                .is_err()
-            {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::Unsupported,
-                    format!(
-                        "--fuse-uring: the kernel did not offer FUSE over io_uring at init (is {} Y?)",
-                        crate::fuse_ring::ENABLE_URING
-                    ),
-                ));
-            }
-            // Each ring entry has a payload buffer as large as the largest
-            // write; a read-only mount needs none larger than its reads.
-            let _ = config.set_max_write(crate::fuse_ring::RING_MAX_WRITE);
-        }
         if self.opts.kernel_open {
             // The kernel takes ENOSYS to OPEN as "open without the daemon"
             // only if it says so; an older one would fail the user's open().

@@ -10,7 +10,6 @@ pub mod control;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;
-pub mod fuse_ring;
 pub mod handles;
 pub mod locality;
 pub mod locate;

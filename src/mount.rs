@@ -6,7 +6,6 @@
 //! `config::resolve` before this mounts anything.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -269,9 +268,6 @@ impl Mount {
     /// is a parameter so that tests and benchmarks can put a slow or failing
     /// source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
-        if cfg.fuse_uring {
-            crate::fuse_ring::check_available().map_err(|e| (2, e))?;
-        }
         crate::sys::raise_nofile_limit();
         crate::sys::tune_allocator(cfg.block_size);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -482,7 +478,6 @@ impl Mount {
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
                 control_socket: control_socket.display().to_string(),
-                fuse_uring: cfg.fuse_uring,
             },
             Arc::clone(&readahead),
         );
@@ -503,29 +498,12 @@ impl Mount {
         }
         fuse_cfg.n_threads = Some(cfg.fuse_threads);
         fuse_cfg.clone_fd = true;
-        let mount_failed = |e: std::io::Error| {
+        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
             (
                 1,
                 format!("mount on {} failed: {e}", cfg.mountpoint.display()),
             )
-        };
-        let session = fuser::Session::new(fs, &cfg.mountpoint, &fuse_cfg).map_err(mount_failed)?;
-        let session = if cfg.fuse_uring {
-            let fuse_fd = session.as_fd().try_clone_to_owned().map_err(mount_failed)?;
-            let stats = Arc::clone(&stats);
-            session.spawn_with(move |dispatcher| {
-                crate::fuse_ring::start(
-                    dispatcher,
-                    fuse_fd.as_fd(),
-                    crate::fuse_ring::QUEUE_DEPTH,
-                    crate::fuse_ring::payload_len(crate::fuse_ring::RING_MAX_WRITE),
-                    stats,
-                )
-            })
-        } else {
-            session.spawn()
-        }
-        .map_err(mount_failed)?;
+        })?;
         // Larger kernel read-ahead: bigger reads reach the daemon (its
         // 128 KiB default caps a sequential read served by the daemon at
         // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).

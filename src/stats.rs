@@ -39,8 +39,6 @@ pub struct Stats {
     pub cache_writes_refused: AtomicU64,
     pub peer_bytes: AtomicU64,
     pub passthrough_opens: AtomicU64,
-    /// Requests that came over FUSE's io_uring (`--fuse-uring`).
-    pub fuse_ring_requests: AtomicU64,
     pub opens: AtomicU64,
     /// Handles open now (a gauge: up at open, down at release).
     pub open_handles: AtomicU64,
@@ -224,7 +222,6 @@ impl Default for Stats {
             cache_writes_refused: AtomicU64::new(0),
             peer_bytes: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
-            fuse_ring_requests: AtomicU64::new(0),
             opens: AtomicU64::new(0),
             open_handles: AtomicU64::new(0),
             passthrough_kept: AtomicU64::new(0),
@@ -284,9 +281,6 @@ pub struct StatsSnapshot {
     /// Closed files whose passthrough backing is kept for their next open.
     #[serde(default)]
     pub passthrough_kept: u64,
-    /// Requests that came over FUSE's io_uring (0 without --fuse-uring).
-    #[serde(default)]
-    pub fuse_ring_requests: u64,
     pub read_errors: u64,
     pub uptime_s: f64,
     #[serde(default)]
@@ -373,7 +367,6 @@ impl Stats {
             opens: self.opens.load(Relaxed),
             open_handles: self.open_handles.load(Relaxed),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
-            fuse_ring_requests: self.fuse_ring_requests.load(Relaxed),
             passthrough_kept: self.passthrough_kept.load(Relaxed),
             read_errors: self.read_errors.load(Relaxed),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -499,17 +492,6 @@ impl StatsSnapshot {
                     "{} ({} passthrough), {} open now, {} closed kept for passthrough",
                     self.opens, self.passthrough_opens, self.open_handles, self.passthrough_kept
                 ),
-            ),
-            (
-                "fuse transport",
-                if self.fuse_ring_requests > 0 {
-                    format!(
-                        "io_uring, {} requests over the rings",
-                        self.fuse_ring_requests
-                    )
-                } else {
-                    "/dev/fuse".to_string()
-                },
             ),
             ("epoch", self.epoch_line()),
             (

@@ -164,7 +164,6 @@ mod tests {
             open_handles: 0,
             passthrough_kept: 0,
             passthrough_opens: 0,
-            fuse_ring_requests: 0,
             read_errors: 0,
             uptime_s: 0.0,
             read_ahead: Default::default(),

@@ -120,7 +120,6 @@ fn update(s: &StatsSnapshot) {
     gauge!("locafs_passthrough_kept").set(s.passthrough_kept as f64);
     counter!("locafs_opens_total").absolute(s.opens);
     counter!("locafs_passthrough_opens_total").absolute(s.passthrough_opens);
-    counter!("locafs_fuse_ring_requests_total").absolute(s.fuse_ring_requests);
     let ra = &s.read_ahead;
     gauge!("locafs_epoch").set(ra.epoch as f64);
     gauge!("locafs_epoch_files_read").set(ra.epoch_files_read as f64);
@@ -320,10 +319,6 @@ fn describe() {
     describe_counter!(
         "locafs_passthrough_opens_total",
         "Opens served by FUSE passthrough (the kernel reads the cached file; such reads are not counted elsewhere)."
-    );
-    describe_counter!(
-        "locafs_fuse_ring_requests_total",
-        "FUSE requests that came over io_uring (--fuse-uring); FORGET and INTERRUPT still come over /dev/fuse."
     );
     describe_counter!(
         "locafs_errors_total",
