@@ -27,6 +27,7 @@
 
 use std::ffi::OsStr;
 use std::io;
+use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -214,6 +215,86 @@ struct Dir {
     listed_ms: Option<u64>,
     /// The directory's own size (st_size) as the source gave it.
     size: u64,
+    /// A large directory's sampled index into `children` (see [`Fence`]),
+    /// built by the first lookup that needs it; dropped whenever
+    /// `children` is rebuilt.
+    fence: OnceLock<Box<Fence>>,
+    /// Entries removed from `children` since it was last rebuilt: the
+    /// fence stays usable, its windows widened by that many positions.
+    removed: usize,
+}
+
+/// A directory of at least [`FENCE_MIN`] entries has a fence.
+const FENCE_MIN: usize = 2048;
+/// One fence key per this many children: 8 bytes per 64 entries.
+const FENCE_STEP: usize = 64;
+
+/// A sampled index of a large sorted run of names, so that a lookup in a
+/// flat directory of a million files does not walk twenty random records
+/// and names: the key of every 64th name, where a name's key is its 8
+/// bytes after the prefix all the run's names share (big-endian, zero
+/// padded: keys are in the names' order, ties allowed). A lookup searches
+/// the keys (a dense array), then the names of the one or two windows of
+/// 64 whose keys bound its own.
+#[derive(Debug)]
+struct Fence {
+    /// The length of the prefix every name of the run shares.
+    skip: usize,
+    keys: Vec<u64>,
+    /// `Dir::removed` when the fence was built.
+    removed_at_build: usize,
+}
+
+impl Fence {
+    fn key(&self, name: &[u8]) -> u64 {
+        fence_key(name.get(self.skip..).unwrap_or(&[]))
+    }
+
+    fn build<'a>(names: impl ExactSizeIterator<Item = &'a [u8]> + Clone, removed: usize) -> Fence {
+        let n = names.len();
+        let skip = match (names.clone().next(), names.clone().last()) {
+            (Some(a), Some(b)) => a.iter().zip(b).take_while(|(x, y)| x == y).count(),
+            _ => 0,
+        };
+        let keys = names
+            .step_by(FENCE_STEP)
+            .map(|name| fence_key(name.get(skip..).unwrap_or(&[])))
+            .collect::<Vec<_>>();
+        debug_assert_eq!(keys.len(), n.div_ceil(FENCE_STEP));
+        Fence {
+            skip,
+            keys,
+            removed_at_build: removed,
+        }
+    }
+
+    /// The positions of the run (of `len` entries now, `removed` having
+    /// gone since the build) where `name` can be; None: it is not there
+    /// (it lacks the shared prefix).
+    fn window(
+        &self,
+        name: &[u8],
+        prefix: &[u8],
+        len: usize,
+        removed: usize,
+    ) -> Option<Range<usize>> {
+        if !name.starts_with(prefix) {
+            return None;
+        }
+        let k = self.key(name);
+        let lo = self.keys.partition_point(|&f| f < k).saturating_sub(1) * FENCE_STEP;
+        let hi = self.keys.partition_point(|&f| f <= k) * FENCE_STEP;
+        // Removals only move entries toward the start.
+        let shift = removed.saturating_sub(self.removed_at_build);
+        Some(lo.saturating_sub(shift).min(len)..hi.min(len))
+    }
+}
+
+fn fence_key(rest: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = rest.len().min(8);
+    b[..n].copy_from_slice(&rest[..n]);
+    u64::from_be_bytes(b)
 }
 
 /// Where a child is in its directory's runs.
@@ -256,9 +337,25 @@ impl Dir {
 
     fn remove(&mut self, slot: Slot) -> u32 {
         match slot {
-            Slot::Main(i) => self.children.remove(i),
+            Slot::Main(i) => {
+                self.removed += 1;
+                let widened = self
+                    .fence
+                    .get()
+                    .is_some_and(|f| self.removed - f.removed_at_build > FENCE_STEP);
+                if widened {
+                    self.fence = OnceLock::new();
+                }
+                self.children.remove(i)
+            }
             Slot::Side(i) => self.side.remove(i),
         }
+    }
+
+    /// Replaces the main run (a listing, a merge, a load): the fence goes.
+    fn set_children(&mut self, children: Vec<u32>) {
+        self.children = children;
+        self.fence = OnceLock::new();
     }
 
     /// Whether the side run is due to be merged.
@@ -461,7 +558,20 @@ impl Inner {
     /// in the side run where it would go.
     fn find_child(&self, dir: &Dir, name: &[u8]) -> Result<Slot, usize> {
         let by_name = |c: &u32| self.name_of(*c as u64).cmp(name);
-        if let Ok(i) = dir.children.binary_search_by(by_name) {
+        let n = dir.children.len();
+        if n >= FENCE_MIN {
+            let fence = dir.fence.get_or_init(|| {
+                let names = dir.children.iter().map(|c| self.name_of(*c as u64));
+                Box::new(Fence::build(names, dir.removed))
+            });
+            let first = self.name_of(dir.children[0] as u64);
+            let prefix = &first[..fence.skip.min(first.len())];
+            if let Some(w) = fence.window(name, prefix, n, dir.removed) {
+                if let Ok(i) = dir.children[w.clone()].binary_search_by(by_name) {
+                    return Ok(Slot::Main(w.start + i));
+                }
+            }
+        } else if let Ok(i) = dir.children.binary_search_by(by_name) {
             return Ok(Slot::Main(i));
         }
         dir.side.binary_search_by(by_name).map(Slot::Side)
@@ -491,7 +601,7 @@ impl Inner {
         merged.extend_from_slice(&main[from..]);
         self.moves += merged.len() as u64;
         if let Some(dir) = self.dir_mut(ino) {
-            dir.children = merged;
+            dir.set_children(merged);
         }
     }
 
@@ -1004,10 +1114,12 @@ impl Namespace {
         let mut dirs = std::mem::take(&mut inner.dirs);
         for dir in &mut dirs {
             let name = |x: &u32| inner.name_of(*x as u64);
-            dir.children.sort_unstable_by(|a, b| name(a).cmp(name(b)));
-            if dir.children.windows(2).any(|w| name(&w[0]) == name(&w[1])) {
+            let mut children = std::mem::take(&mut dir.children);
+            children.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+            if children.windows(2).any(|w| name(&w[0]) == name(&w[1])) {
                 return None;
             }
+            dir.set_children(children);
         }
         inner.dirs = dirs;
         inner.changes = 0;
@@ -1736,7 +1848,7 @@ impl Namespace {
         children.shrink_to_fit();
         inner.changes += 1;
         if let Some(dir) = inner.dir_mut(ino) {
-            dir.children = children;
+            dir.set_children(children);
             dir.listed_ms = Some(now);
         }
         Ok(())
@@ -2111,6 +2223,75 @@ mod tests {
         assert_eq!(blocks_code(1, 8), 3);
         assert_eq!(blocks_code(5000, 16), 3);
         assert_eq!(blocks_code(100, 1), 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// A large directory's fence finds every name a binary search of
+        /// the whole run finds, and no other: names that share long
+        /// prefixes (an image folder's), keys that tie in their 8 bytes,
+        /// names outside the shared prefix, and removals (which the fence
+        /// outlives up to a window's worth) between lookups.
+        #[test]
+        fn the_fence_of_a_large_directory_finds_what_the_whole_run_finds(
+            n in FENCE_MIN..6000usize,
+            // 0: distinct early; 1: a long shared prefix; 2: ties in the
+            // first 8 bytes after the prefix.
+            style in 0u8..3,
+            seed in proptest::prelude::any::<u64>(),
+            removals in 0usize..200,
+        ) {
+            let name_of = |i: usize| match style {
+                0 => format!("{i:07}.jpg"),
+                1 => format!("ILSVRC2012_val_{i:08}.JPEG"),
+                _ => format!("img_{}_{i:06}", i % 7),
+            };
+            let mut inner = Inner::new(Arc::default(), 0);
+            inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+            let mut model = std::collections::BTreeMap::new();
+            let mut kids = Vec::new();
+            for i in 0..n {
+                let name = name_of(i);
+                let ino = inner.push(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i as u64), 0).unwrap();
+                kids.push(ino as u32);
+                model.insert(name, ino);
+            }
+            let mut sorted = kids;
+            sorted.sort_unstable_by(|a, b| inner.name_of(*a as u64).cmp(inner.name_of(*b as u64)));
+            inner.dir_mut(ROOT).unwrap().set_children(sorted);
+            let mut rng = seed | 1;
+            let mut next = move |m: usize| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng % m as u64) as usize
+            };
+            let check = |inner: &Inner, model: &std::collections::BTreeMap<String, u64>, probes: &[String]| {
+                let dir = inner.dir_of(ROOT).unwrap();
+                for p in probes {
+                    proptest::prop_assert_eq!(inner.child(dir, p.as_bytes()), model.get(p).copied(), "{}", p);
+                }
+                Ok(())
+            };
+            let mut probes: Vec<String> = (0..300).map(|_| name_of(next(n + 50))).collect();
+            probes.extend(["", "0", "zzzz", "ILSVRC", "img_", "img_9_999999"].map(String::from));
+            check(&inner, &model, &probes)?;
+            for r in 0..removals {
+                let gone = name_of(next(n));
+                inner.remove_child(ROOT, gone.as_bytes());
+                model.remove(&gone);
+                if r % 17 == 0 {
+                    check(&inner, &model, &probes)?;
+                }
+            }
+            check(&inner, &model, &probes)?;
+            // Every remaining name is found at its own inode.
+            let dir = inner.dir_of(ROOT).unwrap();
+            for (name, ino) in &model {
+                proptest::prop_assert_eq!(inner.child(dir, name.as_bytes()), Some(*ino));
+            }
+        }
     }
 
     #[test]
