@@ -238,31 +238,26 @@ const FENCE_STEP: usize = 64;
 /// 64 whose keys bound its own.
 #[derive(Debug)]
 struct Fence {
-    /// The length of the prefix every name of the run shares.
-    skip: usize,
+    /// The prefix every name of the run shares.
+    prefix: Box<[u8]>,
     keys: Vec<u64>,
     /// `Dir::removed` when the fence was built.
     removed_at_build: usize,
 }
 
 impl Fence {
-    fn key(&self, name: &[u8]) -> u64 {
-        fence_key(name.get(self.skip..).unwrap_or(&[]))
-    }
-
-    fn build<'a>(names: impl ExactSizeIterator<Item = &'a [u8]> + Clone, removed: usize) -> Fence {
-        let n = names.len();
-        let skip = match (names.clone().next(), names.clone().last()) {
-            (Some(a), Some(b)) => a.iter().zip(b).take_while(|(x, y)| x == y).count(),
-            _ => 0,
-        };
-        let keys = names
+    /// The fence of `children` (sorted by name, not empty).
+    fn build<'a>(children: &[u32], name_of: impl Fn(u32) -> &'a [u8], removed: usize) -> Fence {
+        let first = children.first().map_or(&[][..], |&c| name_of(c));
+        let last = children.last().map_or(&[][..], |&c| name_of(c));
+        let skip = first.iter().zip(last).take_while(|(x, y)| x == y).count();
+        let keys = children
+            .iter()
             .step_by(FENCE_STEP)
-            .map(|name| fence_key(name.get(skip..).unwrap_or(&[])))
-            .collect::<Vec<_>>();
-        debug_assert_eq!(keys.len(), n.div_ceil(FENCE_STEP));
+            .map(|&c| fence_key(name_of(c).get(skip..).unwrap_or(&[])))
+            .collect();
         Fence {
-            skip,
+            prefix: first[..skip].into(),
             keys,
             removed_at_build: removed,
         }
@@ -271,17 +266,8 @@ impl Fence {
     /// The positions of the run (of `len` entries now, `removed` having
     /// gone since the build) where `name` can be; None: it is not there
     /// (it lacks the shared prefix).
-    fn window(
-        &self,
-        name: &[u8],
-        prefix: &[u8],
-        len: usize,
-        removed: usize,
-    ) -> Option<Range<usize>> {
-        if !name.starts_with(prefix) {
-            return None;
-        }
-        let k = self.key(name);
+    fn window(&self, name: &[u8], len: usize, removed: usize) -> Option<Range<usize>> {
+        let k = fence_key(name.strip_prefix(&*self.prefix)?);
         let lo = self.keys.partition_point(|&f| f < k).saturating_sub(1) * FENCE_STEP;
         let hi = self.keys.partition_point(|&f| f <= k) * FENCE_STEP;
         // Removals only move entries toward the start.
@@ -561,12 +547,10 @@ impl Inner {
         let n = dir.children.len();
         if n >= FENCE_MIN {
             let fence = dir.fence.get_or_init(|| {
-                let names = dir.children.iter().map(|c| self.name_of(*c as u64));
-                Box::new(Fence::build(names, dir.removed))
+                let name_of = |c: u32| self.name_of(c as u64);
+                Box::new(Fence::build(&dir.children, name_of, dir.removed))
             });
-            let first = self.name_of(dir.children[0] as u64);
-            let prefix = &first[..fence.skip.min(first.len())];
-            if let Some(w) = fence.window(name, prefix, n, dir.removed) {
+            if let Some(w) = fence.window(name, n, dir.removed) {
                 if let Ok(i) = dir.children[w.clone()].binary_search_by(by_name) {
                     return Ok(Slot::Main(w.start + i));
                 }
