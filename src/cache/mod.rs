@@ -10,6 +10,7 @@
 
 pub mod disk;
 pub mod policy;
+pub mod record_index;
 pub mod recover;
 
 use std::fs::File;

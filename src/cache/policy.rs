@@ -21,7 +21,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 
-use hashbrown::HashTable;
+use super::record_index::RecordIndex;
 
 /// What the policy decided for a write.
 #[derive(Debug, PartialEq, Eq)]
@@ -183,7 +183,7 @@ pub struct Policy<K: BookKey, X = ()> {
     unit: u64,
     dataset_bytes: u64,
     entries: Vec<Entry<K, X>>,
-    index: HashTable<u32>,
+    index: RecordIndex,
     /// The side records, by record number (the entries whose
     /// [`SIDE_BIT`] is set).
     side: HashMap<u32, Side>,
@@ -203,7 +203,7 @@ impl<K: BookKey, X> Policy<K, X> {
             unit: 1,
             dataset_bytes: 0,
             entries: Vec::new(),
-            index: HashTable::new(),
+            index: RecordIndex::new(),
             side: HashMap::new(),
             hasher: RandomState::new(),
             lists: [List {
@@ -263,7 +263,7 @@ impl<K: BookKey, X> Policy<K, X> {
             (self.side.capacity() * 8 / 7).next_power_of_two()
                 * (std::mem::size_of::<(u32, Side)>() + 1)
         };
-        self.entries.capacity() * Self::record_size() + table_bytes(&self.index) + side
+        self.entries.capacity() * Self::record_size() + self.index.heap_bytes() + side
     }
 
     /// Makes room for `n` more entries at once (a start-up that books a
@@ -276,7 +276,7 @@ impl<K: BookKey, X> Policy<K, X> {
             hasher,
             ..
         } = self;
-        index.reserve(n, |&j| hasher.hash_one(entries[j as usize].key.book_part()));
+        index.reserve(n, |j| hasher.hash_one(entries[j as usize].key.book_part()));
     }
 
     /// Gives back what [`Policy::reserve`] took beyond the entries (a
@@ -292,15 +292,13 @@ impl<K: BookKey, X> Policy<K, X> {
             hasher,
             ..
         } = self;
-        index.shrink_to_fit(|&j| hasher.hash_one(entries[j as usize].key.book_part()));
+        index.shrink_to_fit(|j| hasher.hash_one(entries[j as usize].key.book_part()));
     }
 
     fn find(&self, key: &K) -> Option<u32> {
         let h = self.hasher.hash_one(key.book_part());
         let entries = &self.entries;
-        self.index
-            .find(h, |&i| entries[i as usize].key == *key)
-            .copied()
+        self.index.find(h, |i| entries[i as usize].key == *key)
     }
 
     /// The caller's record of an entry.
@@ -323,8 +321,8 @@ impl<K: BookKey, X> Policy<K, X> {
     pub fn keys_like(&self, probe: &K) -> impl Iterator<Item = K> + '_ {
         let part = probe.book_part();
         self.index
-            .iter_hash(self.hasher.hash_one(part))
-            .map(|&i| self.entries[i as usize].key)
+            .candidates(self.hasher.hash_one(part))
+            .map(|i| self.entries[i as usize].key)
             .filter(move |k| k.book_part() == part)
     }
 
@@ -644,7 +642,7 @@ impl<K: BookKey, X> Policy<K, X> {
             hasher,
             ..
         } = self;
-        index.insert_unique(hasher.hash_one(key.book_part()), i, |&j| {
+        index.insert(hasher.hash_one(key.book_part()), i, |j| {
             hasher.hash_one(entries[j as usize].key.book_part())
         });
         self.push_back(BY_LAST, i);
@@ -929,10 +927,15 @@ impl<K: BookKey, X> Policy<K, X> {
         if self.entries[i as usize].last & SIDE_BIT != 0 {
             self.side.remove(&i);
         }
-        let h = self.hasher.hash_one(key.book_part());
-        if let Ok(o) = self.index.find_entry(h, |&j| j == i) {
-            o.remove();
-        }
+        let Policy {
+            index,
+            entries,
+            hasher,
+            ..
+        } = self;
+        index.remove(hasher.hash_one(key.book_part()), i, |j| {
+            hasher.hash_one(entries[j as usize].key.book_part())
+        });
         // The last entry takes the freed place.
         let last = self.entries.len() as u32 - 1;
         let e = self.entries.swap_remove(i as usize);
@@ -960,9 +963,7 @@ impl<K: BookKey, X> Policy<K, X> {
                 }
             }
             let h = self.hasher.hash_one(mkey.book_part());
-            if let Some(j) = self.index.find_mut(h, |&j| j == last) {
-                *j = i;
-            }
+            self.index.renumber(h, last, i);
         }
         self.used -= bytes;
         (e.x, bytes)
@@ -1049,20 +1050,6 @@ impl<K: BookKey, X> Policy<K, X> {
             .and_then(|i| self.side_of(i))
             .map_or(0, |s| s.held)
     }
-}
-
-/// Heap bytes of a hash table of u32s: its buckets (a power of two, at
-/// most 7/8 full) of 4 bytes and a control byte.
-pub fn table_bytes(t: &HashTable<u32>) -> usize {
-    if t.capacity() == 0 {
-        return 0;
-    }
-    let buckets = if t.capacity() < 8 {
-        (t.capacity() + 1).next_power_of_two()
-    } else {
-        (t.capacity() * 8 / 7).next_power_of_two()
-    };
-    buckets * 5
 }
 
 #[cfg(test)]

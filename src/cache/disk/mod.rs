@@ -1410,7 +1410,7 @@ mod tests {
             p.add(&VersionKey(k), 8192 + PER_FILE_OVERHEAD, Tier::Own);
         }
         let per = p.heap_bytes() / n as usize;
-        assert!(per <= RECORD_MAX + 12, "the books: {per} bytes per entry");
+        assert!(per <= RECORD_MAX + 6, "the books: {per} bytes per entry");
     }
 
     fn new_entry(i: u64) -> Entry {
