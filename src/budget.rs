@@ -150,6 +150,15 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
     // What is taken from others is only what the data set needs; spare
     // room is taken only where it is free.
     let need = fair[neighbours.len()].max(mine.used).min(effective);
+    // Other data sets' bytes (an unmounted one whole, a neighbour's cold
+    // entries) go only for bytes this data set is known to need: a mount
+    // that does not know its size yet deleted every unmounted data set of
+    // the directory at its first booking (2026-12-05).
+    let taking = if mine.want >= WANT_UNKNOWN {
+        mine.used.min(effective)
+    } else {
+        need
+    };
     let target = (fair[neighbours.len()] + spare)
         .max(mine.used)
         .min(effective);
@@ -167,7 +176,7 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
     // 1. Data sets nobody mounts, least recently mounted first, whole.
     unmounted.sort_by_key(|(id, r)| (r.last_mount, id.as_str()));
     for (id, r) in unmounted {
-        if room(&new, unmounted_held) >= need as i128 {
+        if room(&new, unmounted_held) >= taking as i128 {
             break;
         }
         unmounted_held -= r.used;
@@ -179,7 +188,7 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
     // has shrunk (at its next booking): until then they count as held.
     for pass in 0..2 {
         for (k, (_, r)) in neighbours.iter().enumerate() {
-            let short = need as i128 - room(&new, unmounted_held);
+            let short = if pass == 0 { need } else { taking } as i128 - room(&new, unmounted_held);
             if short <= 0 {
                 break;
             }
@@ -548,6 +557,11 @@ pub struct Booking {
     pub floor_percent: Option<f64>,
 }
 
+/// The want of a mount that does not know its data set's size yet (a first
+/// mount before any file was stat-ed): it gets what is free, and nothing
+/// another data set holds is deleted or evicted for it.
+pub const WANT_UNKNOWN: u64 = u64::MAX / 4;
+
 /// What a mount tells the ledger at each booking.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -912,6 +926,35 @@ mod tests {
         l2.limit = 160 * G;
         let p = plan(&l2, "me", &mounted, disk_free(500 * G));
         assert_eq!(p.delete, vec!["older".to_string()], "{p:?}");
+    }
+
+    #[test]
+    fn a_mount_that_does_not_know_its_size_takes_only_what_is_free() {
+        let l = ledger(
+            100 * G,
+            &[
+                ("me", rec(0, 0, 0, WANT_UNKNOWN, 9)),
+                ("old", rec(30 * G, 0, 0, 30 * G, 1)),
+                ("b", rec(50 * G, 50 * G, 0, 50 * G, 5)),
+            ],
+        );
+        let mounted = |id: &str| id == "me" || id == "b";
+        let p = plan(&l, "me", &mounted, disk_free(500 * G));
+        // 20 G free: taken; "old" and b's cold entries stay.
+        assert!(p.delete.is_empty(), "{p:?}");
+        assert!(p.lower.is_empty(), "{p:?}");
+        assert_eq!(p.grant, 20 * G);
+        // Nothing free: no grant, still nothing deleted.
+        let mut full = l.clone();
+        full.limit = 80 * G;
+        let p = plan(&full, "me", &mounted, disk_free(500 * G));
+        assert!(p.delete.is_empty() && p.lower.is_empty(), "{p:?}");
+        assert_eq!(p.grant, 0);
+        // Once its size is known (files stat-ed), room is made for that.
+        full.datasets.get_mut("me").unwrap().want = 10 * G;
+        let p = plan(&full, "me", &mounted, disk_free(500 * G));
+        assert_eq!(p.delete, vec!["old".to_string()], "{p:?}");
+        assert!(p.grant >= 10 * G, "{p:?}");
     }
 
     #[test]

@@ -196,9 +196,6 @@ pub struct Mount {
     _lock: crate::lock::DatasetLock,
 }
 
-/// What a mount asks of the budget before it knows its data set's size.
-const UNBOOKED: u64 = u64::MAX / 4;
-
 /// Books the cache in its directory's shared budget and keeps it booked:
 /// the grant is applied before this returns, then once a second.
 fn start_budget(
@@ -229,11 +226,11 @@ fn start_budget(
             used: us.used_bytes,
             files: us.files_cached,
             hot: d.hot_bytes(),
-            // Until the tree is known, as much as it can get; then the data
-            // set with some allocation overhead (the spare room of the
-            // budget covers more: `budget::plan`).
+            // Until the tree is known, what is free (`WANT_UNKNOWN`); then
+            // the data set with some allocation overhead (the spare room of
+            // the budget covers more: `budget::plan`).
             want: if size == 0 {
-                UNBOOKED
+                crate::budget::WANT_UNKNOWN
             } else {
                 size + size / 16 + crate::cache::disk::FIXED_OVERHEAD
             },
