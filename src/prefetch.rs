@@ -739,7 +739,7 @@ impl ReadAhead {
             // second whatever the concurrency (with a plan, those fetches are
             // all the loader has in flight).
             let ahead = self.jobs.limit().min(OPENS_AHEAD);
-            let mut skipped = 0;
+            let (mut skipped, mut held) = (0, false);
             while opening.len() < ahead {
                 let Some((ino, planned)) = self.next_background() else {
                     break;
@@ -753,6 +753,14 @@ impl ReadAhead {
                     skipped += 1;
                     if skipped % 1024 == 0 {
                         tokio::task::yield_now().await;
+                        // A scan of the tree goes first here too: after a
+                        // remount over a full cache this pass checks every
+                        // file of the data set, a core's worth of work
+                        // beside the scan.
+                        if self.listing_wait().is_some() {
+                            held = true;
+                            break;
+                        }
                     }
                     continue;
                 }
@@ -763,6 +771,9 @@ impl ReadAhead {
                 ));
             }
             let Some((planned, open)) = opening.pop_front() else {
+                if held {
+                    continue;
+                }
                 let _ =
                     tokio::time::timeout(Duration::from_millis(500), self.wake.notified()).await;
                 continue;
