@@ -277,10 +277,7 @@ fn a_new_data_set_evicts_the_unmounted_one_not_the_one_being_read() {
             sc["files_cached"].as_u64() >= Some(20)
         });
         let ls = cache_ls(&tcache);
-        assert!(
-            c.stat("cache_grant_bytes") >= 22 << 20,
-            "C's grant: {ls}"
-        );
+        assert!(c.stat("cache_grant_bytes") >= 22 << 20, "C's grant: {ls}");
         assert!(
             used_of(&ls, "a").unwrap_or(0) < 20 * MIB as u64,
             "A (unmounted) kept its cache: {ls}"
