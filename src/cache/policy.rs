@@ -270,13 +270,8 @@ impl<K: BookKey, X> Policy<K, X> {
     /// known number): the tables are not grown again while they fill.
     pub fn reserve(&mut self, n: usize) {
         self.entries.reserve_exact(n);
-        let Policy {
-            index,
-            entries,
-            hasher,
-            ..
-        } = self;
-        index.reserve(n, |j| hasher.hash_one(entries[j as usize].key.book_part()));
+        let (index, hash) = self.index_and_hash();
+        index.reserve(n, hash);
     }
 
     /// Gives back what [`Policy::reserve`] took beyond the entries (a
@@ -286,13 +281,23 @@ impl<K: BookKey, X> Policy<K, X> {
             return;
         }
         self.entries.shrink_to_fit();
+        let (index, hash) = self.index_and_hash();
+        index.shrink_to_fit(hash);
+    }
+
+    /// The index, and the hash of any record's key (what a growth or a
+    /// removal of the index rehashes).
+    fn index_and_hash(&mut self) -> (&mut RecordIndex, impl Fn(u32) -> u64 + '_) {
         let Policy {
             index,
             entries,
             hasher,
             ..
         } = self;
-        index.shrink_to_fit(|j| hasher.hash_one(entries[j as usize].key.book_part()));
+        let (entries, hasher) = (&*entries, &*hasher);
+        (index, move |j: u32| {
+            hasher.hash_one(entries[j as usize].key.book_part())
+        })
     }
 
     fn find(&self, key: &K) -> Option<u32> {
@@ -636,15 +641,9 @@ impl<K: BookKey, X> Policy<K, X> {
             links: [NIL; 2],
             x,
         });
-        let Policy {
-            index,
-            entries,
-            hasher,
-            ..
-        } = self;
-        index.insert(hasher.hash_one(key.book_part()), i, |j| {
-            hasher.hash_one(entries[j as usize].key.book_part())
-        });
+        let h = self.hasher.hash_one(key.book_part());
+        let (index, hash) = self.index_and_hash();
+        index.insert(h, i, hash);
         self.push_back(BY_LAST, i);
         i
     }
@@ -927,15 +926,9 @@ impl<K: BookKey, X> Policy<K, X> {
         if self.entries[i as usize].last & SIDE_BIT != 0 {
             self.side.remove(&i);
         }
-        let Policy {
-            index,
-            entries,
-            hasher,
-            ..
-        } = self;
-        index.remove(hasher.hash_one(key.book_part()), i, |j| {
-            hasher.hash_one(entries[j as usize].key.book_part())
-        });
+        let h = self.hasher.hash_one(key.book_part());
+        let (index, hash) = self.index_and_hash();
+        index.remove(h, i, hash);
         // The last entry takes the freed place.
         let last = self.entries.len() as u32 - 1;
         let e = self.entries.swap_remove(i as usize);
