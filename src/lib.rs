@@ -22,6 +22,7 @@ pub mod namespace;
 pub mod peer;
 pub mod prefetch;
 pub mod reader;
+pub mod shm;
 pub mod source;
 pub mod source_guard;
 pub mod stats;
