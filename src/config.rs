@@ -39,7 +39,7 @@ pub struct MountRequest {
 }
 
 /// The options of a mount that can come from flags, -o or the TOML file.
-#[derive(Args, Debug, Default, Deserialize, Clone)]
+#[derive(Args, Debug, Default, Deserialize, serde::Serialize, Clone)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct MountFlags {
     /// Cache directory; one subdirectory per data set, so mounts can share it.
@@ -588,6 +588,19 @@ fn apply_profile(
 
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
+    resolve_for(args, false)
+}
+
+/// [`resolve`] for a mountpoint where a locafs mount is live (a takeover,
+/// or a server restarted under its holder): the mountpoint itself is not
+/// looked at (a request to it would wait on the server being replaced).
+pub fn resolve_live(args: &MountRequest) -> Result<MountConfig, UsageError> {
+    resolve_for(args, true)
+}
+
+/// What [`resolve`] merges: the flags over `-o` over the file, and SOURCE
+/// and MOUNTPOINT as given (or from the file).
+fn merged(args: &MountRequest) -> Result<(MountFlags, PathBuf, PathBuf), UsageError> {
     let file = match &args.config {
         Some(p) => read_config(p)?,
         None => ConfigFile::default(),
@@ -596,9 +609,30 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let source_arg = args.source.clone().or(file.source).ok_or_else(|| {
         usage("missing SOURCE (give it on the command line or as source = \"...\" in --config)")
     })?;
-    let mp = &args.mountpoint.clone().or(file.mountpoint).ok_or_else(|| {
+    let mp = args.mountpoint.clone().or(file.mountpoint).ok_or_else(|| {
         usage("missing MOUNTPOINT (give it on the command line or as mountpoint = \"...\" in --config)")
     })?;
+    Ok((f, source_arg, mp))
+}
+
+/// The options of a resolved mount as one TOML configuration file (every
+/// option merged, SOURCE, MOUNTPOINT and the cache dir as resolved): what
+/// the process holding a mount hands each server it starts, so that a
+/// restarted server runs with exactly the options the mount was made with
+/// (the user's file may have changed since).
+pub fn serving_toml(args: &MountRequest, cfg: &MountConfig) -> Result<String, UsageError> {
+    let (mut f, _, _) = merged(args)?;
+    f.cache_dir = Some(cfg.cache_dir.clone());
+    let mut table = toml::Table::try_from(&f).map_err(|e| usage(e.to_string()))?;
+    let path = |p: &Path| toml::Value::String(p.to_string_lossy().into_owned());
+    table.insert("source".into(), path(&cfg.source));
+    table.insert("mountpoint".into(), path(&cfg.mountpoint));
+    Ok(table.to_string())
+}
+
+fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageError> {
+    let (f, source_arg, mp) = merged(args)?;
+    let mp = &mp;
 
     let object = match source_arg.to_str() {
         Some(s) if crate::source::object::is_object_url(s) => {
@@ -639,34 +673,11 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
             source
         }
     };
-    let mountpoint = std::fs::canonicalize(mp)
-        .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
-    if !mountpoint.is_dir() {
-        return Err(usage(format!(
-            "mountpoint {}: not a directory",
-            mp.display()
-        )));
-    }
-    if crate::sys::is_mountpoint(&mountpoint) {
-        return Err(usage(format!(
-            "mountpoint {}: something is already mounted there",
-            mp.display()
-        )));
-    }
-    match std::fs::read_dir(&mountpoint) {
-        Ok(mut rd) => {
-            if rd.next().is_some() {
-                return Err(usage(format!("mountpoint {}: not empty", mp.display())));
-            }
-        }
-        Err(e) => {
-            return Err(usage(format!(
-                "mountpoint {}: {}",
-                mp.display(),
-                short_io(&e)
-            )))
-        }
-    }
+    let mountpoint = if live {
+        live_path(mp).ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))?
+    } else {
+        check_mountpoint(mp)?
+    };
     if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
         return Err(usage(format!(
             "mountpoint {} is inside the source",
@@ -838,6 +849,51 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         log_file: f.log_file,
         metrics,
     })
+}
+
+/// The absolute path of a live mountpoint, without looking at it (its
+/// parent is made canonical, not the mount).
+pub fn live_path(mp: &Path) -> Option<PathBuf> {
+    let name = mp.file_name()?;
+    let parent = match mp.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(parent).ok()?.join(name))
+}
+
+/// The canonical path of an existing, empty directory with nothing
+/// mounted on it.
+fn check_mountpoint(mp: &Path) -> Result<PathBuf, UsageError> {
+    let mountpoint = std::fs::canonicalize(mp)
+        .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
+    if !mountpoint.is_dir() {
+        return Err(usage(format!(
+            "mountpoint {}: not a directory",
+            mp.display()
+        )));
+    }
+    if crate::sys::is_mountpoint(&mountpoint) {
+        return Err(usage(format!(
+            "mountpoint {}: something is already mounted there",
+            mp.display()
+        )));
+    }
+    match std::fs::read_dir(&mountpoint) {
+        Ok(mut rd) => {
+            if rd.next().is_some() {
+                return Err(usage(format!("mountpoint {}: not empty", mp.display())));
+            }
+        }
+        Err(e) => {
+            return Err(usage(format!(
+                "mountpoint {}: {}",
+                mp.display(),
+                short_io(&e)
+            )))
+        }
+    }
+    Ok(mountpoint)
 }
 
 /// Splits a --peers list into host:port entries, checking their syntax.

@@ -561,25 +561,27 @@ impl Inner {
     /// [`Inner::done_node`]): a server that finds the mark when it attaches
     /// reads the entry's attributes from the source again.
     fn intend_node(&self, ino: u64) {
-        self.state
-            .header()
-            .intent_node
-            .store(ino, Ordering::Release);
+        self.state.header().intent_node.store(ino, Ordering::SeqCst);
+        // (the record's stores come after the mark, also for the compiler)
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     fn done_node(&self) {
-        self.state.header().intent_node.store(0, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.state.header().intent_node.store(0, Ordering::SeqCst);
     }
 
     /// Marks directory `ino`'s runs as in the middle of a change (until
     /// [`Inner::done_dir`]): a server that finds the mark when it attaches
     /// lists the directory again before it trusts its runs.
     fn intend_dir(&self, ino: u64) {
-        self.state.header().intent_dir.store(ino, Ordering::Release);
+        self.state.header().intent_dir.store(ino, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     fn done_dir(&self) {
-        self.state.header().intent_dir.store(0, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.state.header().intent_dir.store(0, Ordering::SeqCst);
     }
 
     /// The node of `ino`; None if there is none or it is gone.
