@@ -107,6 +107,13 @@ pub struct MountFlags {
     /// Threads serving FUSE requests. [default: 8]
     #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
+    /// How long the serving process may leave requests unanswered (a
+    /// deadlock, a SIGSTOP) before the process holding the mount kills it
+    /// and starts another, which answers them. A source that stalls is not
+    /// a hang (see --metadata-timeout). 0 turns the watchdog off.
+    /// [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub watchdog: Option<Span>,
     /// Name of the data set's cache subdirectory. [default: derived from the
     /// source path]
     #[arg(long, value_name = "NAME")]
@@ -273,6 +280,8 @@ pub struct MountConfig {
     pub source_timeout: Duration,
     pub metadata_timeout: Duration,
     pub fuse_threads: usize,
+    /// --watchdog; None: off.
+    pub watchdog: Option<Duration>,
     pub readahead: crate::prefetch::ReadAheadConfig,
     pub log_format: LogFormat,
     pub log_file: Option<PathBuf>,
@@ -301,6 +310,7 @@ impl MountFlags {
             source_timeout: self.source_timeout.or(other.source_timeout),
             metadata_timeout: self.metadata_timeout.or(other.metadata_timeout),
             fuse_threads: self.fuse_threads.or(other.fuse_threads),
+            watchdog: self.watchdog.or(other.watchdog),
             dataset_id: self.dataset_id.or(other.dataset_id),
             no_readahead: self.no_readahead || other.no_readahead,
             readahead_window: self.readahead_window.or(other.readahead_window),
@@ -487,6 +497,10 @@ pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
 /// figure 4 from 1.95x to 2.2x direct and figure 2b in the kernel open mode
 /// from 0.24 to 0.17.
 const DEFAULT_FUSE_THREADS: usize = 8;
+/// The watchdog's deadline when --watchdog is not given: far above any
+/// answer a live server gives (its FUSE threads never wait on the source),
+/// short against a training job's patience.
+const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
 
 /// How long a metadata call may wait for the source. A healthy NFS server
 /// answers a `stat` in well under 10 ms, and one under heavy load within a
@@ -736,6 +750,10 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
     if !(1..=256).contains(&fuse_threads) {
         return Err(usage("--fuse-threads: must be between 1 and 256"));
     }
+    let watchdog = f.watchdog.map_or(DEFAULT_WATCHDOG, |s| s.0);
+    if !watchdog.is_zero() && watchdog < Duration::from_secs(2) {
+        return Err(usage("--watchdog: 0 (off) or at least 2s"));
+    }
     if let Some(c) = cache_size {
         let min = crate::cache::disk::FIXED_OVERHEAD * 2;
         if c < min {
@@ -844,6 +862,7 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
         source_timeout,
         metadata_timeout,
         fuse_threads,
+        watchdog: (!watchdog.is_zero()).then_some(watchdog),
         readahead,
         log_format: f.log_format.unwrap_or_default(),
         log_file: f.log_file,

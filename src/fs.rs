@@ -74,6 +74,10 @@ const STAT_AHEAD: usize = 64;
 
 /// The extended attribute of the mount root that returns `stats` as JSON.
 pub const STATS_XATTR: &str = "user.locafs.stats";
+/// The extended attribute of the mount root that returns the serving
+/// process's pid, answered from a task on the runtime: the watchdog of the
+/// process holding the mount asks it (`supervisor::watchdog`).
+pub const PING_XATTR: &str = "user.locafs.ping";
 
 /// Settings of the core that come from the command line.
 #[derive(Clone, Debug, Default)]
@@ -736,6 +740,13 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             }
             _ => Err(err(libc::ENODATA)),
         }
+    }
+
+    /// The answer to [`PING_XATTR`] (this process's pid), given from a task
+    /// on the runtime: it comes only if the runtime runs tasks.
+    pub fn ping(&self, reply: impl FnOnce(Vec<u8>) + Send + 'static) {
+        self.rt
+            .spawn(async move { reply(std::process::id().to_string().into_bytes()) });
     }
 
     /// The names of `ino`'s extended attributes, NUL-separated: none. The

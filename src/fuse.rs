@@ -68,6 +68,9 @@ pub struct LocaFs {
     dev: Arc<OwnedFd>,
     /// Where handles and backing ids are recorded (the shared state).
     store: Option<Arc<HandleStore>>,
+    /// The shared state whose header counts the requests this server took
+    /// (the holder's measure of a server's progress).
+    state: Option<Arc<crate::shm::SharedState>>,
 }
 
 /// `FUSE_DEV_IOC_BACKING_CLOSE`: `_IOW(229, 2, uint32_t)`.
@@ -250,6 +253,22 @@ impl LocaFs {
             opts,
             dev,
             store: None,
+            state: None,
+        }
+    }
+
+    /// Counts every request from now on in `state`'s header.
+    pub fn count_requests_in(&mut self, state: Arc<crate::shm::SharedState>) {
+        self.state = Some(state);
+    }
+
+    /// One request of kind `op`: for metrics, and for the holder.
+    fn op(&self, op: FuseOp) {
+        metrics::fuse_op(op);
+        if let Some(s) = &self.state {
+            s.header()
+                .answered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -405,7 +424,7 @@ impl DirPlusReply for PlusReply {
 
 impl Filesystem for LocaFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Lookup);
+        self.op(FuseOp::Lookup);
         let ttl = self.opts.ttl;
         self.fs.lookup(parent.0, name, move |r| match r {
             Ok((ino, a)) => reply.entry(&ttl, &attr(ino, &a), Generation(0)),
@@ -420,7 +439,7 @@ impl Filesystem for LocaFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        metrics::fuse_op(FuseOp::Getattr);
+        self.op(FuseOp::Getattr);
         let ttl = self.opts.ttl;
         self.fs.getattr(ino.0, move |r| match r {
             Ok(a) => reply.attr(&ttl, &attr(ino.0, &a)),
@@ -429,7 +448,7 @@ impl Filesystem for LocaFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        metrics::fuse_op(FuseOp::Readlink);
+        self.op(FuseOp::Readlink);
         self.fs.readlink(ino.0, move |r| {
             use std::os::unix::ffi::OsStrExt;
             match r {
@@ -440,7 +459,7 @@ impl Filesystem for LocaFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        metrics::fuse_op(FuseOp::Open);
+        self.op(FuseOp::Open);
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let tx = OpenTx {
             reply,
@@ -463,7 +482,7 @@ impl Filesystem for LocaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        metrics::fuse_op(FuseOp::Read);
+        self.op(FuseOp::Read);
         self.fs.read(ino.0, fh.0, offset, size, move |r| match r {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(errno(&e)),
@@ -480,7 +499,7 @@ impl Filesystem for LocaFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Release);
+        self.op(FuseOp::Release);
         self.fs.release(fh.0);
         reply.ok();
     }
@@ -493,7 +512,7 @@ impl Filesystem for LocaFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Flush);
+        self.op(FuseOp::Flush);
         // Nothing to flush on a read-only file system: ENOSYS makes the
         // kernel stop sending FLUSH on every close() (a round trip per file).
         reply.error(Errno::ENOSYS);
@@ -513,7 +532,7 @@ impl Filesystem for LocaFs {
         offset: u64,
         reply: ReplyDirectory,
     ) {
-        metrics::fuse_op(FuseOp::Readdir);
+        self.op(FuseOp::Readdir);
         self.fs.readdir(ino.0, offset, reply);
     }
 
@@ -525,13 +544,13 @@ impl Filesystem for LocaFs {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
-        metrics::fuse_op(FuseOp::Readdirplus);
+        self.op(FuseOp::Readdirplus);
         self.fs
             .readdirplus(ino.0, offset, PlusReply(reply, self.opts.ttl));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        metrics::fuse_op(FuseOp::Statfs);
+        self.op(FuseOp::Statfs);
         self.fs.statfs(move |r| match r {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -548,7 +567,10 @@ impl Filesystem for LocaFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        metrics::fuse_op(FuseOp::Getxattr);
+        self.op(FuseOp::Getxattr);
+        if ino.0 == crate::namespace::ROOT && name == crate::fs::PING_XATTR {
+            return self.fs.ping(move |v| xattr_reply(&v, size, reply));
+        }
         let value = match self.fs.getxattr(ino.0, name) {
             Ok(v) => v,
             Err(e) => return reply.error(errno(&e)),
@@ -557,7 +579,7 @@ impl Filesystem for LocaFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        metrics::fuse_op(FuseOp::Listxattr);
+        self.op(FuseOp::Listxattr);
         xattr_reply(&self.fs.listxattr(ino.0), size, reply);
     }
 
@@ -581,7 +603,7 @@ impl Filesystem for LocaFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -595,27 +617,27 @@ impl Filesystem for LocaFs {
         _r: u32,
         reply: ReplyEntry,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -629,12 +651,12 @@ impl Filesystem for LocaFs {
         _f: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -650,7 +672,7 @@ impl Filesystem for LocaFs {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -664,7 +686,7 @@ impl Filesystem for LocaFs {
         _f: i32,
         reply: ReplyCreate,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -678,12 +700,12 @@ impl Filesystem for LocaFs {
         _p: u32,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 }

@@ -12,7 +12,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::disk::DiskCache;
 use crate::cache::{BlockStore, CompleteFiles};
@@ -50,24 +50,7 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         return daemonize();
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
-    match run(cfg) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, msg)) => {
-            error!("{msg}");
-            eprintln!("locafs: {msg}");
-            ExitCode::from(code)
-        }
-    }
-}
-
-/// Mounts and serves until unmounted or signalled, in this process.
-fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
-    probe_source(&cfg)?;
-    let source = open_source(&cfg)?;
-    let mount = Mount::start(&cfg, source)?;
-    announce_ready(&mount.summary);
-    mount.serve_until_stopped();
-    Ok(())
+    crate::supervisor::hold(&args, cfg)
 }
 
 /// If the mountpoint is a dead locafs mount (its daemon died: every access
@@ -332,6 +315,10 @@ impl Mount {
         })?;
         let fds = dup_fds(&conn.server_fds(cfg.fuse_threads).map_err(io_err)?).map_err(io_err)?;
         record_init(&state, conn.settled);
+        let h = state.header();
+        h.supervisor_pid
+            .store(std::process::id(), Ordering::Relaxed);
+        h.server_pid.store(std::process::id(), Ordering::Relaxed);
         server.serve(fds, conn.settled)?;
         Ok(Mount {
             summary: server.summary.clone(),
@@ -618,6 +605,7 @@ impl Server {
             readahead.set_peer_node(Arc::clone(node));
         }
         plug_views(&stats, &cache, &reader, &readahead);
+        plug_process(&stats, state);
         if let Some(addr) = cfg.metrics {
             let (st, source, mountpoint) = (
                 Arc::clone(&stats),
@@ -735,6 +723,7 @@ impl Server {
             dev,
         );
         fs.apply_init(settled.granted);
+        fs.count_requests_in(Arc::clone(&self.state));
         let (store, saved, backings) = crate::handle_store::HandleStore::attach(&self.state)
             .ok_or((1, "the shared handle table is in use".to_string()))?;
         let (handles, closed) = fs.restore(Arc::new(store), saved, backings);
@@ -840,6 +829,29 @@ fn plug_views(
     let ra = Arc::downgrade(readahead);
     stats.read_ahead.set(Arc::new(move || {
         ra.upgrade().map(|ra| ra.snapshot()).unwrap_or_default()
+    }));
+}
+
+/// Plugs the processes behind the mount (from the shared state's header)
+/// into `stats`.
+fn plug_process(stats: &Stats, state: &Arc<SharedState>) {
+    let st = Arc::downgrade(state);
+    stats.process.set(Arc::new(move || {
+        let Some(st) = st.upgrade() else {
+            return Default::default();
+        };
+        let h = st.header();
+        let restarts = h.restarts.load(Ordering::Relaxed);
+        let last = (restarts > 0).then(|| h.last_restart_ms.load(Ordering::Relaxed));
+        crate::stats::ProcessSnapshot {
+            pid: std::process::id(),
+            supervisor_pid: h.supervisor_pid.load(Ordering::Relaxed),
+            restarts,
+            last_restart: last.map(|ms| ms as f64 / 1000.0),
+            last_restart_reason: last
+                .map(|_| crate::shm::reason_name(h.last_reason.load(Ordering::Relaxed)).into()),
+            last_restart_detail: last.map(|_| h.last_detail.load(Ordering::Relaxed)),
+        }
     }));
 }
 
@@ -992,9 +1004,9 @@ impl ManifestSaver {
     }
 }
 
-/// Tells whoever waits (the --daemon parent, systemd) that the mount is live,
-/// then detaches a daemon child's output from the parent's pipes.
-fn announce_ready(summary: &str) {
+/// Tells whoever waits (the --daemon parent, systemd) that the mount is
+/// live, then detaches a daemon child's output from the parent's pipes.
+pub fn announce_ready(summary: &str) {
     crate::sys::sd_notify("READY=1");
     if std::env::var_os(READY_ENV).is_none() {
         return;
@@ -1002,6 +1014,16 @@ fn announce_ready(summary: &str) {
     let mut out = std::io::stdout();
     let _ = writeln!(out, "READY {summary}");
     let _ = out.flush();
+    detach_output();
+}
+
+/// In a `--daemon` child (or a server it started), points stdout and
+/// stderr (unless logs go to a file) at /dev/null: the parent that read
+/// them has gone once the mount is live.
+pub fn detach_output() {
+    if std::env::var_os(READY_ENV).is_none() {
+        return;
+    }
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         use std::os::fd::AsRawFd;
         // SAFETY: dup2 onto our own stdout/stderr descriptors.

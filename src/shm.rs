@@ -148,13 +148,10 @@ pub struct Header {
     pub last_restart_ms: AtomicU64,
     pub last_reason: AtomicU32,
     pub last_detail: AtomicI32,
-    /// Requests answered by the servers so far (the watchdog's probe is
-    /// answered from a task: its answer proves the FUSE threads and the
-    /// runtime both move).
+    /// Requests the servers took so far (the holder's measure of a
+    /// server's progress: one that dies before it answered a few is in a
+    /// crash loop).
     pub answered: AtomicU64,
-    /// ms since the server started until it answered its first request
-    /// after it took the connection (the last server's).
-    pub first_answer_ms: AtomicU64,
     /// CLOCK_MONOTONIC ns when the current server was started.
     pub server_started_mono_ns: AtomicU64,
 }

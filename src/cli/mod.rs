@@ -78,6 +78,10 @@ pub enum Command {
     /// See and clean the cache directory that many data sets share:
     /// `cache ls`, `cache rm DATASET`, `cache gc --older-than 30d --to 500G`.
     Cache(CacheArgs),
+    /// The serving process of a mount, started by `locafs mount` (which
+    /// holds the mount and starts another when one dies): not for users.
+    #[command(name = "__serve", hide = true)]
+    Serve,
 }
 
 /// Arguments of `locafs mount`: what to mount (resolved by
@@ -104,6 +108,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => control::plan(args),
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
+        Command::Serve => crate::supervisor::serve_main(),
         Command::Secret => match crate::peer::tls::generate_secret() {
             Ok(s) => {
                 println!("{s}");

@@ -1,2 +1,693 @@
-//! placeholder
+//! The mount outlives the process that serves it. `locafs mount` (in the
+//! foreground, as the `--daemon` child, as systemd's main process or a
+//! container's entrypoint) becomes the **holder**: it resolves the
+//! options, takes the data set's lock, makes the shared state
+//! (`shm::SharedState`), mounts and answers INIT ([`connection`]), and
+//! then only watches: it runs the **server** (this same binary, the
+//! hidden `__serve` subcommand, [`serve_main`]) as a child that inherits
+//! the connection's descriptors and the state, and starts another when it
+//! dies for any reason (signal, panic, OOM kill, exit), at once the first
+//! time and with a growing wait after quick failures ([`policy`]); after
+//! too many in a row it unmounts, says why and exits non-zero. Its
+//! watchdog ([`watchdog`]) replaces a server that stops answering.
+//!
+//! The holder does no I/O on the data path: it never reads a request, a
+//! cached block or the source (an object store is asked once, before the
+//! mount). Everything a server must find again (the namespace's inodes,
+//! the open handles, the backing ids, what INIT settled) is in the shared
+//! state, which the holder keeps; the rest a server rebuilds.
+
 pub mod connection;
+pub mod policy;
+pub mod signals;
+pub mod watchdog;
+
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use crate::config::{MountConfig, MountRequest};
+use crate::logging::short_io;
+use crate::shm::{self, SharedState};
+use connection::{Connection, Settled};
+use policy::{Backoff, Next};
+
+/// The environment variable that tells a server where its descriptors
+/// are: `state=N;config=N;ready=N;fuse=N,N,...`.
+const SERVE_FDS: &str = "LOCAFS_SERVE_FDS";
+
+/// How the holder starts a server process: [`ThisBinary`] runs this
+/// binary's hidden `__serve`; tests start their own (a server over a
+/// source that stops at a gate, or one that exits at once) through it.
+/// The holder adds the descriptors and the environment.
+pub trait Launcher {
+    fn command(&self) -> Command;
+}
+
+/// Servers are this very binary (`/proc/self/exe`: the one the holder
+/// runs, even if a newer one was installed since; an upgrade is a
+/// takeover), with `__serve`.
+pub struct ThisBinary;
+
+impl Launcher for ThisBinary {
+    fn command(&self) -> Command {
+        let exe = std::env::current_exe().unwrap_or_else(|_| "locafs".into());
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg0(exe).arg("__serve");
+        cmd
+    }
+}
+
+/// Holds the mount `cfg` (resolved from `args`) until it is unmounted or
+/// the holder is told to stop, serving it through server processes.
+pub fn hold(args: &MountRequest, cfg: MountConfig) -> ExitCode {
+    hold_with(args, cfg, Box::new(ThisBinary))
+}
+
+/// [`hold`] with servers started by `launcher`.
+pub fn hold_with(args: &MountRequest, cfg: MountConfig, launcher: Box<dyn Launcher>) -> ExitCode {
+    match Holder::start(args, cfg, launcher) {
+        Ok(h) => h.run(),
+        Err((code, msg)) => {
+            error!("{msg}");
+            eprintln!("locafs: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// A server process and what the holder knows of it.
+struct Running {
+    child: Child,
+    started: Instant,
+    /// The read end of the pipe it says READY on.
+    ready_rx: OwnedFd,
+    /// CLOCK_MONOTONIC ns when it said READY (0: not yet).
+    ready_ns: u64,
+    /// The shared count of requests taken, when it said READY.
+    requests_at_ready: u64,
+    /// Why the holder killed it, if it did (`shm::REASON_*`).
+    killed_for: Option<u32>,
+}
+
+/// The process that holds a mount.
+struct Holder {
+    cfg: MountConfig,
+    launcher: Box<dyn Launcher>,
+    conn: Connection,
+    /// The connection's number under /sys/fs/fuse/connections.
+    conn_no: Option<u32>,
+    state: Arc<SharedState>,
+    /// The options every server runs with (a TOML file in a memfd).
+    config_fd: OwnedFd,
+    _lock: crate::lock::DatasetLock,
+    signals: signals::Signals,
+    backoff: Backoff,
+    probe: Option<watchdog::Probe>,
+    running: Option<Running>,
+    /// When to start the next server (after a death's wait).
+    restart_at: Option<Instant>,
+    /// Why the next server is started (`shm::REASON_*`, detail).
+    restart_reason: Option<(u32, i32)>,
+    /// Whether a server ever said READY (and the mount was announced).
+    announced: bool,
+    stopping: bool,
+}
+
+impl Holder {
+    fn start(
+        args: &MountRequest,
+        cfg: MountConfig,
+        launcher: Box<dyn Launcher>,
+    ) -> Result<Holder, (u8, String)> {
+        crate::mount::probe_source(&cfg)?;
+        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
+        let config_fd = memfd_with("locafs-options", toml.as_bytes())
+            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let state =
+            SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
+        let signals =
+            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
+                .map_err(|e| (1, format!("signals: {e}")))?;
+        let conn = Connection::mount(&cfg).map_err(|e| {
+            (
+                1,
+                format!("mount on {} failed: {e}", cfg.mountpoint.display()),
+            )
+        })?;
+        crate::mount::record_init(&state, conn.settled);
+        let h = state.header();
+        h.supervisor_pid
+            .store(std::process::id(), Ordering::Relaxed);
+        let conn_no = conn.number();
+        if conn.can_resend() {
+            info!(
+                "mounted {}: the FUSE connection outlives its server (FUSE 7.{}: a request in flight when a server dies is answered by the next)",
+                cfg.mountpoint.display(),
+                conn.settled.minor
+            );
+        } else {
+            warn!(
+                "this kernel (FUSE 7.{}) cannot resend requests (FUSE_NOTIFY_RESEND, Linux 6.9): a request in flight when a server dies fails with ECONNABORTED",
+                conn.settled.minor
+            );
+        }
+        let probe = match cfg.watchdog {
+            Some(_) => {
+                // (the kernel's count of waiting requests, to tell a hang
+                // from an idle mount; the probe alone decides without it)
+                if !connection::ensure_fusectl() {
+                    info!(
+                        "watchdog: {} not available, the probe alone decides",
+                        connection::FUSECTL
+                    );
+                }
+                Some(
+                    watchdog::Probe::start(cfg.mountpoint.clone())
+                        .map_err(|e| (1, format!("watchdog: {e}")))?,
+                )
+            }
+            None => None,
+        };
+        Ok(Holder {
+            cfg,
+            launcher,
+            conn,
+            conn_no,
+            state,
+            config_fd,
+            _lock: lock,
+            signals,
+            backoff: Backoff::default(),
+            probe,
+            running: None,
+            restart_at: Some(Instant::now()),
+            restart_reason: None,
+            announced: false,
+            stopping: false,
+        })
+    }
+
+    /// Supervises until unmounted, stopped or given up; the exit status.
+    fn run(mut self) -> ExitCode {
+        loop {
+            if let Some(code) = self.step() {
+                return code;
+            }
+        }
+    }
+
+    /// One turn of the loop: starts a server when due, waits for a signal,
+    /// a READY or 100 ms, then looks at the server. Some(exit status) when
+    /// the holder is done.
+    fn step(&mut self) -> Option<ExitCode> {
+        if self.running.is_none() && !self.stopping {
+            if let Some(at) = self.restart_at {
+                if Instant::now() >= at {
+                    self.restart_at = None;
+                    if let Err(e) = self.spawn() {
+                        return Some(self.give_up(&format!("cannot start a server: {e}")));
+                    }
+                }
+            }
+        }
+        let ready = self.running.as_ref().map(|r| r.ready_rx.as_fd());
+        let mut fds: Vec<BorrowedFd<'_>> = vec![self.signals.fd()];
+        fds.extend(ready);
+        let woke = signals::wait_readable(&fds, Duration::from_millis(100));
+        if woke.get(1).copied().unwrap_or(false) {
+            self.read_ready();
+        }
+        for sig in self.signals.drain() {
+            if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) && !self.stopping {
+                info!(
+                    "signal {sig} received: unmounting {}",
+                    self.cfg.mountpoint.display()
+                );
+                return Some(self.stop());
+            }
+        }
+        if let Some(code) = self.reap() {
+            return Some(code);
+        }
+        self.watch();
+        None
+    }
+
+    /// Starts a server over the connection and the shared state.
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let (ready_rx, ready_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let fuse: Vec<RawFd> = self
+            .conn
+            .server_fds(self.cfg.fuse_threads)?
+            .iter()
+            .map(|f| f.as_raw_fd())
+            .collect();
+        let pass: Vec<RawFd> = [
+            self.state.fd().as_raw_fd(),
+            self.config_fd.as_raw_fd(),
+            ready_tx.as_raw_fd(),
+        ]
+        .into_iter()
+        .chain(fuse.iter().copied())
+        .collect();
+        let env = format!(
+            "state={};config={};ready={};fuse={}",
+            pass[0],
+            pass[1],
+            pass[2],
+            fuse.iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let mut cmd = self.launcher.command();
+        cmd.env(SERVE_FDS, env)
+            // Only the holder speaks to systemd.
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let holder = std::process::id() as libc::pid_t;
+        // SAFETY: between fork and exec, only async-signal-safe calls: the
+        // descriptors to pass lose FD_CLOEXEC; the server gets a process
+        // group of its own (a Ctrl-C in the holder's terminal is the
+        // holder's to handle: it unmounts, and the server then saves and
+        // exits); and it dies with the holder (the lock and the mount are
+        // the holder's: a server must not go on without them).
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &pass {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != holder {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(ready_tx);
+        let h = self.state.header();
+        h.server_pid.store(child.id(), Ordering::Relaxed);
+        h.server_started_mono_ns
+            .store(shm::monotonic_ns(), Ordering::Relaxed);
+        if let Some((reason, detail)) = self.restart_reason.take() {
+            h.restarts.fetch_add(1, Ordering::Relaxed);
+            h.last_restart_ms.store(unix_ms(), Ordering::Relaxed);
+            h.last_reason.store(reason, Ordering::Relaxed);
+            h.last_detail.store(detail, Ordering::Relaxed);
+        }
+        self.running = Some(Running {
+            child,
+            started: Instant::now(),
+            ready_rx,
+            ready_ns: 0,
+            requests_at_ready: 0,
+            killed_for: None,
+        });
+        Ok(())
+    }
+
+    /// Reads the server's READY line: the first one announces the mount.
+    fn read_ready(&mut self) {
+        let Some(r) = self.running.as_mut() else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        let n = rustix::io::read(&r.ready_rx, &mut buf).unwrap_or(0);
+        let line = String::from_utf8_lossy(&buf[..n]);
+        let Some(summary) = line.lines().find_map(|l| l.strip_prefix("READY ")) else {
+            return;
+        };
+        if r.ready_ns != 0 {
+            return;
+        }
+        r.ready_ns = shm::monotonic_ns();
+        r.requests_at_ready = self.state.header().answered.load(Ordering::Relaxed);
+        let pid = r.child.id();
+        let took = r.started.elapsed();
+        if self.announced {
+            let restarts = self.state.header().restarts.load(Ordering::Relaxed);
+            info!(
+                "server {pid} serves {} ({restarts} restarts; it started in {} ms)",
+                self.cfg.mountpoint.display(),
+                took.as_millis()
+            );
+        } else {
+            self.announced = true;
+            info!("server {pid}: {summary}");
+            crate::mount::announce_ready(summary);
+        }
+        if let Some(p) = &self.probe {
+            p.set_on(true);
+        }
+    }
+
+    /// Looks at the server: if it died, decides what comes next.
+    fn reap(&mut self) -> Option<ExitCode> {
+        let r = self.running.as_mut()?;
+        let status = match r.child.try_wait() {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(e) => return Some(self.give_up(&format!("cannot wait for the server: {e}"))),
+        };
+        let r = self.running.take()?;
+        if let Some(p) = &self.probe {
+            p.set_on(false);
+        }
+        let pid = r.child.id();
+        self.state.header().server_pid.store(0, Ordering::Relaxed);
+        if self.stopping {
+            return None;
+        }
+        if !self.still_mounted() {
+            info!(
+                "{} was unmounted; server {pid} exited ({status})",
+                self.cfg.mountpoint.display()
+            );
+            return Some(ExitCode::SUCCESS);
+        }
+        let (reason, detail, what) = match (r.killed_for, status.signal(), status.code()) {
+            (Some(why), _, _) => (
+                why,
+                libc::SIGKILL,
+                format!("killed by the {}", shm::reason_name(why)),
+            ),
+            (None, Some(sig), _) => (
+                shm::REASON_SIGNAL,
+                sig,
+                format!("killed by signal {sig}{}", core_note(&status)),
+            ),
+            (None, None, Some(code)) => {
+                (shm::REASON_EXIT, code, format!("exited with status {code}"))
+            }
+            (None, None, None) => (shm::REASON_EXIT, -1, "ended".to_string()),
+        };
+        if !self.announced && status.code() == Some(2) {
+            // A configuration error the server found (its message is on
+            // stderr): starting it again will not help.
+            return Some(self.finish(2, "the server could not start (see above)"));
+        }
+        let lived = r.started.elapsed();
+        let served = (r.ready_ns != 0)
+            .then(|| Duration::from_nanos(shm::monotonic_ns().saturating_sub(r.ready_ns)));
+        let requests = self
+            .state
+            .header()
+            .answered
+            .load(Ordering::Relaxed)
+            .saturating_sub(r.requests_at_ready);
+        match self.backoff.after_exit(served, requests) {
+            Next::Restart(wait) => {
+                warn!(
+                    "server {pid} {what} after {:.1} s; starting another{}",
+                    lived.as_secs_f64(),
+                    if wait.is_zero() {
+                        String::new()
+                    } else {
+                        format!(" in {} ms", wait.as_millis())
+                    }
+                );
+                self.restart_at = Some(Instant::now() + wait);
+                self.restart_reason = Some((reason, detail));
+                None
+            }
+            Next::GiveUp => Some(self.give_up(&format!(
+                "server {pid} {what}: {} servers in a row died before they served (each before it was ready, or within {} s of it with fewer than {} requests taken)",
+                self.backoff.quick_failures(),
+                policy::STABLE.as_secs(),
+                policy::PROGRESS
+            ))),
+        }
+    }
+
+    /// Whether the mount this holder made is still there.
+    fn still_mounted(&self) -> bool {
+        match self.conn_no {
+            Some(n) => connection::connection_number(&self.cfg.mountpoint) == Some(n),
+            None => crate::sys::is_mountpoint(&self.cfg.mountpoint),
+        }
+    }
+
+    /// The watchdog: a server that leaves the probe (and other requests)
+    /// waiting longer than `--watchdog` is killed; its death is reaped as
+    /// any other.
+    fn watch(&mut self) {
+        let (Some(deadline), Some(probe)) = (self.cfg.watchdog, self.probe.as_ref()) else {
+            return;
+        };
+        let Some(r) = self.running.as_mut() else {
+            return;
+        };
+        if r.ready_ns == 0 || r.killed_for.is_some() {
+            return;
+        }
+        let waited = probe.waited(r.ready_ns);
+        let waiting = self.conn_no.and_then(connection::waiting);
+        if policy::hung(waited, deadline, waiting) {
+            warn!(
+                "watchdog: server {} left requests unanswered for {:.1} s ({} waiting): killing it",
+                r.child.id(),
+                waited.unwrap_or_default().as_secs_f64(),
+                waiting.map_or("?".to_string(), |w| w.to_string())
+            );
+            let _ = r.child.kill();
+            r.killed_for = Some(shm::REASON_WATCHDOG);
+        }
+    }
+
+    /// SIGTERM/SIGINT: unmounts; the server sees the session end, saves
+    /// and exits (it is told to, then killed, if it does not).
+    fn stop(&mut self) -> ExitCode {
+        self.stopping = true;
+        crate::sys::sd_notify("STOPPING=1");
+        if let Err(e) = self.conn.unmount() {
+            warn!("unmount of {} failed: {e}", self.cfg.mountpoint.display());
+        }
+        self.end_server(Duration::from_secs(10));
+        info!("unmounted {}", self.cfg.mountpoint.display());
+        ExitCode::SUCCESS
+    }
+
+    /// Waits for the server to exit (at most `grace`), then tells it to
+    /// (SIGTERM), then kills it.
+    fn end_server(&mut self, grace: Duration) {
+        let Some(mut r) = self.running.take() else {
+            return;
+        };
+        let t0 = Instant::now();
+        let mut termed = false;
+        loop {
+            if let Ok(Some(_)) = r.child.try_wait() {
+                return;
+            }
+            if !termed && t0.elapsed() > grace {
+                termed = true;
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
+            }
+            if t0.elapsed() > grace * 3 {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Crash loop or a holder fault: unmounts, ends the connection (no
+    /// reader waits on a mount nobody serves), says why, exits 1.
+    fn give_up(&mut self, why: &str) -> ExitCode {
+        self.finish(
+            1,
+            &format!(
+                "{why}; giving up: {} unmounted",
+                self.cfg.mountpoint.display()
+            ),
+        )
+    }
+
+    fn finish(&mut self, code: u8, msg: &str) -> ExitCode {
+        self.stopping = true;
+        error!("{msg}");
+        eprintln!("locafs: {msg}");
+        let _ = self.conn.unmount();
+        if let Some(n) = self.conn_no {
+            let _ = std::fs::write(
+                Path::new(connection::FUSECTL)
+                    .join(n.to_string())
+                    .join("abort"),
+                b"1",
+            );
+        }
+        self.end_server(Duration::from_secs(2));
+        ExitCode::from(code)
+    }
+}
+
+/// " (core dumped)" if it did.
+fn core_note(s: &std::process::ExitStatus) -> &'static str {
+    if s.core_dumped() {
+        " (core dumped)"
+    } else {
+        ""
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A memfd holding `bytes`.
+fn memfd_with(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(bytes)?;
+    Ok(OwnedFd::from(f))
+}
+
+/// The descriptors a server was started with.
+struct ServeFds {
+    state: OwnedFd,
+    config: RawFd,
+    ready: OwnedFd,
+    fuse: Vec<OwnedFd>,
+}
+
+fn serve_fds() -> Option<ServeFds> {
+    let spec = std::env::var(SERVE_FDS).ok()?;
+    let (mut state, mut config, mut ready, mut fuse) = (None, None, None, Vec::new());
+    for part in spec.split(';') {
+        let (k, v) = part.split_once('=')?;
+        let nums: Vec<RawFd> = v
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().ok())
+            .collect::<Option<_>>()?;
+        match k {
+            "state" => state = nums.first().copied(),
+            "config" => config = nums.first().copied(),
+            "ready" => ready = nums.first().copied(),
+            "fuse" => fuse = nums,
+            _ => return None,
+        }
+    }
+    // SAFETY: the holder passed these descriptors to this process for it
+    // alone, each once, by these numbers.
+    unsafe {
+        Some(ServeFds {
+            state: OwnedFd::from_raw_fd(state?),
+            config: config?,
+            ready: OwnedFd::from_raw_fd(ready?),
+            fuse: fuse.into_iter().map(|f| OwnedFd::from_raw_fd(f)).collect(),
+        })
+    }
+}
+
+/// `locafs __serve`: a server, started by the process that holds a mount
+/// with the connection's descriptors, the shared state and the options
+/// (see [`hold`]). Serves until the session ends (the mount is gone) or
+/// SIGTERM, then saves and exits 0; a configuration error exits 2, any
+/// other failure 1.
+pub fn serve_main() -> ExitCode {
+    serve_with(crate::mount::open_source)
+}
+
+/// [`serve_main`] over the source `source` makes of the options (a test
+/// puts a source with a gate or a fault behind a server this way).
+pub fn serve_with(
+    source: impl FnOnce(&MountConfig) -> Result<Arc<dyn crate::source::Source>, (u8, String)>,
+) -> ExitCode {
+    let Some(fds) = serve_fds() else {
+        eprintln!("locafs: __serve is started by `locafs mount`, not by hand");
+        return ExitCode::from(2);
+    };
+    let state = match SharedState::open(fds.state) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("locafs: shared state: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // The options as the holder resolved them.
+    let args = MountRequest {
+        config: Some(format!("/proc/self/fd/{}", fds.config).into()),
+        ..MountRequest::default()
+    };
+    let cfg = match crate::config::resolve_live(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("locafs: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
+    let signals = match signals::Signals::catch(&[libc::SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("signals: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut server = match source(&cfg).and_then(|src| start_server(&cfg, src, &state, fds.fuse)) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            error!("{msg}");
+            eprintln!("locafs: {msg}");
+            return ExitCode::from(code);
+        }
+    };
+    // One write (a pipe keeps up to 4 KiB in one piece), read at once.
+    let mut ready = std::fs::File::from(fds.ready);
+    let mut line = format!("READY {}", server.summary);
+    line.truncate(4000);
+    line.push('\n');
+    let _ = ready.write_all(line.as_bytes());
+    drop(ready);
+    crate::mount::detach_output();
+    loop {
+        let woke = signals::wait_readable(&[signals.fd()], Duration::from_millis(200));
+        if woke[0] && signals.drain().contains(&libc::SIGTERM) {
+            info!("SIGTERM: this server stops (the mount stays with its holder)");
+            break;
+        }
+        if server.finished() {
+            break;
+        }
+    }
+    server.stop();
+    ExitCode::SUCCESS
+}
+
+/// Builds a server in `state` and serves the connection read through
+/// `fuse`.
+fn start_server(
+    cfg: &MountConfig,
+    source: Arc<dyn crate::source::Source>,
+    state: &Arc<SharedState>,
+    fuse: Vec<OwnedFd>,
+) -> Result<crate::mount::Server, (u8, String)> {
+    let mut server = crate::mount::Server::build(cfg, source, state)?;
+    let h = state.header();
+    let settled = Settled {
+        granted: h.init_flags.load(Ordering::Acquire),
+        minor: h.proto_minor.load(Ordering::Acquire),
+    };
+    server.serve(fuse, settled)?;
+    Ok(server)
+}
