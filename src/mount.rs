@@ -39,6 +39,21 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 /// [`daemonize`]).
 pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     clear_dead_mount(&args);
+    if live_locafs_mount(&args) {
+        // A live locafs mount there: take it over (new binary or options).
+        let cfg = match crate::config::resolve_live(&args) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("locafs: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        if daemon {
+            return daemonize();
+        }
+        crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
+        return crate::supervisor::take_over(&args, cfg);
+    }
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -51,6 +66,24 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
     crate::supervisor::hold(&args, cfg)
+}
+
+/// Whether the mountpoint the request names has a locafs mount on it
+/// (from /proc/self/mountinfo: the mount itself is not asked).
+fn live_locafs_mount(args: &MountRequest) -> bool {
+    let mp = match (&args.mountpoint, &args.config) {
+        (Some(m), _) => m.clone(),
+        (None, Some(c)) => match crate::config::read_config(c) {
+            Ok(crate::config::ConfigFile {
+                mountpoint: Some(m),
+                ..
+            }) => m,
+            _ => return false,
+        },
+        _ => return false,
+    };
+    crate::config::live_path(&mp)
+        .is_some_and(|abs| crate::sys::mount_fstype(&abs).as_deref() == Some("fuse.locafs"))
 }
 
 /// If the mountpoint is a dead locafs mount (its daemon died: every access

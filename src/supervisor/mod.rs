@@ -20,6 +20,7 @@
 pub mod connection;
 pub mod policy;
 pub mod signals;
+pub mod takeover;
 pub mod watchdog;
 
 use std::io::Write;
@@ -83,6 +84,64 @@ pub fn hold_with(args: &MountRequest, cfg: MountConfig, launcher: Box<dyn Launch
     }
 }
 
+/// Takes over the live mount of `cfg`'s mountpoint from its holder (see
+/// [`takeover`]) and holds it from now on, with `cfg`'s options: exit 2,
+/// the mount untouched, if an option that cannot change on a live mount
+/// differs or no holder answers.
+pub fn take_over(args: &MountRequest, cfg: MountConfig) -> ExitCode {
+    take_over_with(args, cfg, Box::new(ThisBinary))
+}
+
+/// [`take_over`] with servers started by `launcher`.
+pub fn take_over_with(
+    args: &MountRequest,
+    cfg: MountConfig,
+    launcher: Box<dyn Launcher>,
+) -> ExitCode {
+    let sock = takeover::socket_path(&cfg.dataset_dir);
+    let fail = |code: u8, msg: String| {
+        // (exit 2 is a usage error: one line on stderr, as before a mount)
+        if code != 2 || crate::logging::logs_to_file() {
+            error!("{msg}");
+        }
+        eprintln!("locafs: {msg}");
+        ExitCode::from(code)
+    };
+    let taken = match takeover::take(&sock, &cfg) {
+        Ok(t) => t,
+        Err(takeover::NotTaken::NoHolder(why)) => {
+            return fail(
+                2,
+                format!(
+                    "mountpoint {}: a locafs mount is live there, and no holder answers a takeover ({why}); unmount it first",
+                    cfg.mountpoint.display()
+                ),
+            )
+        }
+        Err(takeover::NotTaken::Refused(why)) => {
+            return fail(
+                2,
+                format!(
+                    "mountpoint {}: cannot take over the live mount: {why}; nothing changed (unmount it to change these)",
+                    cfg.mountpoint.display()
+                ),
+            )
+        }
+        Err(takeover::NotTaken::Failed(why)) => return fail(1, why),
+    };
+    info!(
+        "taking over {} from holder {} (locafs {}): its server {} stopped",
+        cfg.mountpoint.display(),
+        taken.offer.pid,
+        taken.offer.version,
+        taken.handover.server_pid
+    );
+    match Holder::adopt(args, cfg, launcher, taken) {
+        Ok(h) => h.run(),
+        Err((code, msg)) => fail(code, msg),
+    }
+}
+
 /// A server process and what the holder knows of it.
 struct Running {
     child: Child,
@@ -107,8 +166,13 @@ struct Holder {
     state: Arc<SharedState>,
     /// The options every server runs with (a TOML file in a memfd).
     config_fd: OwnedFd,
-    _lock: crate::lock::DatasetLock,
+    lock: crate::lock::DatasetLock,
     signals: signals::Signals,
+    /// Where a new `locafs mount` asks to take the mount over.
+    listener: Option<takeover::Listener>,
+    /// The holder this one took the mount from, waiting for READY (it
+    /// serves again if this one goes away before).
+    handover: Option<std::os::unix::net::UnixStream>,
     backoff: Backoff,
     probe: Option<watchdog::Probe>,
     running: Option<Running>,
@@ -144,6 +208,51 @@ impl Holder {
             )
         })?;
         crate::mount::record_init(&state, conn.settled);
+        let listener = takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
+            .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
+            .ok();
+        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        h.listener = listener;
+        Ok(h)
+    }
+
+    /// The holder of a mount taken over from another (`taken`).
+    fn adopt(
+        args: &MountRequest,
+        cfg: MountConfig,
+        launcher: Box<dyn Launcher>,
+        taken: takeover::Taken,
+    ) -> Result<Holder, (u8, String)> {
+        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
+        let config_fd = memfd_with("locafs-options", toml.as_bytes())
+            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let state = SharedState::open(taken.state)
+            .map_err(|e| (2, format!("the mount's shared state: {e}")))?;
+        let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(taken.lock));
+        let signals =
+            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
+                .map_err(|e| (1, format!("signals: {e}")))?;
+        let settled = Settled {
+            granted: taken.offer.granted,
+            minor: taken.offer.minor,
+        };
+        let conn = Connection::adopt(taken.fuse, settled, cfg.mountpoint.clone());
+        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        h.restart_reason = Some((shm::REASON_TAKEOVER, taken.offer.pid as i32));
+        h.handover = Some(taken.stream);
+        Ok(h)
+    }
+
+    /// The holder of `conn`, before its first server.
+    fn with(
+        cfg: MountConfig,
+        launcher: Box<dyn Launcher>,
+        conn: Connection,
+        state: Arc<SharedState>,
+        config_fd: OwnedFd,
+        lock: crate::lock::DatasetLock,
+        signals: signals::Signals,
+    ) -> Result<Holder, (u8, String)> {
         let h = state.header();
         h.supervisor_pid
             .store(std::process::id(), Ordering::Relaxed);
@@ -184,8 +293,10 @@ impl Holder {
             conn_no,
             state,
             config_fd,
-            _lock: lock,
+            lock,
             signals,
+            listener: None,
+            handover: None,
             backoff: Backoff::default(),
             probe,
             running: None,
@@ -219,12 +330,28 @@ impl Holder {
                 }
             }
         }
-        let ready = self.running.as_ref().map(|r| r.ready_rx.as_fd());
         let mut fds: Vec<BorrowedFd<'_>> = vec![self.signals.fd()];
-        fds.extend(ready);
+        let at_listener = self.listener.as_ref().map(|l| {
+            fds.push(l.fd());
+            fds.len() - 1
+        });
+        let at_ready = self.running.as_ref().map(|r| {
+            fds.push(r.ready_rx.as_fd());
+            fds.len() - 1
+        });
         let woke = signals::wait_readable(&fds, Duration::from_millis(100));
-        if woke.get(1).copied().unwrap_or(false) {
+        let woke_at = |i: Option<usize>| i.and_then(|i| woke.get(i).copied()).unwrap_or(false);
+        let (take, ready) = (woke_at(at_listener), woke_at(at_ready));
+        if ready {
             self.read_ready();
+        }
+        if take {
+            let stream = self.listener.as_ref().and_then(|l| l.accept());
+            if let Some(s) = stream {
+                if let Some(code) = self.offer_takeover(s) {
+                    return Some(code);
+                }
+            }
         }
         for sig in self.signals.drain() {
             if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) && !self.stopping {
@@ -245,12 +372,26 @@ impl Holder {
     /// Starts a server over the connection and the shared state.
     fn spawn(&mut self) -> std::io::Result<()> {
         let (ready_rx, ready_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-        let fuse: Vec<RawFd> = self
-            .conn
-            .server_fds(self.cfg.fuse_threads)?
-            .iter()
-            .map(|f| f.as_raw_fd())
-            .collect();
+        // A kernel that can resend: the server reads from descriptors the
+        // holder keeps (its death aborts nothing). One that cannot: from
+        // clones of its own, so that what it held when it died ends with
+        // ECONNABORTED as its descriptors close, rather than wait forever.
+        let own: Vec<OwnedFd> = if self.conn.can_resend() {
+            Vec::new()
+        } else {
+            (0..self.cfg.fuse_threads.max(1))
+                .map(|_| connection::clone_fd(self.conn.fds()[0].as_fd()))
+                .collect::<std::io::Result<_>>()?
+        };
+        let fuse: Vec<RawFd> = if own.is_empty() {
+            self.conn
+                .server_fds(self.cfg.fuse_threads)?
+                .iter()
+                .map(|f| f.as_raw_fd())
+                .collect()
+        } else {
+            own.iter().map(|f| f.as_raw_fd()).collect()
+        };
         let pass: Vec<RawFd> = [
             self.state.fd().as_raw_fd(),
             self.config_fd.as_raw_fd(),
@@ -299,6 +440,7 @@ impl Holder {
         }
         let child = cmd.spawn()?;
         drop(ready_tx);
+        drop(own);
         let h = self.state.header();
         h.server_pid.store(child.id(), Ordering::Relaxed);
         h.server_started_mono_ns
@@ -338,7 +480,20 @@ impl Holder {
         r.requests_at_ready = self.state.header().answered.load(Ordering::Relaxed);
         let pid = r.child.id();
         let took = r.started.elapsed();
-        if self.announced {
+        if let Some(mut old) = self.handover.take() {
+            // The holder this one took over from may go now.
+            let _ = old.write_all(b"READY\n");
+            info!(
+                "server {pid} serves {} (taken over; it started in {} ms)",
+                self.cfg.mountpoint.display(),
+                took.as_millis()
+            );
+            self.announced = true;
+            crate::mount::announce_ready(summary);
+            self.listener = takeover::Listener::bind(&takeover::socket_path(&self.cfg.dataset_dir))
+                .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
+                .ok();
+        } else if self.announced {
             let restarts = self.state.header().restarts.load(Ordering::Relaxed);
             info!(
                 "server {pid} serves {} ({restarts} restarts; it started in {} ms)",
@@ -521,6 +676,15 @@ impl Holder {
 
     fn finish(&mut self, code: u8, msg: &str) -> ExitCode {
         self.stopping = true;
+        if self.handover.is_some() {
+            // A takeover that did not get as far as a serving server: the
+            // holder it came from serves again (it sees this one go).
+            let msg = format!("{msg}; the takeover did not happen: the previous holder serves on");
+            error!("{msg}");
+            eprintln!("locafs: {msg}");
+            self.end_server(Duration::from_secs(2));
+            return ExitCode::from(code);
+        }
         error!("{msg}");
         eprintln!("locafs: {msg}");
         let _ = self.conn.unmount();
@@ -534,6 +698,89 @@ impl Holder {
         }
         self.end_server(Duration::from_secs(2));
         ExitCode::from(code)
+    }
+}
+
+impl Holder {
+    /// A new `locafs mount` asks to take the mount over: offer it; if it
+    /// takes it, stop the server, hand over the descriptors and wait for
+    /// its READY, then exit without unmounting (Some(exit status)). If it
+    /// refuses, or goes away before READY, serve on (None).
+    fn offer_takeover(&mut self, stream: std::os::unix::net::UnixStream) -> Option<ExitCode> {
+        let settled = self.conn.settled;
+        let offer = takeover::Offer::of(&self.cfg, settled.granted, settled.minor);
+        let line = serde_json::to_string(&offer).ok()? + "\n";
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+        if (&stream).write_all(line.as_bytes()).is_err() {
+            return None;
+        }
+        let reply = takeover::read_line(&mut &stream).unwrap_or_default();
+        if let Some(why) = reply.strip_prefix("REFUSE ") {
+            info!(
+                "a takeover of {} was refused: {why}",
+                self.cfg.mountpoint.display()
+            );
+            return None;
+        }
+        if reply != "TAKE" {
+            return None;
+        }
+        info!(
+            "handing {} over to a new holder",
+            self.cfg.mountpoint.display()
+        );
+        // Our server stops first: two servers never share the state. What
+        // it held the kernel sends again to the next.
+        if let Some(p) = &self.probe {
+            p.set_on(false);
+        }
+        let mut server_pid = 0;
+        if let Some(mut r) = self.running.take() {
+            server_pid = r.child.id();
+            let _ = r.child.kill();
+            let _ = r.child.wait();
+        }
+        self.state.header().server_pid.store(0, Ordering::Relaxed);
+        let handover = takeover::Handover {
+            fuse: self.conn.fds().len(),
+            server_pid,
+        };
+        let text = serde_json::to_vec(&handover).ok()?;
+        let mut fds: Vec<BorrowedFd<'_>> = vec![self.state.fd(), self.lock.fd()];
+        fds.extend(self.conn.fds().iter().map(|f| f.as_fd()));
+        let sent = takeover::send_fds(&stream, &text, &fds);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(600)));
+        let ready = sent.and_then(|()| takeover::read_line(&mut &stream));
+        match ready {
+            Ok(l) if l == "READY" => {
+                info!(
+                    "{} handed over: the new holder serves it; this one exits without unmounting",
+                    self.cfg.mountpoint.display()
+                );
+                // The new holder's socket is at the same path now.
+                if let Some(l) = self.listener.take() {
+                    std::mem::forget(l);
+                }
+                self.stopping = true;
+                Some(ExitCode::SUCCESS)
+            }
+            other => {
+                warn!(
+                    "the takeover of {} did not finish ({}): serving it again",
+                    self.cfg.mountpoint.display(),
+                    other
+                        .err()
+                        .map_or("no READY".to_string(), |e| e.to_string())
+                );
+                self.restart_at = Some(Instant::now());
+                self.restart_reason = Some((shm::REASON_TAKEOVER, 0));
+                let path = takeover::socket_path(&self.cfg.dataset_dir);
+                if !path.exists() {
+                    self.listener = takeover::Listener::bind(&path).ok();
+                }
+                None
+            }
+        }
     }
 }
 
