@@ -38,6 +38,25 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 /// `locafs mount` (`daemon`: return once the mount is live, see
 /// [`daemonize`]).
 pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
+    // A unit restarted by systemd: the holder before left the mount in
+    // systemd's descriptor store (before anything looks at the
+    // mountpoint: nobody serves it until this holder starts a server).
+    if let Some(stored) = crate::supervisor::systemd::take_stored() {
+        if live_locafs_mount(&args) {
+            let cfg = match crate::config::resolve_live(&args) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("locafs: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
+            return crate::supervisor::hold_stored(&args, cfg, stored);
+        }
+        // (a mount gone since: its descriptors close here)
+        drop(stored);
+        crate::supervisor::systemd::forget_stored();
+    }
     clear_dead_mount(&args);
     if live_locafs_mount(&args) {
         // A live locafs mount there: take it over (new binary or options).

@@ -20,6 +20,7 @@
 pub mod connection;
 pub mod policy;
 pub mod signals;
+pub mod systemd;
 pub mod takeover;
 pub mod watchdog;
 
@@ -142,6 +143,20 @@ pub fn take_over_with(
     }
 }
 
+/// Holds the live mount of `cfg` whose descriptors systemd's store gave
+/// back (`stored`: the holder before this one stored them; see
+/// [`systemd`]).
+pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Stored) -> ExitCode {
+    match Holder::from_store(args, cfg, Box::new(ThisBinary), stored) {
+        Ok(h) => h.run(),
+        Err((code, msg)) => {
+            error!("{msg}");
+            eprintln!("locafs: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
 /// A server process and what the holder knows of it.
 struct Running {
     child: Child,
@@ -173,6 +188,8 @@ struct Holder {
     /// The holder this one took the mount from, waiting for READY (it
     /// serves again if this one goes away before).
     handover: Option<std::os::unix::net::UnixStream>,
+    /// Whether the descriptors are in systemd's store.
+    in_fd_store: bool,
     backoff: Backoff,
     probe: Option<watchdog::Probe>,
     running: Option<Running>,
@@ -243,6 +260,47 @@ impl Holder {
         Ok(h)
     }
 
+    /// The holder of a mount whose descriptors systemd's store gave back.
+    fn from_store(
+        args: &MountRequest,
+        cfg: MountConfig,
+        launcher: Box<dyn Launcher>,
+        stored: systemd::Stored,
+    ) -> Result<Holder, (u8, String)> {
+        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
+        let config_fd = memfd_with("locafs-options", toml.as_bytes())
+            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let state = SharedState::open(stored.state)
+            .map_err(|e| (2, format!("the mount's shared state: {e}")))?;
+        let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(stored.lock));
+        let signals =
+            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
+                .map_err(|e| (1, format!("signals: {e}")))?;
+        let h = state.header();
+        let settled = Settled {
+            granted: h.init_flags.load(Ordering::Acquire),
+            minor: h.proto_minor.load(Ordering::Acquire),
+        };
+        // The server of the holder before, if it has not died yet (it dies
+        // with its holder): two servers never share the state.
+        let old = h.server_pid.load(Ordering::Relaxed);
+        let previous = h.supervisor_pid.load(Ordering::Relaxed);
+        if old != 0 {
+            end_process(old);
+        }
+        let conn = Connection::adopt(stored.fuse, settled, cfg.mountpoint.clone());
+        info!(
+            "{}: serving on the mount that systemd kept (holder {previous} before)",
+            cfg.mountpoint.display()
+        );
+        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        h.restart_reason = Some((shm::REASON_TAKEOVER, previous as i32));
+        h.listener = takeover::Listener::bind(&takeover::socket_path(&h.cfg.dataset_dir))
+            .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
+            .ok();
+        Ok(h)
+    }
+
     /// The holder of `conn`, before its first server.
     fn with(
         cfg: MountConfig,
@@ -297,6 +355,7 @@ impl Holder {
             signals,
             listener: None,
             handover: None,
+            in_fd_store: false,
             backoff: Backoff::default(),
             probe,
             running: None,
@@ -459,7 +518,27 @@ impl Holder {
             requests_at_ready: 0,
             killed_for: None,
         });
+        if systemd::under_systemd() && !self.in_fd_store {
+            self.store_in_systemd();
+        }
         Ok(())
+    }
+
+    /// Keeps the state, the lock and every descriptor of the connection in
+    /// systemd's store (the unit's FileDescriptorStoreMax=), so that the
+    /// holder systemd starts next (a restart, a crash of this one) serves
+    /// the mount on.
+    fn store_in_systemd(&mut self) {
+        let fuse: Vec<BorrowedFd<'_>> = self.conn.fds().iter().map(|f| f.as_fd()).collect();
+        let r = systemd::store(systemd::STATE, &[self.state.fd()])
+            .and_then(|()| systemd::store(systemd::LOCK, &[self.lock.fd()]))
+            .and_then(|()| systemd::store(systemd::FUSE, &fuse));
+        match r {
+            Ok(()) => self.in_fd_store = true,
+            Err(e) => {
+                warn!("systemd's file descriptor store: {e} (a restart of the unit will remount)")
+            }
+        }
     }
 
     /// Reads the server's READY line: the first one announces the mount.
@@ -628,6 +707,23 @@ impl Holder {
     fn stop(&mut self) -> ExitCode {
         self.stopping = true;
         crate::sys::sd_notify("STOPPING=1");
+        if self.in_fd_store && systemd::restart_queued() {
+            // `systemctl restart`: the next holder gets the mount from
+            // systemd's store; this one only stops its server (what it held
+            // the kernel sends again to the next).
+            if let Some(mut r) = self.running.take() {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+            }
+            info!(
+                "a restart of this unit is queued: {} stays mounted for the next holder (systemd keeps its descriptors)",
+                self.cfg.mountpoint.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        if self.in_fd_store {
+            systemd::forget_stored();
+        }
         if let Err(e) = self.conn.unmount() {
             warn!("unmount of {} failed: {e}", self.cfg.mountpoint.display());
         }
@@ -687,6 +783,9 @@ impl Holder {
         }
         error!("{msg}");
         eprintln!("locafs: {msg}");
+        if self.in_fd_store {
+            systemd::forget_stored();
+        }
         let _ = self.conn.unmount();
         if let Some(n) = self.conn_no {
             let _ = std::fs::write(
@@ -781,6 +880,25 @@ impl Holder {
                 None
             }
         }
+    }
+}
+
+/// SIGKILLs process `pid` if it is there and waits (at most 5 s) until it
+/// is gone.
+fn end_process(pid: u32) {
+    let alive = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| !s.contains(") Z ") && !s.contains(") X "))
+            .unwrap_or(false)
+    };
+    if !alive(pid) {
+        return;
+    }
+    // SAFETY: a signal to a pid; at worst a process that is gone.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let t0 = Instant::now();
+    while alive(pid) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
