@@ -6,6 +6,7 @@ pub mod cache;
 pub mod cli;
 pub mod concurrency;
 pub mod config;
+pub mod connection;
 pub mod control;
 pub mod epoch;
 pub mod fs;

@@ -243,7 +243,7 @@ pub struct Mount {
     /// One line on what was mounted and the cache it uses.
     pub summary: String,
     server: Server,
-    conn: Option<crate::supervisor::connection::Connection>,
+    conn: Option<crate::connection::Connection>,
     _lock: crate::lock::DatasetLock,
 }
 
@@ -359,7 +359,7 @@ impl Mount {
         let state =
             SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
         let mut server = Server::build(cfg, source, &state)?;
-        let mut conn = crate::supervisor::connection::Connection::mount(cfg).map_err(|e| {
+        let mut conn = crate::connection::Connection::mount(cfg).map_err(|e| {
             (
                 1,
                 format!("mount on {} failed: {e}", cfg.mountpoint.display()),
@@ -471,7 +471,7 @@ pub fn dup_fds(fds: &[std::os::fd::BorrowedFd<'_>]) -> std::io::Result<Vec<std::
 }
 
 /// Keeps what INIT settled in the shared state, for every server.
-pub fn record_init(state: &SharedState, settled: crate::supervisor::connection::Settled) {
+pub fn record_init(state: &SharedState, settled: crate::connection::Settled) {
     let h = state.header();
     h.init_flags.store(settled.granted, Ordering::Release);
     h.proto_minor.store(settled.minor, Ordering::Release);
@@ -754,7 +754,7 @@ impl Server {
     pub fn serve(
         &mut self,
         fds: Vec<std::os::fd::OwnedFd>,
-        settled: crate::supervisor::connection::Settled,
+        settled: crate::connection::Settled,
     ) -> Result<(), (u8, String)> {
         let Some(p) = self.parts.take() else {
             return Err((1, "already serving".into()));
@@ -798,8 +798,8 @@ impl Server {
         .and_then(|s| s.spawn())
         .map_err(|e| (1, format!("FUSE session: {e}")))?;
         self.session = Some(session);
-        if settled.minor >= crate::supervisor::connection::RESEND_MINOR {
-            if let Err(e) = crate::supervisor::connection::notify_resend(resend.as_fd()) {
+        if settled.minor >= crate::connection::RESEND_MINOR {
+            if let Err(e) = crate::connection::notify_resend(resend.as_fd()) {
                 warn!("the kernel did not take FUSE_NOTIFY_RESEND: {e}");
             }
         }

@@ -2,14 +2,17 @@
 //! foreground, as the `--daemon` child, as systemd's main process or a
 //! container's entrypoint) becomes the **holder**: it resolves the
 //! options, takes the data set's lock, makes the shared state
-//! (`shm::SharedState`), mounts and answers INIT ([`connection`]), and
+//! (`shm::SharedState`), mounts and answers INIT (`connection`), and
 //! then only watches: it runs the **server** (this same binary, the
-//! hidden `__serve` subcommand, [`serve_main`]) as a child that inherits
+//! hidden `__serve` subcommand, [`serve::serve_main`]) as a child that inherits
 //! the connection's descriptors and the state, and starts another when it
 //! dies for any reason (signal, panic, OOM kill, exit), at once the first
 //! time and with a growing wait after quick failures ([`policy`]); after
 //! too many in a row it unmounts, says why and exits non-zero. Its
-//! watchdog ([`watchdog`]) replaces a server that stops answering.
+//! watchdog ([`watchdog`]) replaces a server that stops answering. A newer
+//! `locafs mount` over the live mount takes it over ([`takeover`]), and
+//! under systemd the mount outlives the holder too ([`systemd`]). The
+//! server's side is [`serve`].
 //!
 //! The holder does no I/O on the data path: it never reads a request, a
 //! cached block or the source (an object store is asked once, before the
@@ -17,15 +20,15 @@
 //! the open handles, the backing ids, what INIT settled) is in the shared
 //! state, which the holder keeps; the rest a server rebuilds.
 
-pub mod connection;
 pub mod policy;
+pub mod serve;
 pub mod signals;
 pub mod systemd;
 pub mod takeover;
 pub mod watchdog;
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -36,14 +39,16 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use crate::config::{MountConfig, MountRequest};
+use crate::connection::{self, Connection, Settled};
 use crate::logging::short_io;
 use crate::shm::{self, SharedState};
-use connection::{Connection, Settled};
 use policy::{Backoff, Next};
 
 /// The environment variable that tells a server where its descriptors
 /// are: `state=N;config=N;ready=N;fuse=N,N,...`.
-const SERVE_FDS: &str = "LOCAFS_SERVE_FDS";
+pub(crate) const SERVE_FDS: &str = "LOCAFS_SERVE_FDS";
+
+pub use serve::{serve_main, serve_with};
 
 /// How the holder starts a server process: [`ThisBinary`] runs this
 /// binary's hidden `__serve`; tests start their own (a server over a
@@ -147,7 +152,26 @@ pub fn take_over_with(
 /// back (`stored`: the holder before this one stored them; see
 /// [`systemd`]).
 pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Stored) -> ExitCode {
-    match Holder::from_store(args, cfg, Box::new(ThisBinary), stored) {
+    let state = match SharedState::open(stored.state) {
+        Ok(s) => s,
+        Err(e) => return remount(args, cfg, stored.fuse, &format!("its state: {e}")),
+    };
+    if state.header().fixed_options.load(Ordering::Acquire) != takeover::fixed_options(&cfg) {
+        return remount(
+            args,
+            cfg,
+            stored.fuse,
+            "the options changed where they cannot change on a live mount (source, cache, block size, open mode, passthrough)",
+        );
+    }
+    match Holder::from_store(
+        args,
+        cfg,
+        Box::new(ThisBinary),
+        state,
+        stored.lock,
+        stored.fuse,
+    ) {
         Ok(h) => h.run(),
         Err((code, msg)) => {
             error!("{msg}");
@@ -155,6 +179,20 @@ pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Store
             ExitCode::from(code)
         }
     }
+}
+
+/// The mount systemd kept cannot be served with `cfg`: it is unmounted
+/// and the data set mounted again.
+fn remount(args: &MountRequest, cfg: MountConfig, fuse: Vec<OwnedFd>, why: &str) -> ExitCode {
+    warn!(
+        "{}: the mount systemd kept cannot be served ({why}): mounting it again",
+        cfg.mountpoint.display()
+    );
+    let mut old = Connection::adopt(fuse, Settled::default(), cfg.mountpoint.clone());
+    let _ = old.unmount();
+    drop(old);
+    systemd::forget_stored();
+    hold(args, cfg)
 }
 
 /// A server process and what the holder knows of it.
@@ -265,14 +303,14 @@ impl Holder {
         args: &MountRequest,
         cfg: MountConfig,
         launcher: Box<dyn Launcher>,
-        stored: systemd::Stored,
+        state: Arc<SharedState>,
+        lock: OwnedFd,
+        fuse: Vec<OwnedFd>,
     ) -> Result<Holder, (u8, String)> {
         let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
         let config_fd = memfd_with("locafs-options", toml.as_bytes())
             .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
-        let state = SharedState::open(stored.state)
-            .map_err(|e| (2, format!("the mount's shared state: {e}")))?;
-        let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(stored.lock));
+        let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(lock));
         let signals =
             signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
                 .map_err(|e| (1, format!("signals: {e}")))?;
@@ -288,7 +326,7 @@ impl Holder {
         if old != 0 {
             end_process(old);
         }
-        let conn = Connection::adopt(stored.fuse, settled, cfg.mountpoint.clone());
+        let conn = Connection::adopt(fuse, settled, cfg.mountpoint.clone());
         info!(
             "{}: serving on the mount that systemd kept (holder {previous} before)",
             cfg.mountpoint.display()
@@ -314,6 +352,8 @@ impl Holder {
         let h = state.header();
         h.supervisor_pid
             .store(std::process::id(), Ordering::Relaxed);
+        h.fixed_options
+            .store(takeover::fixed_options(&cfg), Ordering::Release);
         let conn_no = conn.number();
         if conn.can_resend() {
             info!(
@@ -924,135 +964,4 @@ fn memfd_with(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
     let mut f = std::fs::File::from(fd);
     f.write_all(bytes)?;
     Ok(OwnedFd::from(f))
-}
-
-/// The descriptors a server was started with.
-struct ServeFds {
-    state: OwnedFd,
-    config: RawFd,
-    ready: OwnedFd,
-    fuse: Vec<OwnedFd>,
-}
-
-fn serve_fds() -> Option<ServeFds> {
-    let spec = std::env::var(SERVE_FDS).ok()?;
-    let (mut state, mut config, mut ready, mut fuse) = (None, None, None, Vec::new());
-    for part in spec.split(';') {
-        let (k, v) = part.split_once('=')?;
-        let nums: Vec<RawFd> = v
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().ok())
-            .collect::<Option<_>>()?;
-        match k {
-            "state" => state = nums.first().copied(),
-            "config" => config = nums.first().copied(),
-            "ready" => ready = nums.first().copied(),
-            "fuse" => fuse = nums,
-            _ => return None,
-        }
-    }
-    // SAFETY: the holder passed these descriptors to this process for it
-    // alone, each once, by these numbers.
-    unsafe {
-        Some(ServeFds {
-            state: OwnedFd::from_raw_fd(state?),
-            config: config?,
-            ready: OwnedFd::from_raw_fd(ready?),
-            fuse: fuse.into_iter().map(|f| OwnedFd::from_raw_fd(f)).collect(),
-        })
-    }
-}
-
-/// `locafs __serve`: a server, started by the process that holds a mount
-/// with the connection's descriptors, the shared state and the options
-/// (see [`hold`]). Serves until the session ends (the mount is gone) or
-/// SIGTERM, then saves and exits 0; a configuration error exits 2, any
-/// other failure 1.
-pub fn serve_main() -> ExitCode {
-    serve_with(crate::mount::open_source)
-}
-
-/// [`serve_main`] over the source `source` makes of the options (a test
-/// puts a source with a gate or a fault behind a server this way).
-pub fn serve_with(
-    source: impl FnOnce(&MountConfig) -> Result<Arc<dyn crate::source::Source>, (u8, String)>,
-) -> ExitCode {
-    let Some(fds) = serve_fds() else {
-        eprintln!("locafs: __serve is started by `locafs mount`, not by hand");
-        return ExitCode::from(2);
-    };
-    let state = match SharedState::open(fds.state) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("locafs: shared state: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    // The options as the holder resolved them.
-    let args = MountRequest {
-        config: Some(format!("/proc/self/fd/{}", fds.config).into()),
-        ..MountRequest::default()
-    };
-    let cfg = match crate::config::resolve_live(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("locafs: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
-    let signals = match signals::Signals::catch(&[libc::SIGTERM]) {
-        Ok(s) => s,
-        Err(e) => {
-            error!("signals: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let mut server = match source(&cfg).and_then(|src| start_server(&cfg, src, &state, fds.fuse)) {
-        Ok(s) => s,
-        Err((code, msg)) => {
-            error!("{msg}");
-            eprintln!("locafs: {msg}");
-            return ExitCode::from(code);
-        }
-    };
-    // One write (a pipe keeps up to 4 KiB in one piece), read at once.
-    let mut ready = std::fs::File::from(fds.ready);
-    let mut line = format!("READY {}", server.summary);
-    line.truncate(4000);
-    line.push('\n');
-    let _ = ready.write_all(line.as_bytes());
-    drop(ready);
-    crate::mount::detach_output();
-    loop {
-        let woke = signals::wait_readable(&[signals.fd()], Duration::from_millis(200));
-        if woke[0] && signals.drain().contains(&libc::SIGTERM) {
-            info!("SIGTERM: this server stops (the mount stays with its holder)");
-            break;
-        }
-        if server.finished() {
-            break;
-        }
-    }
-    server.stop();
-    ExitCode::SUCCESS
-}
-
-/// Builds a server in `state` and serves the connection read through
-/// `fuse`.
-fn start_server(
-    cfg: &MountConfig,
-    source: Arc<dyn crate::source::Source>,
-    state: &Arc<SharedState>,
-    fuse: Vec<OwnedFd>,
-) -> Result<crate::mount::Server, (u8, String)> {
-    let mut server = crate::mount::Server::build(cfg, source, state)?;
-    let h = state.header();
-    let settled = Settled {
-        granted: h.init_flags.load(Ordering::Acquire),
-        minor: h.proto_minor.load(Ordering::Acquire),
-    };
-    server.serve(fuse, settled)?;
-    Ok(server)
 }
