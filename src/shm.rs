@@ -154,6 +154,10 @@ pub struct Header {
     pub answered: AtomicU64,
     /// CLOCK_MONOTONIC ns when the current server was started.
     pub server_started_mono_ns: AtomicU64,
+    /// A hash of the options that cannot change on a live mount (the
+    /// holder's; a holder that gets the state back from systemd checks
+    /// its own against it).
+    pub fixed_options: AtomicU64,
 }
 
 /// `Header::init_flags`: passthrough was granted at INIT.

@@ -90,6 +90,23 @@ impl Offer {
     }
 }
 
+/// A hash of what [`refusal`] compares (a mount made with `cfg`): kept in
+/// the shared state, so that a holder systemd starts with the state of the
+/// one before can tell whether its options fit the live mount.
+pub fn fixed_options(cfg: &MountConfig) -> u64 {
+    let text = format!(
+        "{}\0{}\0{}\0{}\0{}\0{}",
+        crate::shm::LAYOUT,
+        cfg.source.display(),
+        cfg.dataset_dir.display(),
+        cfg.block_size,
+        mode_name(cfg.open_mode),
+        cfg.passthrough
+    );
+    let h = blake3::hash(text.as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
+}
+
 /// Why a mount offered as `offer` cannot be taken over with `cfg`: the
 /// options that cannot change on a live mount; None if it can.
 pub fn refusal(offer: &Offer, cfg: &MountConfig) -> Option<String> {
