@@ -95,11 +95,8 @@ mod tests {
         let mut b = Backoff::default();
         let quick = Duration::from_millis(50);
         let mut waits = Vec::new();
-        loop {
-            match b.after_exit(Some(quick), 3) {
-                Next::Restart(d) => waits.push(d),
-                Next::GiveUp => break,
-            }
+        while let Next::Restart(d) = b.after_exit(Some(quick), 3) {
+            waits.push(d);
             assert!(waits.len() <= MAX_QUICK_FAILURES as usize);
         }
         assert_eq!(waits.len(), MAX_QUICK_FAILURES as usize);
