@@ -6,7 +6,9 @@
 //! read. With no restart queued (`systemctl stop`) it unmounts and empties
 //! the store. This test plays systemd: the notify socket (receiving the
 //! descriptors), socket activation's environment for the next daemon,
-//! and `systemctl list-jobs` (a script first in PATH).
+//! `systemctl list-jobs` (a script first in PATH), and the unit's cgroup
+//! (a cgroup of its own in the unified hierarchy, named like a unit, that
+//! the daemons start in and that is removed at the end).
 
 mod common;
 
@@ -14,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -69,10 +72,52 @@ impl FdStore {
     }
 }
 
-/// Starts `locafs mount --config CONF` as systemd would: NOTIFY_SOCKET,
-/// PATH with the fake systemctl first, and the stored descriptors as
-/// LISTEN_FDS (at 3, 4, ...) with their names in LISTEN_FDNAMES.
-fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore) -> Child {
+/// Where cgroup v2 is mounted here (the unified hierarchy).
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 2 && f[2] == "cgroup2").then(|| f[1].into())
+    })
+}
+
+/// The unit's cgroup: a directory of the unified hierarchy named like a
+/// unit, removed when dropped (once its processes are gone).
+struct UnitCgroup {
+    dir: std::path::PathBuf,
+    procs: std::ffi::CString,
+}
+
+impl UnitCgroup {
+    fn create() -> Result<UnitCgroup, String> {
+        let root = cgroup2_root().ok_or("no cgroup2 hierarchy mounted")?;
+        let name = format!("locafs-test-{}@restart.service", std::process::id());
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let procs = std::ffi::CString::new(dir.join("cgroup.procs").into_os_string().into_vec())
+            .map_err(|e| e.to_string())?;
+        Ok(UnitCgroup { dir, procs })
+    }
+}
+
+impl Drop for UnitCgroup {
+    fn drop(&mut self) {
+        // (the daemons and their servers exit first; wait for the kernel
+        // to see them gone)
+        let _ = wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(self.dir.join("cgroup.procs"))
+                .is_ok_and(|t| t.trim().is_empty())
+        });
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Starts `locafs mount --config CONF` as systemd would: in the unit's
+/// cgroup, NOTIFY_SOCKET, PATH with the fake systemctl first, and the
+/// stored descriptors as LISTEN_FDS (at 3, 4, ...) with their names in
+/// LISTEN_FDNAMES.
+fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore, unit: &UnitCgroup) -> Child {
+    let procs = unit.procs.clone();
     let mut names = Vec::new();
     let mut raw = Vec::new();
     for (name, fds) in &store.fds {
@@ -103,10 +148,16 @@ fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore) -> Child 
         c.env("LISTEN_FDS", raw.len().to_string())
             .env("LISTEN_FDNAMES", names.join(":"));
     }
-    // SAFETY: between fork and exec: dup2 of descriptors we own to 3..,
-    // which the daemon inherits.
+    // SAFETY: between fork and exec: this process joins the unit's
+    // cgroup (open and write of a path made before the fork), then dup2
+    // of descriptors we own to 3.., which the daemon inherits.
     unsafe {
         c.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
             // (first out of the way of 3.., then into place)
             let high: Vec<i32> = raw
                 .iter()
@@ -126,6 +177,10 @@ fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore) -> Child 
 #[test]
 fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
     require_fuse!();
+    let unit = match UnitCgroup::create() {
+        Ok(u) => u,
+        Err(e) => skip!("a unit's cgroup cannot be made here: {e}"),
+    };
     let sc = Scratch::new();
     let files: Vec<(String, Vec<u8>)> = (0..20u64)
         .map(|i| {
@@ -174,7 +229,7 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
         .unwrap();
     let mut store = FdStore::default();
 
-    let mut first = start(&conf, &notify_path, &fake_bin, &store);
+    let mut first = start(&conf, &notify_path, &fake_bin, &store, &unit);
     assert_eq!(store.recv_until_other(&notify).as_deref(), Some("READY=1"));
     // The state, the lock and the FUSE descriptors (8: --fuse-threads).
     assert_eq!(store.fds["locafs-state"].len(), 1);
@@ -227,7 +282,7 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
         "unmounted on restart"
     );
     std::fs::remove_file(&flag).unwrap();
-    let mut second = start(&conf, &notify_path, &fake_bin, &store);
+    let mut second = start(&conf, &notify_path, &fake_bin, &store, &unit);
     assert_eq!(store.recv_until_other(&notify).as_deref(), Some("READY=1"));
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);

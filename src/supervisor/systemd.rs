@@ -18,7 +18,6 @@ use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixDatagram;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -130,21 +129,25 @@ pub fn take_stored() -> Option<Stored> {
     })
 }
 
-/// The unit this process runs in (the last part of its cgroup path).
+/// The unit this process runs in: the innermost `*.service` in its
+/// cgroup paths (the unified hierarchy's, else systemd's named one on a
+/// legacy layout).
 fn own_unit() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = text
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .or_else(|| {
-            text.lines()
-                .find_map(|l| l.split_once(":name=systemd:").map(|x| x.1))
-        })?;
-    let unit = PathBuf::from(path)
-        .file_name()?
-        .to_string_lossy()
-        .into_owned();
-    (!unit.is_empty()).then_some(unit)
+    unit_of_cgroups(&std::fs::read_to_string("/proc/self/cgroup").ok()?)
+}
+
+/// [`own_unit`] from the text of /proc/PID/cgroup.
+fn unit_of_cgroups(text: &str) -> Option<String> {
+    let paths = text.lines().filter_map(|l| l.strip_prefix("0::")).chain(
+        text.lines()
+            .filter_map(|l| l.split_once(":name=systemd:").map(|x| x.1)),
+    );
+    for path in paths {
+        if let Some(unit) = path.rsplit('/').find(|c| c.ends_with(".service")) {
+            return Some(unit.to_owned());
+        }
+    }
+    None
 }
 
 /// Whether systemd has a restart of this process's unit queued (it is
@@ -197,6 +200,26 @@ fn jobs_restart(list: &str, unit: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unit_is_the_innermost_service_of_the_cgroup_paths() {
+        let unified = "0::/system.slice/locafs@imagenet.service\n";
+        assert_eq!(
+            unit_of_cgroups(unified).as_deref(),
+            Some("locafs@imagenet.service")
+        );
+        let delegated = "0::/system.slice/locafs@x.service/holder\n";
+        assert_eq!(
+            unit_of_cgroups(delegated).as_deref(),
+            Some("locafs@x.service")
+        );
+        // Hybrid layout with the unified hierarchy unused, then legacy.
+        let hybrid = "9:name=systemd:/system.slice/locafs@y.service\n0::/\n";
+        assert_eq!(unit_of_cgroups(hybrid).as_deref(), Some("locafs@y.service"));
+        // Not in a unit (a shell, a container): nothing.
+        assert_eq!(unit_of_cgroups("9:name=systemd:/\n0::/\n"), None);
+        assert_eq!(unit_of_cgroups("0::/user.slice/session-3.scope\n"), None);
+    }
 
     #[test]
     fn a_queued_restart_of_this_unit_is_found_in_the_job_list() {
