@@ -265,7 +265,8 @@ fn a_file_opened_just_before_a_kill_reads_on_through_the_same_descriptor() {
     let cold = pattern(2, 5 << 20);
     std::fs::write(sc.src.join("cached.bin"), &cached).unwrap();
     std::fs::write(sc.src.join("cold.bin"), &cold).unwrap();
-    let mut m = sc.mount(&[]);
+    let metrics = format!("127.0.0.1:{}", free_tcp_port());
+    let mut m = sc.mount(&["--metrics", &metrics]);
     // cached.bin whole in the cache: its next open is in passthrough.
     assert!(std::fs::read(sc.mnt.join("cached.bin")).unwrap() == cached);
     wait_until("cached.bin cached", Duration::from_secs(60), || {
@@ -291,6 +292,29 @@ fn a_file_opened_just_before_a_kill_reads_on_through_the_same_descriptor() {
     assert!(got == cold, "daemon descriptor: wrong bytes");
     let st = stats_of(&sc.mnt);
     assert_eq!(st["open_handles"], 2, "both handles taken over: {st}");
+    assert_eq!(st["restarts"], 1, "{st}");
+    assert_eq!(st["last_restart_reason"], "signal", "{st}");
+    // The new server's metrics endpoint (same address) counts the restart.
+    let mut seen = (None, None, String::new());
+    let counted = wait_for(Duration::from_secs(20), || {
+        let Ok((200, body)) = common::prom::http_get(&metrics, "/metrics") else {
+            return false;
+        };
+        let (samples, types) = common::prom::parse_prometheus(&body);
+        let v = |n| common::prom::value(&samples, n, &[]);
+        seen = (
+            v("locafs_restarts_total"),
+            v("locafs_last_restart_time_seconds"),
+            types
+                .get("locafs_restarts_total")
+                .cloned()
+                .unwrap_or_default(),
+        );
+        seen.0 == Some(1.0)
+    });
+    assert!(counted, "metrics after one restart: {seen:?}");
+    assert_eq!(seen.2, "counter");
+    assert!(seen.1.is_some_and(|t| t > 1.0e9), "{seen:?}");
     // A second open of the inode in passthrough shares its backing (the
     // kernel refuses another), then both close and it opens again.
     let again = File::open(sc.mnt.join("cached.bin")).unwrap();
