@@ -56,7 +56,9 @@ pub fn netns_missing() -> Option<String> {
     }
     for (program, package) in [("ip", "iproute2"), ("nsenter", "util-linux")] {
         if super::which(program).is_none() {
-            return Some(format!("needs {program} on PATH (apt-get install {package})"));
+            return Some(format!(
+                "needs {program} on PATH (apt-get install {package})"
+            ));
         }
     }
     if !Path::new("/proc/self/ns/net").exists() {
