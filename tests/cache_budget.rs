@@ -210,7 +210,10 @@ fn three_data_sets_filling_one_small_disk_at_once_never_fill_it() {
     // Every mount cached something and reports the shared figures.
     for m in &mounts {
         let st = m.stats();
-        assert!(st["files_cached"].as_u64() > Some(0), "cached nothing: {st}");
+        assert!(
+            st["files_cached"].as_u64() > Some(0),
+            "cached nothing: {st}"
+        );
         assert!(st["cache_used_bytes"].as_u64() > Some(0), "{st}");
         assert_eq!(st["cache_budget_bytes"].as_u64(), Some(budget), "{st}");
         assert_eq!(st["cache_shares"].as_array().map(Vec::len), Some(3), "{st}");
