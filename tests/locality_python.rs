@@ -30,7 +30,7 @@ fn python_unit_tests() {
         Ok(p) => p,
         Err(why) => skip!("{why}"),
     };
-    let out = Command::new(py)
+    let out = Command::new(&py)
         .args(["-m", "unittest", "discover", "-v", "-s", "tests", "-t", "."])
         .current_dir(package())
         .output()

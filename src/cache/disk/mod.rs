@@ -2177,11 +2177,11 @@ mod tests {
                 let writer = s.spawn(move || {
                     when.recv_timeout(Duration::from_secs(10))
                         .unwrap_or_else(|_| panic!("round {round}: the drop never told its hook"));
-                    let written = c.put(&f, 0, &block(&f, 0));
+                    let written = c.put(f, 0, &block(f, 0));
                     window.finished.store(true, Ordering::SeqCst);
                     written
                 });
-                assert!(c.get(&f, 0).is_none(), "a rotten block served");
+                assert!(c.get(f, 0).is_none(), "a rotten block served");
                 writer.join().unwrap()
             });
             assert!(
