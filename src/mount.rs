@@ -275,6 +275,10 @@ impl Mount {
                     .max(2),
             )
             .max_blocking_threads(128)
+            // Blocking threads left by a burst (opens and cache reads of
+            // read-ahead) end as soon as the source guard's workers do, not
+            // after tokio's 10 s.
+            .thread_keep_alive(crate::source_guard::IDLE_EXIT)
             .thread_name("locafs-rt")
             .enable_all()
             .build()

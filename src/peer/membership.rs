@@ -20,9 +20,17 @@
 //!
 //! Each other member is up (a live QUIC connection) or down since some time;
 //! a down member is retried with a backoff from [`MIN_BACKOFF`] to
-//! [`MAX_BACKOFF`], at once when it connects to us. Placement is computed
-//! over this node and the members that are up. The module keeps per-member
-//! counters (bytes each way, requests, failures, lies, latency) for `stats`.
+//! [`MAX_BACKOFF`], at once when it connects to us. Placement follows the
+//! configured list from the first request: it is computed over this node,
+//! the members that are up, and the members not reached yet that are still
+//! *expected* (listed less than [`JOIN_WINDOW`] ago). So a node that has not
+//! reached its peers yet does not take their blocks for its own (each block
+//! keeps one owner while the mesh forms); a member that was reached and then
+//! lost leaves placement at once, and so does one never reached within the
+//! window. The first resolution of the list runs before the mount is served
+//! ([`Membership::resolve_now`]). The module keeps per-member counters
+//! (bytes each way, requests, failures, lies, latency) and the time the mesh
+//! took to form (every member reached once) for `stats`.
 //!
 //! It must never block a read: lookups are a lock and an `Arc` clone, and all
 //! connecting and resolving happens in its own task with deadlines.
@@ -39,7 +47,7 @@ use tracing::{debug, info, warn};
 
 use super::placement::{MemberId, Placement};
 use super::tls::PEER_SERVER_NAME;
-use crate::stats::PeerSnapshot;
+use crate::stats::{PeerSnapshot, Stats};
 
 /// How often `--peers` names are resolved again.
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
@@ -58,6 +66,14 @@ pub const SELF_CHECK_WAIT: Duration = Duration::from_secs(2);
 const SELF_CHECK_LABEL: &[u8] = b"locafs self check v1";
 /// Accepted connections presenting our certificate that are remembered.
 const SELF_CHECK_KEEP: usize = 64;
+/// How long a listed member that has not been reached yet still owns its
+/// blocks (counted from when it entered the list: the mount's start, or a
+/// later resolution that found it). Within it, read-ahead leaves its blocks
+/// to it and a read of one waits for it (at most `--peer-timeout`); past it
+/// the member is treated as down, like one that was lost. Measured: 64
+/// nodes started together on one 2-core machine all reached each other
+/// within a few seconds (docs/cluster.md), real nodes faster.
+pub const JOIN_WINDOW: Duration = Duration::from_secs(10);
 
 /// One other node of the job and what we know about it.
 pub struct Member {
@@ -75,6 +91,15 @@ pub struct Member {
     pub bad_blocks: AtomicU64,
     /// Exponentially weighted mean of successful request latency, in µs.
     latency_us: AtomicU64,
+    /// Up at least once since it entered the list.
+    reached: AtomicBool,
+    /// Never reached and past [`JOIN_WINDOW`]: out of placement until it
+    /// comes up (set once, by the membership task).
+    absent: AtomicBool,
+    /// When it entered the list.
+    listed_at: Instant,
+    /// Woken when it comes up (readers waiting for an expected owner).
+    came_up: Notify,
 }
 
 struct LinkState {
@@ -105,7 +130,34 @@ impl Member {
             failures: AtomicU64::new(0),
             bad_blocks: AtomicU64::new(0),
             latency_us: AtomicU64::new(0),
+            reached: AtomicBool::new(false),
+            absent: AtomicBool::new(false),
+            listed_at: Instant::now(),
+            came_up: Notify::new(),
         }
+    }
+
+    /// Not reached yet, and still within [`JOIN_WINDOW`] of being listed:
+    /// it owns its blocks, and reads of them wait for it.
+    pub fn is_expected(&self) -> bool {
+        !self.reached.load(Relaxed) && !self.absent.load(Relaxed)
+    }
+
+    /// Whether it was ever up since it was listed.
+    pub fn was_reached(&self) -> bool {
+        self.reached.load(Relaxed)
+    }
+
+    /// Waits until the member is up, at most `limit`; true if it is.
+    pub async fn wait_up(&self, limit: Duration) -> bool {
+        let woken = self.came_up.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if self.is_up() {
+            return true;
+        }
+        let _ = tokio::time::timeout(limit, woken).await;
+        self.is_up()
     }
 
     /// The live connection, if the member is up.
@@ -147,6 +199,8 @@ pub struct Membership {
     self_addrs: Mutex<Vec<SocketAddr>>,
     placement: RwLock<Arc<Placement>>,
     wake: Notify,
+    /// Where the mesh's formation time goes (`stats.peer_mesh_formed_ms`).
+    stats: Arc<Stats>,
 }
 
 /// Whether `ip` is an address of this machine (in this network namespace).
@@ -164,6 +218,7 @@ impl Membership {
         own_cert_is_fresh: bool,
         endpoint: quinn::Endpoint,
         connect_timeout: Duration,
+        stats: Arc<Stats>,
     ) -> Arc<Self> {
         Arc::new(Membership {
             names,
@@ -179,6 +234,7 @@ impl Membership {
             self_addrs: Mutex::new(Vec::new()),
             placement: RwLock::new(Arc::new(Placement::new(Vec::new()))),
             wake: Notify::new(),
+            stats,
         })
     }
 
@@ -276,7 +332,8 @@ impl Membership {
         (ids, me)
     }
 
-    /// The placement over this node and the members that are up now.
+    /// The placement over this node, the members that are up now and the
+    /// members still expected (see the module doc).
     pub fn placement(&self) -> Arc<Placement> {
         Arc::clone(&self.placement.read())
     }
@@ -304,13 +361,44 @@ impl Membership {
             .members
             .read()
             .values()
-            .filter(|m| m.is_up())
+            .filter(|m| m.is_up() || m.is_expected())
             .map(|m| m.id.clone())
             .collect();
         if let Some(me) = self.me() {
             ids.push(me);
         }
         *self.placement.write() = Arc::new(Placement::new(ids));
+    }
+
+    /// Marks the members never reached within [`JOIN_WINDOW`] absent (out
+    /// of placement), and notes when every listed member has been reached
+    /// once: the time the mesh took to form, from the mount's start.
+    fn check_window_and_mesh(&self) {
+        let (mut expired, mut all_reached, mut unreached) = (false, true, 0u64);
+        for m in self.members.read().values() {
+            if m.was_reached() {
+                continue;
+            }
+            all_reached = false;
+            unreached += 1;
+            if !m.absent.load(Relaxed) && m.listed_at.elapsed() >= JOIN_WINDOW {
+                m.absent.store(true, Relaxed);
+                info!(peer = %m.id, "peer not reached within {JOIN_WINDOW:?} of being listed: its blocks go to the next members until it comes up");
+                expired = true;
+            }
+        }
+        self.stats.peer_members_unreached.store(unreached, Relaxed);
+        if all_reached && self.me().is_some() && self.stats.peer_mesh_formed_ms.load(Relaxed) == 0 {
+            let ms = self.stats.started.elapsed().as_millis() as u64;
+            self.stats.peer_mesh_formed_ms.store(ms.max(1), Relaxed);
+            info!(
+                "peer mesh formed: every member reached, {:.2} s after start",
+                ms as f64 / 1000.0
+            );
+        }
+        if expired {
+            self.rebuild_placement();
+        }
     }
 
     /// Takes a member out of placement after a failure; it is retried later.
@@ -353,6 +441,23 @@ impl Membership {
                 self.wake.notify_one();
             }
         }
+    }
+
+    /// The first resolution of the list, before the mount serves anything,
+    /// so that placement follows the configured members from the first
+    /// request; bounded by `limit` (a name that has not resolved by then is
+    /// left to the membership task).
+    pub fn resolve_now(self: &Arc<Self>, rt: &tokio::runtime::Handle, limit: Duration) {
+        let me = Arc::clone(self);
+        let rt = rt.clone();
+        // On a thread of its own: the caller may be inside the runtime.
+        let _ = std::thread::spawn(move || {
+            rt.block_on(async {
+                let _ = tokio::time::timeout(limit, me.resolve()).await;
+            })
+        })
+        .join();
+        self.check_window_and_mesh();
     }
 
     /// Resolves the peer list once, updating the members.
@@ -398,6 +503,8 @@ impl Membership {
                 }
                 if !members.contains_key(addr) {
                     debug!("peer list: member {addr} ({name})");
+                    // Expected from now on: it owns its blocks at once.
+                    changed = true;
                     members.insert(
                         *addr,
                         Arc::new(Member::new(
@@ -470,8 +577,12 @@ impl Membership {
                     st.since = Instant::now();
                     st.backoff = MIN_BACKOFF;
                 }
+                m.reached.store(true, Relaxed);
+                m.absent.store(false, Relaxed);
+                m.came_up.notify_waiters();
                 info!(peer = %m.id, "peer up");
                 self.rebuild_placement();
+                self.check_window_and_mesh();
                 // Watch the connection: closed by the peer, idle timeout, or
                 // our own mark_down.
                 let me = Arc::clone(&self);
@@ -521,6 +632,7 @@ impl Membership {
             for m in due {
                 tokio::spawn(Arc::clone(&self).connect(m));
             }
+            self.check_window_and_mesh();
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 _ = self.wake.notified() => {}
@@ -616,6 +728,7 @@ mod tests {
                 id.leaf_is_fresh(),
                 ep.clone(),
                 Duration::from_secs(5),
+                Arc::new(Stats::default()),
             )
         };
         let m = new(&mine, vec![my_addr.to_string(), their_addr.to_string()]);
