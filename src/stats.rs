@@ -205,7 +205,8 @@ pub struct PeerSnapshot {
     pub address: String,
     /// The --peers entry it came from.
     pub name: String,
-    /// "up", "down" or "self".
+    /// "up", "down", "self", or "unreached": listed, never reached yet,
+    /// and still within the join window (it owns its blocks meanwhile).
     pub state: String,
     /// Seconds in this state.
     pub since_s: f64,

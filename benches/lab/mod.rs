@@ -231,7 +231,7 @@ pub fn wait_for_peers(nodes: &[Node]) {
     let deadline = Instant::now() + Duration::from_secs(30);
     for n in nodes {
         while !locafs::cli::stats::fetch(&n.mnt)
-            .map(|s| s.peers.iter().all(|p| p.state != "down"))
+            .map(|s| s.peers.iter().all(|p| p.state == "up" || p.state == "self"))
             .unwrap_or(false)
         {
             assert!(Instant::now() < deadline, "peers did not come up");

@@ -663,7 +663,14 @@ impl Membership {
             out.push(PeerSnapshot {
                 address: m.id.to_string(),
                 name: m.name.clone(),
-                state: if st.conn.is_some() { "up" } else { "down" }.into(),
+                state: if st.conn.is_some() {
+                    "up"
+                } else if m.is_expected() {
+                    "unreached"
+                } else {
+                    "down"
+                }
+                .into(),
                 since_s: st.since.elapsed().as_secs_f64(),
                 bytes_received: m.bytes_received.load(Relaxed),
                 bytes_sent: m.bytes_sent.load(Relaxed),
