@@ -158,6 +158,18 @@ pub struct NodeSpec<'a> {
 
 /// Starts node `i` and waits until it answers `stats`.
 pub fn start(i: usize, spec: &NodeSpec) -> Node {
+    let node = spawn(i, spec);
+    common::wait_until(
+        &format!("node {i} to mount"),
+        Duration::from_secs(30),
+        || common::answers_stats(&node.mnt),
+    );
+    node
+}
+
+/// Starts node `i` without waiting for its mount (for nodes started all at
+/// once: each caller waits for its own).
+pub fn spawn(i: usize, spec: &NodeSpec) -> Node {
     let base = spec.work.join(format!("node{i}"));
     let mnt = base.join("mnt");
     let cache = Path::new("/dev/shm").join(format!(
@@ -178,8 +190,6 @@ pub fn start(i: usize, spec: &NodeSpec) -> Node {
         spec.cache_size.to_string(),
         "--log-file".into(),
         base.join("log").display().to_string(),
-        "--fuse-threads".into(),
-        "8".into(),
     ];
     args.extend(spec.extra.iter().map(|s| s.to_string()));
     if let Some(secret) = spec.secret {
@@ -218,12 +228,23 @@ pub fn start(i: usize, spec: &NodeSpec) -> Node {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    common::wait_until(
-        &format!("node {i} to mount"),
-        Duration::from_secs(30),
-        || common::answers_stats(&mnt),
-    );
     Node { child, mnt, cache }
+}
+
+/// The daemon's resident memory (bytes) and threads now, from /proc (the
+/// node's process is `locafs` itself: `sh` and `nsenter` exec it).
+pub fn rss_and_threads(node: &Node) -> (u64, u64) {
+    let pid = node.child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:") * 1024, field("Threads:"))
 }
 
 /// Waits until every node sees every peer up.
