@@ -413,8 +413,10 @@ fn startup_run(
     let net = match lab {
         Ok(lab) => Net::Lab(lab),
         Err(e) => {
-            println!("   ({n} nodes on loopback ports, not in namespaces: {e})");
-            Net::Loopback((0..n).map(|_| common::free_udp_port()).collect())
+            println!(
+                "   ({n} nodes on loopback, one address each (127.34.0.x), not in namespaces: {e})"
+            );
+            Net::LoopbackHosts(n)
         }
     };
     let tag = format!("startup{n}");
@@ -575,7 +577,7 @@ fn latency(nodes: &[Node], net: &Net, src: &Path, files: &[String], secret: &Pat
                 .unwrap()
                 .unwrap()
         }
-        Net::Loopback(_) => UdpSocket::bind("127.0.0.1:0").unwrap(),
+        Net::Loopback(_) | Net::LoopbackHosts(_) => UdpSocket::bind("127.0.0.1:0").unwrap(),
     };
     let (mut peer_lat, peer_tput) = rt.block_on(async {
         let mut ep = quinn::Endpoint::new(

@@ -117,9 +117,9 @@ struct PoolState {
 /// How long a worker may go without a job before it ends. A read-ahead
 /// burst starts up to [`DATA_THREADS`] of them; a thread costs about 20 µs
 /// to start again, and an idle one holds its stack and a task slot, so
-/// they go soon: measured on an idle mount after reading 2,000 files, 98
-/// threads at the end of the burst, 14 five seconds later (they stayed a
-/// minute before; docs/operations.md, "Threads").
+/// they go soon: measured on a mount after reading 2,000 files, 93
+/// threads at the end of the burst, 14 five seconds later (62 after 30 s
+/// when a worker stayed a minute; docs/operations.md, "Threads").
 pub const IDLE_EXIT: Duration = Duration::from_secs(5);
 
 impl Pool {

@@ -36,6 +36,10 @@ pub fn mtu() -> Option<u32> {
 pub enum Net {
     Lab(netns::Lab),
     Loopback(Vec<u16>),
+    /// Node `i` on 127.34.0.(i+1):7070: loopback, with an address per node
+    /// (a node limits the connections from one host IP, so many nodes on
+    /// 127.0.0.1 would refuse each other past 32).
+    LoopbackHosts(usize),
 }
 
 impl Net {
@@ -64,6 +68,7 @@ impl Net {
         match self {
             Net::Lab(lab) => lab.len(),
             Net::Loopback(ports) => ports.len(),
+            Net::LoopbackHosts(n) => *n,
         }
     }
 
@@ -71,6 +76,7 @@ impl Net {
         match self {
             Net::Lab(lab) => SocketAddr::new(lab.addr(i).into(), PEER_PORT),
             Net::Loopback(ports) => SocketAddr::from(([127, 0, 0, 1], ports[i])),
+            Net::LoopbackHosts(_) => SocketAddr::from(([127, 34, 0, i as u8 + 1], PEER_PORT)),
         }
     }
 
@@ -89,6 +95,7 @@ impl Net {
                     .to_string()
             }
             Net::Loopback(_) => "loopback, NOT shaped (network namespaces unavailable)".to_string(),
+            Net::LoopbackHosts(_) => "loopback, one address per node, NOT shaped".to_string(),
         };
         links + &mtu
     }
