@@ -336,12 +336,15 @@ fn startup(work: &Path) {
         let r = startup_run(work, &src, &files, total, &secret, n);
         println!(
             "   {n:>2} nodes: source {:.4}x the data set (goal <= 1.01), failed reads {}, \
-             blocks to the source while their owner was unreached {}, reads that waited for one {} ({} met)",
+             blocks to the source while their owner was unreached {}, reads that waited for one {} ({} met), \
+             failed peer requests {}, busy answers {}",
             r.source_bytes as f64 / total as f64,
             r.failed_reads,
             r.unreached_blocks,
             r.waits,
-            r.waits_met
+            r.waits_met,
+            r.peer_failures,
+            r.peer_busy
         );
         println!(
             "            mesh: every node reached every other {:.2} s after the first start \
@@ -351,13 +354,15 @@ fn startup(work: &Path) {
         );
         println!(
             "            per node: RSS median {:.0} MiB, max {:.0} MiB; threads median {}, max {} \
-             after epoch 2; after 10 s idle: threads median {}, max {}",
+             after epoch 2; idle 10 s later: median {}, max {}; 30 s later: median {}, max {}",
             r.rss_med as f64 / 1048576.0,
             r.rss_max as f64 / 1048576.0,
             r.threads_busy.0,
             r.threads_busy.1,
             r.threads_idle.0,
-            r.threads_idle.1
+            r.threads_idle.1,
+            r.threads_idle30.0,
+            r.threads_idle30.1
         );
     }
 }
@@ -368,6 +373,8 @@ struct Startup {
     unreached_blocks: u64,
     waits: u64,
     waits_met: u64,
+    peer_failures: u64,
+    peer_busy: u64,
     mesh_s: f64,
     own_mesh_max_s: f64,
     last_mount_s: f64,
@@ -376,6 +383,7 @@ struct Startup {
     rss_max: u64,
     threads_busy: (u64, u64),
     threads_idle: (u64, u64),
+    threads_idle30: (u64, u64),
 }
 
 /// Median and maximum.
@@ -514,12 +522,16 @@ fn startup_run(
     }
     std::thread::sleep(Duration::from_secs(10));
     let idle: Vec<u64> = nodes.iter().map(|n| rss_and_threads(n).1).collect();
+    std::thread::sleep(Duration::from_secs(20));
+    let idle30: Vec<u64> = nodes.iter().map(|n| rss_and_threads(n).1).collect();
     let r = Startup {
         source_bytes: stats.iter().map(|s| s.source_bytes).sum(),
         failed_reads: failed.into_inner() + stats.iter().map(|s| s.read_errors).sum::<u64>(),
         unreached_blocks: stats.iter().map(|s| s.peer_unreached_source_blocks).sum(),
         waits: stats.iter().map(|s| s.peer_owner_waits).sum(),
         waits_met: stats.iter().map(|s| s.peer_owner_waits_met).sum(),
+        peer_failures: stats.iter().map(|s| s.peer_failures).sum(),
+        peer_busy: stats.iter().map(|s| s.peer_busy).sum(),
         mesh_s,
         own_mesh_max_s: own_max,
         last_mount_s: mounted_at.iter().cloned().fold(0.0, f64::max),
@@ -528,6 +540,7 @@ fn startup_run(
         rss_max: med_max(busy.iter().map(|b| b.0).collect()).1,
         threads_busy: med_max(busy.iter().map(|b| b.1).collect()),
         threads_idle: med_max(idle),
+        threads_idle30: med_max(idle30),
     };
     // Unmount all at once (each drop waits for its daemon).
     std::thread::scope(|s| {
