@@ -111,7 +111,10 @@ pub struct Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("umount")
+            .arg(&self.mnt)
+            .stderr(Stdio::null())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut exited = false;
         while Instant::now() < deadline {
