@@ -198,7 +198,21 @@ fn a_member_lost_after_being_reached_costs_no_wait() {
         cache_size: "256M",
         peer_timeout: "1s",
     };
-    let a = Node::start(&c, "a", ports[0], opts(0));
+    // a also exports metrics: the mesh's figures are there too.
+    let metrics = format!("127.0.0.1:{}", free_tcp_port());
+    let a = Node::start_spec_with(
+        &c,
+        "a",
+        NodeSpec {
+            listen: format!("127.0.0.1:{}", ports[0]),
+            peers: ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+            secret: &c.secret,
+            cache_size: "256M",
+            peer_timeout: "1s",
+            netns: None,
+        },
+        &["--metrics", &metrics],
+    );
     let b = Node::start(&c, "b", ports[1], opts(1));
     let mut lost = Node::start(&c, "lost", ports[2], opts(2));
     for n in [&a, &b, &lost] {
@@ -238,4 +252,18 @@ fn a_member_lost_after_being_reached_costs_no_wait() {
     // With the lost member's blocks owned by a or b, each block left the
     // source once.
     assert_eq!(source, c.total_bytes());
+    // The exporter mirrors the mesh's part of stats (copied twice a second).
+    let formed = a.stats().peer_mesh_formed_s.unwrap();
+    wait_until(
+        "the mesh figures in the metrics",
+        Duration::from_secs(10),
+        || {
+            let (samples, _, _) = common::prom::scrape(&metrics);
+            let v = |n: &str| common::prom::value(&samples, n, &[]);
+            v("locafs_peer_mesh_formed_seconds").is_some_and(|s| (s - formed).abs() < 1e-6)
+                && v("locafs_peer_owner_waits_total") == Some(0.0)
+                && v("locafs_peer_unreached_source_blocks_total") == Some(0.0)
+                && v("locafs_peer_members_unreached") == Some(0.0)
+        },
+    );
 }
