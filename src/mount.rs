@@ -165,11 +165,22 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
     let source: Arc<dyn Source> = match &cfg.object {
         None => Arc::new(DirSource::new(cfg.source.clone())),
         // One listing request before anything is mounted: a missing bucket,
-        // refused credentials or a dead endpoint end here, with exit 2.
-        Some(spec) => Arc::new(
-            ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout)
-                .map_err(|e| (2, e.to_string()))?,
-        ),
+        // refused credentials or a dead endpoint end here, with exit 2;
+        // except a store that does not answer when an earlier mount left
+        // its tree and cache: those are served, as while a store stalls.
+        Some(spec) => match ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout) {
+            Ok(s) => Arc::new(s),
+            Err(crate::source::object::ProbeError::Unreachable(why))
+                if cfg.dataset_dir.join("manifest").is_file() =>
+            {
+                tracing::warn!(
+                    "{why}: mounting the tree and cache the last mount left; what is not \
+                     cached fails until the store answers"
+                );
+                Arc::new(ObjectSource::unprobed(spec, cfg.source_timeout).map_err(|e| (2, e))?)
+            }
+            Err(e) => return Err((2, e.to_string())),
+        },
     };
     let mount = Mount::start(&cfg, source)?;
     announce_ready(&mount.summary);
@@ -275,6 +286,10 @@ impl Mount {
                     .max(2),
             )
             .max_blocking_threads(128)
+            // Blocking threads left by a burst (opens and cache reads of
+            // read-ahead) end as soon as the source guard's workers do, not
+            // after tokio's 10 s.
+            .thread_keep_alive(crate::source_guard::IDLE_EXIT)
             .thread_name("locafs-rt")
             .enable_all()
             .build()
