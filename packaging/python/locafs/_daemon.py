@@ -176,7 +176,13 @@ class _Daemon:
                 target=self._read_stderr, name="locafs-log", daemon=True
             )
             self._reader.start()
-            self._wait_ready(sock, ready_timeout)
+            try:
+                self._wait_ready(sock, ready_timeout)
+            except BaseException:
+                # Failed, timed out, or interrupted (Ctrl-C while waiting):
+                # no child is left behind.
+                self._terminate(10.0)
+                raise
         finally:
             sock.close()
 

@@ -152,6 +152,27 @@ class Supervision(unittest.TestCase):
             pid = int(f.read())
         self.assertFalse(os.path.exists("/proc/%d" % pid), "the stand-in still runs")
 
+    def test_an_interrupt_while_waiting_leaves_no_child(self):
+        import signal
+
+        pidfile = os.path.join(self.dir, "pid")
+        self.stand_in("echo $$ > %s\nexec sleep 60\n" % pidfile)
+
+        def interrupt(*_):
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                locafs.mount(self.dir, self.mnt)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        with open(pidfile) as f:
+            pid = int(f.read())
+        self.assertFalse(os.path.exists("/proc/%d" % pid), "the stand-in still runs")
+
     def test_ready_on_a_path_that_is_no_mount_stops_the_daemon(self):
         pidfile = os.path.join(self.dir, "pid")
         self.stand_in(
