@@ -12,10 +12,12 @@
 //! `fusermount3` mounts for the user as on a desktop distribution.
 //!
 //! The wheel is built once per run of this binary (`maturin build
-//! --release`), from cargo's cache of the release build when there is one;
-//! its build time and size are printed. Skipped, loudly, without maturin
-//! (`pip install maturin`; .ci/run installs it and auditwheel in a venv of
-//! their own and names them in $MATURIN and $AUDITWHEEL).
+//! --release --zig`: zig links the binary against glibc 2.28 for the
+//! manylinux_2_28 tag), from cargo's cache of that release build when there
+//! is one; its build time and size are printed. Skipped, loudly, without
+//! maturin or ziglang (`pip install maturin ziglang`; .ci/run installs them
+//! and auditwheel in a venv of their own and names them in $MATURIN and
+//! $AUDITWHEEL).
 
 mod common;
 
@@ -68,10 +70,27 @@ fn build_wheel() -> Result<Wheel, String> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).unwrap();
     let start = Instant::now();
+    // zig links against the glibc of the tag (manylinux_2_28); maturin
+    // finds it as `python3 -m ziglang`, with the python of its own venv.
+    let mut path = std::ffi::OsString::from(maturin.parent().unwrap_or(Path::new(".")));
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    let has_zig = Command::new("python3")
+        .args(["-c", "import ziglang"])
+        .env("PATH", &path)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_zig {
+        return Err(
+            "ziglang is not installed beside maturin (pip install ziglang; .ci/run installs it)"
+                .into(),
+        );
+    }
     // pyproject.toml says the rest: bin bindings, strip, the manylinux tag.
     let built = Command::new(&maturin)
-        .args(["build", "--release", "--quiet", "--out"])
+        .args(["build", "--release", "--zig", "--quiet", "--out"])
         .arg(&out)
+        .env("PATH", &path)
         .current_dir(package())
         .stdin(Stdio::null())
         .output()
