@@ -1,7 +1,8 @@
 //! Thin safe wrappers over the few system calls std does not offer
 //! (statvfs, xattrs, punching holes, unmounting, direct reads, ...), made
 //! through `rustix`; `libc` only for what rustix lacks (`cachestat(2)`,
-//! glibc's `mallopt`). Each returns `io::Result`; none of them may panic.
+//! glibc's `mallopt`). One is a program: a user without CAP_SYS_ADMIN
+//! unmounts through the setuid `fusermount3 -u`. Each returns `io::Result`; none of them may panic.
 //! A path or name with a NUL byte is `InvalidInput` (rustix's EINVAL).
 
 use std::io;
