@@ -28,3 +28,10 @@ pub mod stats;
 pub mod sys;
 pub mod units;
 pub mod writeback;
+
+/// How a unit test skips (the SKIPPED line, or a failure in strict mode):
+/// the test kit's own file, compiled into the unit tests only (nothing of
+/// it ships; unit tests cannot import tests/common).
+#[cfg(test)]
+#[path = "../tests/common/strict.rs"]
+mod test_skip;

@@ -1601,11 +1601,17 @@ fn a_stalled_store_serves_what_is_cached_and_times_out_the_rest() {
             matches!(e.raw_os_error(), Some(libc::ETIMEDOUT) | Some(libc::EIO)),
             "{rel:?}: {e}"
         );
-        assert!(took < Duration::from_secs(15), "{rel:?} waited {took:?}");
+        // (Its deadline is the 4 s --source-timeout; the bounds are far
+        // from it, and far from a hang.)
+        assert!(took < Duration::from_secs(60), "{rel:?} waited {took:?}");
         failed += 1;
     }
     assert!(failed > 0);
-    assert!(t0.elapsed() < Duration::from_secs(60));
+    assert!(
+        t0.elapsed() < Duration::from_secs(180),
+        "{:?}",
+        t0.elapsed()
+    );
     p.knobs.stalled.store(false, Relaxed);
     // Once the store answers again, so does the mount.
     wait_until(

@@ -432,9 +432,21 @@ mod tests {
 
         #[test]
         fn new_bytes_under_a_cached_attribute_are_refused() {
+            // Root, and a /dev/fuse that opens (as the kit's `fuse_missing`).
             // SAFETY: geteuid has no preconditions.
-            if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
-                eprintln!("SKIPPED: needs root and /dev/fuse");
+            use std::os::unix::fs::FileTypeExt;
+            let root = unsafe { libc::geteuid() } == 0;
+            let dev = std::fs::metadata("/dev/fuse").is_ok_and(|m| m.file_type().is_char_device())
+                && std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open("/dev/fuse")
+                    .is_ok();
+            if !root || !dev {
+                let why = format!(
+                    "needs root and a /dev/fuse that opens (root: {root}, /dev/fuse: {dev})"
+                );
+                crate::test_skip::skipped(module_path!(), &why);
                 return;
             }
             let mnt = tempfile::tempdir().unwrap();

@@ -5,9 +5,10 @@
 //! library (the fakes never ship).
 //!
 //! - [`skip`]: the one way to skip. A test that needs what the machine
-//!   lacks (root, /dev/fuse, a program) prints `SKIPPED: module::test:
+//!   lacks (root, /dev/fuse, a program) prints `SKIPPED: binary::test:
 //!   reason` (`require_fuse!()`, `skip!(...)`) and returns; it never
-//!   passes silently.
+//!   passes silently, and in strict mode ([`strict`], `.ci/run`) it fails
+//!   unless it is an expected skip.
 //! - [`sys`]: mountinfo, unmounting, the page cache, free ports, `/proc`,
 //!   signals, waiting for a condition.
 //! - [`data`]: deterministic bytes and trees, comparing a mount with its
@@ -55,6 +56,7 @@ pub mod s3;
 pub mod s3s;
 pub mod server;
 pub mod skip;
+pub mod strict;
 pub mod sys;
 
 pub use daemon::*;

@@ -1360,6 +1360,7 @@ impl CompleteFiles for DiskCache {
 mod tests {
     use super::*;
     use crate::source::SourceVersion;
+    use crate::test_skip::skipped;
 
     const BS: u64 = 4096;
     /// Meta file and directory entries of a small new file.
@@ -2131,11 +2132,36 @@ mod tests {
         // A corrupt block is dropped (its hole punched outside the lock)
         // while the read that found it fetches it again and writes it: the
         // punch must never land on the new bytes, which passthrough trusts
-        // without reading them back.
+        // without reading them back. The write is made to come at the worst
+        // moment: from the dropped-file hook, which the drop calls after it
+        // has let go of the books and before it punches. The drop then waits
+        // (50 ms) for the write to finish: a write that does not wait for
+        // the punch has finished by then and is punched out; one that waits
+        // goes in after the punch. Each round: the write goes in (it is not
+        // refused), and the complete file holds the new bytes, read from
+        // the data file as the kernel would read it.
+        use std::sync::atomic::AtomicBool;
+        #[derive(Default)]
+        struct Window {
+            armed: parking_lot::Mutex<Option<(VersionKey, std::sync::mpsc::Sender<()>)>>,
+            finished: AtomicBool,
+        }
         let d = tempfile::tempdir().unwrap();
         let c = open(d.path(), 64 << 20);
-        let mut raced = 0;
-        for round in 0..200 {
+        let window = Arc::new(Window::default());
+        let w = Arc::clone(&window);
+        c.on_file_dropped(Box::new(move |key| {
+            let armed = w.armed.lock().take_if(|(k, _)| k == key);
+            if let Some((_, write_now)) = armed {
+                write_now.send(()).unwrap();
+                let t = Instant::now();
+                while !w.finished.load(Ordering::SeqCst) && t.elapsed() < Duration::from_millis(50)
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }));
+        for round in 0..20 {
             let f = file(&format!("hole{round}"), 2);
             assert!(c.put(&f, 0, &block(&f, 0)) && c.put(&f, 1, &block(&f, 1)));
             let w = OpenOptions::new()
@@ -2143,26 +2169,35 @@ mod tests {
                 .open(c.paths(&f.key).0)
                 .unwrap();
             w.write_all_at(b"rot", 10).unwrap();
-            std::thread::scope(|s| {
-                s.spawn(|| assert!(c.get(&f, 0).is_none(), "a rotten block served"));
-                s.spawn(|| {
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    while c.is_block_cached(&f, 0) && Instant::now() < deadline {
-                        std::hint::spin_loop();
-                    }
-                    raced += u32::from(c.put(&f, 0, &block(&f, 0)));
+            let (write_now, when) = std::sync::mpsc::channel();
+            window.finished.store(false, Ordering::SeqCst);
+            *window.armed.lock() = Some((f.key, write_now));
+            let written = std::thread::scope(|s| {
+                let (c, f, window) = (&c, &f, &window);
+                let writer = s.spawn(move || {
+                    when.recv_timeout(Duration::from_secs(10))
+                        .unwrap_or_else(|_| panic!("round {round}: the drop never told its hook"));
+                    let written = c.put(f, 0, &block(f, 0));
+                    window.finished.store(true, Ordering::SeqCst);
+                    written
                 });
+                assert!(c.get(f, 0).is_none(), "a rotten block served");
+                writer.join().unwrap()
             });
-            if let Some(h) = c.open_complete(&f) {
-                let back = read_whole(&h);
-                assert!(
-                    back[..BS as usize] == block(&f, 0).data()[..],
-                    "round {round}: a complete file with a hole (or old bytes) in block 0"
-                );
-                c.unpin(&f);
-            }
+            assert!(
+                written,
+                "round {round}: the write after the drop was refused"
+            );
+            let h = c
+                .open_complete(&f)
+                .unwrap_or_else(|| panic!("round {round}: not complete after the write"));
+            let back = read_whole(&h);
+            assert!(
+                back[..BS as usize] == block(&f, 0).data()[..],
+                "round {round}: a complete file with a hole (or old bytes) in block 0"
+            );
+            c.unpin(&f);
         }
-        eprintln!("{raced} of 200 writes went in");
     }
 
     #[test]
@@ -2194,7 +2229,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let flags = rustix::mount::MountFlags::empty();
         if let Err(e) = rustix::mount::mount("ramfs", d.path(), "ramfs", flags, None) {
-            eprintln!("SKIPPED: cannot mount a ramfs ({e})");
+            skipped(module_path!(), &format!("cannot mount a ramfs ({e})"));
             return;
         }
         let result = std::panic::catch_unwind(|| {
@@ -2299,9 +2334,9 @@ mod tests {
         assert!(c.put(&g, 0, &data(1000, 7)));
         let (gdata, gmeta) = c.paths(&g.key);
         if gmeta.exists() {
-            eprintln!(
-                "SKIPPED: the inline meta: no user xattrs under {:?}",
-                d.path()
+            skipped(
+                module_path!(),
+                &format!("the inline meta: no user xattrs under {:?}", d.path()),
             );
             return;
         }
