@@ -255,6 +255,11 @@ pub struct MountConfig {
     pub mountpoint: PathBuf,
     pub cache_dir: PathBuf,
     pub dataset_dir: PathBuf,
+    /// The cache directory and the data set's directory in it, open and
+    /// checked (`private_dir`): everything the mount keeps there is reached
+    /// through these handles.
+    pub cache: crate::private_dir::PrivateDir,
+    pub dataset: crate::private_dir::PrivateDir,
     pub cache_size: Option<u64>,
     /// --cache-free-floor, if given (percent of the cache disk).
     pub cache_free_floor: Option<f64>,
@@ -761,44 +766,10 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
-    std::fs::create_dir_all(&cache_dir).map_err(|e| {
-        usage(format!(
-            "cache dir {}: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    let cache_dir = std::fs::canonicalize(&cache_dir).map_err(|e| {
-        usage(format!(
-            "cache dir {}: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    if cache_dir.starts_with(&mountpoint) {
-        return Err(usage(format!(
-            "cache dir {} is inside the mountpoint",
-            cache_dir.display()
-        )));
-    }
-    let id_for_peers = id.clone();
-    let dataset_dir = cache_dir.join(id);
-    std::fs::create_dir_all(&dataset_dir).map_err(|e| {
-        usage(format!(
-            "cache dir {}: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    let probe = dataset_dir.join(".write-test");
-    std::fs::write(&probe, b"").map_err(|e| {
-        usage(format!(
-            "cache dir {}: not writable: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    let _ = std::fs::remove_file(&probe);
+    let (cache, dataset) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
+    let cache_dir = cache.path().to_owned();
+    let dataset_dir = dataset.path().to_owned();
+    let id_for_peers = id;
 
     let mut peer = resolve_peer(&f)?;
     if let Some(p) = &mut peer {
@@ -820,6 +791,8 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         mountpoint,
         cache_dir,
         dataset_dir,
+        cache,
+        dataset,
         cache_size,
         cache_free_floor: f.cache_free_floor,
         block_size,
@@ -838,6 +811,106 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         log_file: f.log_file,
         metrics,
     })
+}
+
+/// Marks a data set directory whose every entry was made owner-only (see
+/// [`open_cache_dirs`]).
+pub const OWNER_ONLY_MARK: &str = "owner-only";
+
+/// Opens the cache directory (created 0700 if missing) and the data set's
+/// directory in it, each checked (`private_dir`: ours, nobody else may
+/// write, made owner-only), and makes sure the data set's directory is
+/// writable. The first time a data set directory is seen by this version
+/// (no [`OWNER_ONLY_MARK`] in it: a cache of an older locafs, whose
+/// directories were 0755 and files 0644), everything in it is made
+/// owner-only once; the files at the top of the cache directory (the
+/// ledger) are at every start.
+pub fn open_cache_dirs(
+    cache_dir: &Path,
+    mountpoint: &Path,
+    id: &str,
+) -> Result<(crate::private_dir::PrivateDir, crate::private_dir::PrivateDir), UsageError> {
+    use crate::private_dir::PrivateDir;
+    use std::os::unix::fs::DirBuilderExt;
+    let fail = |e: std::io::Error| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    };
+    if let Some(parent) = cache_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    match std::fs::DirBuilder::new()
+        .mode(crate::private_dir::DIR_MODE)
+        .create(cache_dir)
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(fail(e)),
+        _ => {}
+    }
+    // The path the admin gave may pass through symlinks (a link to the
+    // cache disk); below it, nothing is followed.
+    let cache_dir = std::fs::canonicalize(cache_dir).map_err(fail)?;
+    if cache_dir.starts_with(mountpoint) {
+        return Err(usage(format!(
+            "cache dir {} is inside the mountpoint",
+            cache_dir.display()
+        )));
+    }
+    let fail = |e: std::io::Error| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    };
+    let cache = PrivateDir::open(&cache_dir).map_err(fail)?;
+    private_top_files(&cache);
+    let dataset = cache.subdir(id, true).map_err(fail)?;
+    match dataset.make_private_once(OWNER_ONLY_MARK) {
+        Ok(Some(w)) if w.fixed + w.symlinks > 0 => tracing::info!(
+            "cache {}: made {} of {} entries owner-only, removed {} symlinks (once, for a \
+             cache of an older locafs)",
+            dataset.path().display(),
+            w.fixed,
+            w.entries,
+            w.symlinks
+        ),
+        Ok(_) => {}
+        Err(e) => return Err(fail(e)),
+    }
+    let probe = ".write-test";
+    dataset.create_file(probe).map_err(|e| {
+        usage(format!(
+            "cache dir {}: not writable: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    })?;
+    let _ = dataset.remove_file(probe);
+    Ok((cache, dataset))
+}
+
+/// Takes the group's and others' bits away from the files at the top of
+/// the cache directory (the ledger and its lock, as an older locafs left
+/// them: they name every data set's source).
+fn private_top_files(cache: &crate::private_dir::PrivateDir) {
+    let me = crate::private_dir::me();
+    for e in cache.entries("").into_iter().flatten() {
+        if e.kind != rustix::fs::FileType::RegularFile {
+            continue;
+        }
+        let Ok(st) = cache.stat(&e.name) else { continue };
+        if st.st_uid == me && st.st_mode & 0o077 != 0 {
+            if let Ok(f) = cache.open_file(&e.name, rustix::fs::OFlags::RDONLY) {
+                let _ = rustix::fs::fchmod(
+                    &f,
+                    rustix::fs::Mode::from_raw_mode(st.st_mode & 0o700),
+                );
+            }
+        }
+    }
 }
 
 /// Splits a --peers list into host:port entries, checking their syntax.

@@ -21,6 +21,7 @@ use crate::fuse::{FuseOptions, LocaFs};
 use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
+use crate::private_dir::PrivateDir;
 use crate::reader::{Reader, ReaderConfig};
 use crate::source::object::ObjectSource;
 use crate::source::{DirSource, Source};
@@ -205,7 +206,7 @@ fn start_budget(
 ) -> Result<crate::budget::BudgetKeeper, (u8, String)> {
     use crate::budget::{Booking, BudgetKeeper, Usage};
     let booking = Booking {
-        cache_dir: cfg.cache_dir.clone(),
+        cache_dir: cfg.cache.clone(),
         id: cfg.dataset_name.clone(),
         source: cfg.source.display().to_string(),
         asked: cfg.cache_size,
@@ -280,7 +281,7 @@ impl Mount {
             .build()
             .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
 
-        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e))?;
         let stats = Arc::new(Stats::default());
         // Every call into the source from here on has a deadline and runs
         // on the guard's bounded threads (a hung NFS server holds those,
@@ -304,19 +305,18 @@ impl Mount {
         // two threads: each is about half of a remount's time (500 k files,
         // page cache dropped: 0.34 s and 0.25 s, one after the other
         // before; docs/benchmarks.md, ninth scale pass).
-        let manifest = cfg.dataset_dir.join("manifest");
         let (opened, restored) = std::thread::scope(|scope| {
             let restoring = std::thread::Builder::new()
                 .name("locafs-manifest".into())
-                .spawn_scoped(scope, || load_namespace(cfg, &manifest, &source));
+                .spawn_scoped(scope, || load_namespace(cfg, &source));
             // Unbounded until the shared budget of the cache directory gives
             // this mount its grant (below, before anything is served).
             let opened =
-                DiskCache::open(&cfg.dataset_dir, None, cfg.block_size, Arc::clone(&stats));
+                DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
             let restored = match restoring {
                 Ok(t) => t.join().ok().flatten(),
                 // No thread: loaded here, after the cache.
-                Err(_) => load_namespace(cfg, &manifest, &source),
+                Err(_) => load_namespace(cfg, &source),
             };
             (opened, restored)
         });
@@ -339,7 +339,7 @@ impl Mount {
                 rec.other_block_size
             );
         }
-        let ns = match restore_namespace(restored, &manifest, &cache) {
+        let ns = match restore_namespace(restored, &cfg.dataset, &cache) {
             Some(ns) => ns,
             None => Namespace::new(
                 Arc::clone(&source),
@@ -528,7 +528,7 @@ impl Mount {
         let saver = ManifestSaver {
             ns: Arc::clone(&ns),
             disk,
-            path: manifest,
+            dir: cfg.dataset.clone(),
             source: cfg.source.as_os_str().as_encoded_bytes().to_vec(),
             saved_at: parking_lot::Mutex::new(u64::MAX),
         };
@@ -678,12 +678,8 @@ const MANIFEST_EVERY: Duration = Duration::from_secs(300);
 /// Loads the namespace from the manifest a previous mount left, if usable,
 /// with the manifest's size; its known bytes go to a sink of its own until
 /// [`restore_namespace`] hands them to the cache.
-fn load_namespace(
-    cfg: &MountConfig,
-    path: &Path,
-    source: &Arc<dyn Source>,
-) -> Option<(Namespace, u64)> {
-    let data = std::fs::read(path).ok()?;
+fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>) -> Option<(Namespace, u64)> {
+    let data = cfg.dataset.read(MANIFEST).ok()?;
     let data_len = data.len() as u64;
     let m = crate::manifest::decode(data)?;
     if m.source != cfg.source.as_os_str().as_encoded_bytes() {
@@ -708,23 +704,27 @@ fn load_namespace(
 /// manifest removed, if there was none or there is no room for it.
 fn restore_namespace(
     loaded: Option<(Namespace, u64)>,
-    path: &Path,
+    dir: &PrivateDir,
     cache: &DiskCache,
 ) -> Option<Namespace> {
     let usable = loaded.filter(|(_, len)| cache.reserve_aux(*len));
     let Some((ns, _)) = usable else {
-        let _ = std::fs::remove_file(path);
+        let _ = dir.remove_file(MANIFEST);
         return None;
     };
     ns.set_known_sink(cache.dataset_bytes_handle());
     Some(ns)
 }
 
+/// The namespace manifest's name in the data set's directory.
+const MANIFEST: &str = "manifest";
+
 /// Saves the namespace manifest beside the cache, within its size bound.
 struct ManifestSaver {
     ns: Arc<Namespace>,
     disk: Arc<DiskCache>,
-    path: PathBuf,
+    /// The data set's directory.
+    dir: PrivateDir,
     source: Vec<u8>,
     /// The namespace's change counter at the last save.
     saved_at: parking_lot::Mutex<u64>,
@@ -744,7 +744,11 @@ impl ManifestSaver {
         // Entries that left the tree and that the kernel does not hold lose
         // their names first.
         self.ns.sweep();
-        let old = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let old = self
+            .dir
+            .stat(MANIFEST)
+            .map(|m| m.st_size as u64)
+            .unwrap_or(0);
         // Old and new exist side by side until the rename. (The tree may
         // grow a little between this count and the save: booked again
         // with the size written.)
@@ -755,18 +759,20 @@ impl ManifestSaver {
         }
         // Streamed from the namespace to the file: no copy of the tree in
         // memory.
-        let tmp = self.path.with_extension("tmp");
-        let written = std::fs::File::create(&tmp)
+        let tmp = "manifest.tmp";
+        let written = self
+            .dir
+            .create_file(tmp)
             .and_then(|f| self.ns.save_to(f, &self.source, now))
             .and_then(|(f, n)| f.sync_data().map(|()| n))
-            .and_then(|n| std::fs::rename(&tmp, &self.path).map(|()| n));
+            .and_then(|n| self.dir.rename(tmp, MANIFEST).map(|()| n));
         match written {
             Ok(n) => {
                 self.disk.reserve_aux(n);
                 *saved_at = changes;
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
+                let _ = self.dir.remove_file(tmp);
                 self.disk.reserve_aux(old);
                 debug!("manifest not saved: {e}");
             }
