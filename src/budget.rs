@@ -1108,7 +1108,11 @@ mod tests {
         {
             use std::os::unix::fs::MetadataExt;
             let mode = fs::metadata(tmp.path().join(LEDGER)).unwrap().mode();
-            assert_eq!(mode & 0o777, 0o600, "the ledger names the sources: owner-only");
+            assert_eq!(
+                mode & 0o777,
+                0o600,
+                "the ledger names the sources: owner-only"
+            );
         }
         fs::write(tmp.path().join(LEDGER), b"{not json").unwrap();
         assert_eq!(Ledger::load(&dir, &lock).unwrap(), Ledger::default());

@@ -94,7 +94,10 @@ mod tests {
         let dir = PrivateDir::create(&tmp.path().join("ds")).unwrap();
         std::os::unix::fs::symlink(&victim, dir.display(LOCK_FILE)).unwrap();
         let e = DatasetLock::acquire(&dir).err().expect("refused");
-        assert!(e.starts_with("cache dir ") && e.contains("is a symlink"), "{e}");
+        assert!(
+            e.starts_with("cache dir ") && e.contains("is a symlink"),
+            "{e}"
+        );
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 }

@@ -185,7 +185,6 @@ pub struct Mount {
     saver: Arc<ManifestSaver>,
     peer_node: Option<Arc<crate::peer::PeerNode>>,
     mountpoint: PathBuf,
-    control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
     readahead: Arc<ReadAhead>,
     stats: Arc<Stats>,
@@ -311,8 +310,7 @@ impl Mount {
                 .spawn_scoped(scope, || load_namespace(cfg, &source));
             // Unbounded until the shared budget of the cache directory gives
             // this mount its grant (below, before anything is served).
-            let opened =
-                DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
+            let opened = DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
             let restored = match restoring {
                 Ok(t) => t.join().ok().flatten(),
                 // No thread: loaded here, after the cache.
@@ -449,15 +447,11 @@ impl Mount {
             )
             .map_err(|e| (2, e))?;
         }
-        let control_socket = crate::control::socket_path(&cfg.dataset_dir);
-        crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(
-            |e| {
-                (
-                    1,
-                    format!("control socket {}: {e}", control_socket.display()),
-                )
-            },
-        )?;
+        // (A file a locafs before the abstract socket may have left.)
+        let _ = cfg.dataset.remove_file("control.sock");
+        let control_socket =
+            crate::control::serve(&cfg.mountpoint, Arc::clone(&readahead), rt.handle())
+                .map_err(|e| (1, format!("control socket: {e}")))?;
         let ttl = match cfg.revalidate {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,
@@ -474,7 +468,7 @@ impl Mount {
                 kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
-                control_socket: control_socket.display().to_string(),
+                control_socket,
             },
             Arc::clone(&readahead),
         );
@@ -548,7 +542,6 @@ impl Mount {
             saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
-            control_socket,
             session: Some(session),
             readahead,
             stats,
@@ -637,7 +630,6 @@ impl Mount {
         if let Some(node) = &self.peer_node {
             node.close();
         }
-        let _ = std::fs::remove_file(&self.control_socket);
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
         }

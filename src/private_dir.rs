@@ -536,9 +536,7 @@ fn make_private_at(fd: BorrowedFd<'_>, path: &Path, w: &mut Walked) -> io::Resul
                     )));
                 }
                 let mode = st.st_mode & 0o7777;
-                if mode & 0o077 != 0
-                    && FileType::from_raw_mode(st.st_mode) != FileType::Symlink
-                {
+                if mode & 0o077 != 0 && FileType::from_raw_mode(st.st_mode) != FileType::Symlink {
                     rustix::fs::chmodat(
                         fd,
                         cname,
@@ -660,7 +658,11 @@ mod tests {
             assert_eq!(mode(&p.join(rel)), m, "{rel}");
         }
         assert!(!p.join("ds/blocks/00/b.data").exists());
-        assert_eq!(mode(&target), 0o644, "what a symlink points to is untouched");
+        assert_eq!(
+            mode(&target),
+            0o644,
+            "what a symlink points to is untouched"
+        );
         assert_eq!(top.make_private().unwrap().fixed, 0, "once is enough");
     }
 }

@@ -63,7 +63,7 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
         assert_eq!(code, Some(Some(2)), "{passphrase:?} was not refused: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "{err}");
-        assert!(lines[0].contains("run `locafs secret > FILE`"), "{err}");
+        assert!(lines[0].contains("run `locafs secret --out FILE`"), "{err}");
         assert!(lines[0].contains(&file.display().to_string()), "{err}");
         assert!(!err.contains(passphrase), "the secret was quoted: {err}");
         assert!(!is_mounted(&a.mnt));

@@ -252,13 +252,7 @@ fn journal_gens(dir: &PrivateDir) -> Vec<u64> {
         .entries("")
         .into_iter()
         .flatten()
-        .filter_map(|e| {
-            e.name
-                .to_str()?
-                .strip_prefix("journal.")?
-                .parse()
-                .ok()
-        })
+        .filter_map(|e| e.name.to_str()?.strip_prefix("journal.")?.parse().ok())
         .collect();
     gens.sort_unstable();
     gens

@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod control;
+pub mod secret;
 pub mod stats;
 pub mod where_;
 
@@ -20,6 +21,7 @@ use crate::config::MountRequest;
 use crate::units::ParseError;
 use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
+use secret::SecretArgs;
 use stats::StatsArgs;
 use where_::WhereArgs;
 
@@ -71,10 +73,12 @@ pub enum Command {
     /// LocalitySampler of the Python package (packaging/python) uses the
     /// same query; see docs/locality.md.
     Where(WhereArgs),
-    /// Print a new random cluster secret (256 bits, as
+    /// Make a new random cluster secret (256 bits, as
     /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
-    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
-    Secret,
+    /// --out /etc/locafs/secret` (created 0600). Without --out it is printed
+    /// (for pipes), but not into a file others may read. Only secrets made
+    /// by this are accepted.
+    Secret(SecretArgs),
     /// See and clean the cache directory that many data sets share:
     /// `cache ls`, `cache rm DATASET`, `cache gc --older-than 30d --to 500G`.
     Cache(CacheArgs),
@@ -104,16 +108,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => control::plan(args),
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
-        Command::Secret => match crate::peer::tls::generate_secret() {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("locafs: {e}");
-                ExitCode::from(1)
-            }
-        },
+        Command::Secret(args) => secret::main(args),
     }
 }
 

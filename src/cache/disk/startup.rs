@@ -230,7 +230,9 @@ impl Core {
             if self.closed.load(Ordering::Relaxed) {
                 break;
             }
-            let Some(d) = self.fan_for_walk(i) else { continue };
+            let Some(d) = self.fan_for_walk(i) else {
+                continue;
+            };
             let Ok(rd) = d.entries("") else { continue };
             let names: Vec<std::ffi::OsString> = rd.into_iter().map(|e| e.name).collect();
             let st = self.state.lock();
@@ -262,7 +264,9 @@ impl Core {
     /// Reads every cache file's meta (a cache without an index).
     pub(super) fn scan(&self, st: &mut State, rec: &mut Recovery) {
         for i in 0..256 {
-            let Some(d) = self.fan_for_walk(i) else { continue };
+            let Some(d) = self.fan_for_walk(i) else {
+                continue;
+            };
             let Ok(rd) = d.entries("") else { continue };
             for ent in rd {
                 let p = Path::new(&ent.name);
