@@ -437,9 +437,12 @@ pub fn remove_dataset(cache_dir: &PrivateDir, id: &str) -> Result<u64, RemoveErr
         Err(e) => return Err(io_err(e)),
     };
     let trash = {
-        let lock = crate::lock::DatasetLock::acquire(&dir).map_err(|_| RemoveError::Mounted {
-            id: id.to_owned(),
-            pid: mounted_by(&dir).unwrap_or(0),
+        let lock = crate::lock::DatasetLock::acquire(&dir).map_err(|e| match e {
+            crate::lock::LockError::Held { .. } => RemoveError::Mounted {
+                id: id.to_owned(),
+                pid: mounted_by(&dir).unwrap_or(0),
+            },
+            crate::lock::LockError::Io { source, .. } => io_err(source),
         })?;
         let trash = format!("{TRASH_PREFIX}{id}-{}-{}", std::process::id(), now());
         let ledger_lock = LedgerLock::acquire(cache_dir).map_err(io_err)?;

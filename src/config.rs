@@ -260,6 +260,9 @@ pub struct MountConfig {
     /// through these handles.
     pub cache: crate::private_dir::PrivateDir,
     pub dataset: crate::private_dir::PrivateDir,
+    /// What resolving changed on disk, for the log (e.g. a cache of an
+    /// older locafs made owner-only).
+    pub notes: Vec<String>,
     pub cache_size: Option<u64>,
     /// --cache-free-floor, if given (percent of the cache disk).
     pub cache_free_floor: Option<f64>,
@@ -756,7 +759,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
-    let (cache, dataset) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
+    let (cache, dataset, notes) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
     let cache_dir = cache.path().to_owned();
     let dataset_dir = dataset.path().to_owned();
     let id_for_peers = id;
@@ -783,6 +786,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         dataset_dir,
         cache,
         dataset,
+        notes,
         cache_size,
         cache_free_floor: f.cache_free_floor,
         block_size,
@@ -840,7 +844,8 @@ pub const OWNER_ONLY_MARK: &str = "owner-only";
 /// (no [`OWNER_ONLY_MARK`] in it: a cache of an older locafs, whose
 /// directories were 0755 and files 0644), everything in it is made
 /// owner-only once; the files at the top of the cache directory (the
-/// ledger) are at every start.
+/// ledger) are at every start. Also what it changed, in words.
+#[allow(clippy::type_complexity)]
 pub fn open_cache_dirs(
     cache_dir: &Path,
     mountpoint: &Path,
@@ -849,6 +854,7 @@ pub fn open_cache_dirs(
     (
         crate::private_dir::PrivateDir,
         crate::private_dir::PrivateDir,
+        Vec<String>,
     ),
     UsageError,
 > {
@@ -890,15 +896,24 @@ pub fn open_cache_dirs(
     let cache = PrivateDir::open(&cache_dir).map_err(fail)?;
     private_top_files(&cache);
     let dataset = cache.subdir(id, true).map_err(fail)?;
+    let mut notes = Vec::new();
+    for d in [&cache, &dataset] {
+        if let Some(was) = d.made_private_from() {
+            notes.push(format!(
+                "{}: made owner-only (it was {was:04o})",
+                d.path().display()
+            ));
+        }
+    }
     match dataset.make_private_once(OWNER_ONLY_MARK) {
-        Ok(Some(w)) if w.fixed + w.symlinks > 0 => tracing::info!(
-            "cache {}: made {} of {} entries owner-only, removed {} symlinks (once, for a \
+        Ok(Some(w)) if w.fixed + w.symlinks > 0 => notes.push(format!(
+            "cache {}: made {} of {} entries owner-only and removed {} symlinks (once: a \
              cache of an older locafs)",
             dataset.path().display(),
             w.fixed,
             w.entries,
             w.symlinks
-        ),
+        )),
         Ok(_) => {}
         Err(e) => return Err(fail(e)),
     }
@@ -911,7 +926,7 @@ pub fn open_cache_dirs(
         ))
     })?;
     let _ = dataset.remove_file(probe);
-    Ok((cache, dataset))
+    Ok((cache, dataset, notes))
 }
 
 /// Takes the group's and others' bits away from the files at the top of

@@ -708,7 +708,11 @@ impl Client {
                     mount_root.display()
                 )
             } else {
-                format!("{}: not the root of a locafs mount", mount_root.display())
+                format!(
+                    "{}: not the root of a locafs mount ({})",
+                    mount_root.display(),
+                    crate::logging::short_io(&e)
+                )
             }
         })?;
         let name = String::from_utf8_lossy(&raw).into_owned();

@@ -19,17 +19,27 @@ pub struct DatasetLock {
     _file: File,
 }
 
+/// Why the lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// A mount holds it.
+    #[error("cache dir {dir} is in use by another locafs mount (pid {pid})")]
+    Held { dir: String, pid: String },
+    /// The lock file cannot be opened (a symlink in its place, say).
+    #[error("cache dir {dir}: {source}")]
+    Io { dir: String, source: std::io::Error },
+}
+
 impl DatasetLock {
     /// Takes the lock, waiting at most 200 ms (`locafs cache ls` and the
     /// budget probe it with a shared lock for an instant); an error that
     /// names the holder if a mount holds it.
-    pub fn acquire(dir: &PrivateDir) -> Result<Self, String> {
+    pub fn acquire(dir: &PrivateDir) -> Result<Self, LockError> {
         let t = std::time::Instant::now();
         loop {
             match Self::try_acquire(dir) {
-                Err(e)
-                    if e.contains("in use")
-                        && t.elapsed() < std::time::Duration::from_millis(200) =>
+                Err(LockError::Held { .. })
+                    if t.elapsed() < std::time::Duration::from_millis(200) =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
@@ -39,8 +49,11 @@ impl DatasetLock {
     }
 
     /// One attempt at the lock, never waiting.
-    pub fn try_acquire(dir: &PrivateDir) -> Result<Self, String> {
-        let fail = |e: std::io::Error| format!("cache dir {}: {e}", dir.path().display());
+    pub fn try_acquire(dir: &PrivateDir) -> Result<Self, LockError> {
+        let fail = |source| LockError::Io {
+            dir: dir.path().display().to_string(),
+            source,
+        };
         // Held through a read-only descriptor, so that the cache disk can
         // still be remounted read-only under a running mount (created 0600
         // if missing).
@@ -53,11 +66,10 @@ impl DatasetLock {
         if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             let mut holder = String::new();
             let _ = f.read_to_string(&mut holder);
-            return Err(format!(
-                "cache dir {} is in use by another locafs mount (pid {})",
-                dir.path().display(),
-                holder.trim()
-            ));
+            return Err(LockError::Held {
+                dir: dir.path().display().to_string(),
+                pid: holder.trim().to_owned(),
+            });
         }
         // Who holds it, for the message above (best effort).
         if let Ok(mut w) = dir.open_file(LOCK_FILE, OFlags::WRONLY | OFlags::TRUNC) {
@@ -76,7 +88,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = PrivateDir::create(&tmp.path().join("ds")).unwrap();
         let first = DatasetLock::acquire(&dir).unwrap();
-        let e = DatasetLock::acquire(&dir).err().expect("refused");
+        let e = DatasetLock::acquire(&dir)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(
             e.contains("in use by another locafs mount")
                 && e.contains(&format!("(pid {})", std::process::id())),
@@ -93,7 +108,10 @@ mod tests {
         std::fs::write(&victim, b"precious").unwrap();
         let dir = PrivateDir::create(&tmp.path().join("ds")).unwrap();
         std::os::unix::fs::symlink(&victim, dir.display(LOCK_FILE)).unwrap();
-        let e = DatasetLock::acquire(&dir).err().expect("refused");
+        let e = DatasetLock::acquire(&dir)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(
             e.starts_with("cache dir ") && e.contains("is a symlink"),
             "{e}"

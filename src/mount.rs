@@ -45,6 +45,11 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         }
     };
     if daemon {
+        // (The daemon resolves again and finds nothing left to change: what
+        // this one changed is told here.)
+        for n in &cfg.notes {
+            eprintln!("locafs: {n}");
+        }
         return daemonize();
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
@@ -265,6 +270,9 @@ impl Mount {
     /// is a parameter so that tests and benchmarks can put a slow or failing
     /// source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
+        for n in &cfg.notes {
+            info!("{n}");
+        }
         crate::sys::raise_nofile_limit();
         crate::sys::tune_allocator(cfg.block_size);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -280,7 +288,8 @@ impl Mount {
             .build()
             .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
 
-        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e))?;
+        let lock =
+            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
         let stats = Arc::new(Stats::default());
         // Every call into the source from here on has a deadline and runs
         // on the guard's bounded threads (a hung NFS server holds those,

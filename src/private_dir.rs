@@ -7,9 +7,11 @@
 //! a directory (a symlink to one is refused), owned by the user running
 //! locafs, and writable by nobody else. Read or search bits for the group
 //! or others are taken away (the directory is ours, and nobody else could
-//! have put anything in it); a directory another user owns, or that others
-//! may write, is refused with a message saying what to run, because anyone
-//! could have planted files or symlinks in it. Everything below a handle is
+//! have put anything in it); so are write bits from an empty directory (a
+//! fresh tmpfs is 1777: once it is 0700 and still empty, nothing was
+//! planted). A directory another user owns, or that others may write and
+//! that holds anything, is refused with a message saying what to run,
+//! because anyone could have planted files or symlinks in it. Everything below a handle is
 //! opened relative to it (`openat2` with `RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS`, or `openat` component by component with
 //! `O_NOFOLLOW` where the kernel has no `openat2`), and created owner-only
@@ -51,6 +53,8 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 pub struct PrivateDir {
     fd: Arc<OwnedFd>,
     path: Arc<Path>,
+    /// Its mode before the check made it owner-only, if it did.
+    was: Option<u32>,
 }
 
 impl std::fmt::Debug for PrivateDir {
@@ -105,8 +109,8 @@ fn with_path(path: &Path, e: io::Error, is_link: impl FnOnce() -> bool) -> io::E
 
 /// Refuses a directory that another user owns or that others may write,
 /// and takes the group's and others' read and search bits away from one we
-/// own. `path` names it in messages.
-fn check(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+/// own (then its mode before). `path` names it in messages.
+fn check(fd: BorrowedFd<'_>, path: &Path) -> io::Result<Option<u32>> {
     let st = rustix::fs::fstat(fd)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         return Err(refused(format!("{}: not a directory", path.display())));
@@ -125,6 +129,16 @@ fn check(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
         )));
     }
     if mode & 0o022 != 0 {
+        // Empty, nobody planted anything in it (a fresh tmpfs is 1777):
+        // once it is 0700 nobody can, so it is taken, if it is still empty
+        // then. Otherwise it is left as it is.
+        if entries_of(fd)?.is_empty() {
+            rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & 0o700))?;
+            if entries_of(fd)?.is_empty() {
+                return Ok(Some(mode));
+            }
+            rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))?;
+        }
         return Err(refused(format!(
             "{} is writable by {} (mode {mode:04o}): anyone could have put files or symlinks \
              in it. Use another directory, or, if you trust what it holds: chmod -R go-rwx {}",
@@ -139,13 +153,9 @@ fn check(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     }
     if mode & 0o077 != 0 {
         rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & !0o077))?;
-        tracing::info!(
-            "{}: made owner-only (mode {mode:04o} -> {:04o})",
-            path.display(),
-            mode & !0o077
-        );
+        return Ok(Some(mode));
     }
-    Ok(())
+    Ok(None)
 }
 
 /// A relative path's components, refusing anything that leaves the
@@ -209,11 +219,17 @@ impl PrivateDir {
                 std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
             })
         })?;
-        check(fd.as_fd(), path)?;
+        let was = check(fd.as_fd(), path)?;
         Ok(PrivateDir {
             fd: Arc::new(fd),
             path: Arc::from(path),
+            was,
         })
+    }
+
+    /// Its mode before opening it made it owner-only (None: it was).
+    pub fn made_private_from(&self) -> Option<u32> {
+        self.was
     }
 
     /// The directory's path, for messages.
@@ -241,10 +257,11 @@ impl PrivateDir {
         let fd = self
             .resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
             .map_err(|e| with_path(&path, e, || self.is_link(rel)))?;
-        check(fd.as_fd(), &path)?;
+        let was = check(fd.as_fd(), &path)?;
         Ok(PrivateDir {
             fd: Arc::new(fd),
             path: Arc::from(path),
+            was,
         })
     }
 
@@ -511,9 +528,7 @@ fn make_private_at(fd: BorrowedFd<'_>, path: &Path, w: &mut Walked) -> io::Resul
                     Mode::empty(),
                 )?;
                 let p = path.join(name);
-                let before = rustix::fs::fstat(&sub)?.st_mode & 0o077;
-                check(sub.as_fd(), &p)?;
-                if before != 0 {
+                if check(sub.as_fd(), &p)?.is_some() {
                     w.fixed += 1;
                 }
                 make_private_at(sub.as_fd(), &p, w)?;
@@ -583,8 +598,18 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         PrivateDir::open(&p).unwrap();
         assert_eq!(mode(&p), 0o700);
+        // Writable by all but empty (a fresh tmpfs): taken.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(
+            PrivateDir::open(&p).unwrap().made_private_from(),
+            Some(0o1777)
+        );
+        assert_eq!(mode(&p), 0o700);
+        // Not empty: refused, and left as it was.
+        std::fs::write(p.join("planted"), b"").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
         let e = PrivateDir::open(&p).unwrap_err();
+        assert_eq!(mode(&p), 0o777);
         assert!(
             e.to_string().contains("writable by every user")
                 && e.to_string().contains("chmod -R go-rwx"),

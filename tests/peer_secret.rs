@@ -56,7 +56,7 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     ];
     for (i, passphrase) in hand_made.iter().enumerate() {
         let file = dir.path().join(format!("secret{i}"));
-        std::fs::write(&file, format!("{passphrase}\n")).unwrap();
+        write_private(&file, format!("{passphrase}\n"));
         let mut a = attempt(dir.path(), &format!("hand{i}"), &file);
         let code = a.wait_exit(Duration::from_secs(20)).map(|st| st.code());
         let err = a.stderr();
@@ -79,7 +79,7 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     assert!(secret.starts_with("locafs-secret-v1:"), "{secret}");
     assert_ne!(secret, print());
     let file = dir.path().join("good-secret");
-    std::fs::write(&file, &secret).unwrap();
+    write_private(&file, &secret);
     let mut a = attempt(dir.path(), "good", &file);
     a.wait_mounted(Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("did not mount: {e}"));

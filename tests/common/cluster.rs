@@ -91,7 +91,7 @@ impl Cluster {
             files.push((rel, data));
         }
         let secret = dir.path().join("secret");
-        std::fs::write(&secret, random_secret(&mut rng)).unwrap();
+        super::data::write_private(&secret, random_secret(&mut rng));
         Cluster {
             dir,
             files,
