@@ -514,7 +514,9 @@ pub fn default_cache_dir() -> PathBuf {
     }
     match std::env::var_os("HOME") {
         Some(h) => PathBuf::from(h).join(".cache/locafs"),
-        None => std::env::temp_dir().join("locafs-cache"),
+        // (Another user may have made this first: then it is refused, as
+        // a cache directory that is not ours; `private_dir`.)
+        None => std::env::temp_dir().join(format!("locafs-cache-{}", crate::private_dir::me())),
     }
 }
 

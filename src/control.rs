@@ -779,3 +779,64 @@ pub fn mount_root_of(path: &Path) -> Result<(PathBuf, PathBuf), String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(uid: u32) -> Caller {
+        Caller {
+            uid,
+            gid: uid,
+            groups: vec![],
+        }
+    }
+
+    #[test]
+    fn roles_owner_and_root_ask_anything_others_what_the_root_allows() {
+        let root = Path::new("/mnt/data");
+        let never = || -> bool { panic!("not asked when the uid decides") };
+        // The daemon's user and root: everything, without a check.
+        assert_eq!(role_of(&caller(0), 0, root, never), Role::Owner);
+        assert_eq!(role_of(&caller(1000), 1000, root, never), Role::Owner);
+        assert_eq!(role_of(&caller(0), 1000, root, never), Role::Owner);
+        // A daemon that is not root cannot check as another user: refused.
+        match role_of(&caller(1001), 1000, root, never) {
+            Role::Refused(why) => {
+                assert!(why.contains("belongs to uid 1000") && why.contains("you are uid 1001"))
+            }
+            r => panic!("{r:?}"),
+        }
+        // A root daemon: what the kernel says of the mount root.
+        assert_eq!(
+            role_of(&caller(65534), 0, root, || true),
+            Role::Reader(caller(65534))
+        );
+        match role_of(&caller(65534), 0, root, || false) {
+            Role::Refused(why) => assert!(
+                why.contains("uid 65534 may not read the mount root /mnt/data"),
+                "{why}"
+            ),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn refused_answers_and_socket_names_parse() {
+        use std::os::linux::net::SocketAddrExt;
+        let r: Response =
+            serde_json::from_str(r#"{"ok":false,"refused":true,"error":"refused: no"}"#).unwrap();
+        assert!(r.refused);
+        // Older answers without the field read as not refused.
+        let r: Response = serde_json::from_str(r#"{"ok":true}"#).unwrap();
+        assert!(!r.refused);
+        assert_eq!(
+            address("@locafs-1-ab").unwrap().as_abstract_name(),
+            Some(&b"locafs-1-ab"[..])
+        );
+        assert_eq!(
+            address("/run/x.sock").unwrap().as_pathname(),
+            Some(Path::new("/run/x.sock"))
+        );
+    }
+}
