@@ -532,7 +532,12 @@ pub fn canonical_dir_within(
                     libc::dup2(null, i);
                 }
             }
-            libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+                // (Before Linux 5.9.)
+                for fd in 4..4096 {
+                    libc::close(fd);
+                }
+            }
             let fd = libc::open(
                 c_path.as_ptr(),
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
