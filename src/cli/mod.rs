@@ -57,9 +57,11 @@ pub enum Command {
     Stats(StatsArgs),
     /// Fill the cache with files or directories of a mount (parallel,
     /// resumable: cached blocks are skipped). Exit 0 only if everything fits.
+    /// Only the user running the mount and root may warm it.
     Warm(WarmArgs),
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
-    /// path per line).
+    /// path per line). On a mount made by root, any user who may read the
+    /// mount root may plan (and ask `where`) about the files they can reach.
     Plan(PlanArgs),
     /// Show which node owns each file and whether it is cached here.
     ///
