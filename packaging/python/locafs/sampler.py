@@ -23,7 +23,7 @@ import sys
 import threading
 import warnings
 
-from .mount import LocafsError, Mount, NotALocafsMount
+from .control import LocafsError, Mount, NotALocafsMount
 
 __all__ = [
     "LocalitySampler",
