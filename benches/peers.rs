@@ -326,7 +326,7 @@ fn startup(work: &Path) {
         total += len as u64;
     }
     let secret = work.join("startup-secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     println!(
         "\n4. nodes started together, loaders at once (defaults: read-ahead on, --peer-timeout 2s), \
          2 epochs of DistributedSampler shares, data set {:.1} MiB in {STARTUP_FILES} files",
