@@ -21,6 +21,7 @@ pub mod mount;
 pub mod namespace;
 pub mod peer;
 pub mod prefetch;
+pub mod private_dir;
 pub mod reader;
 pub mod source;
 pub mod source_guard;

@@ -21,6 +21,7 @@ use crate::fuse::{FuseOptions, LocaFs};
 use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
+use crate::private_dir::PrivateDir;
 use crate::reader::{Reader, ReaderConfig};
 use crate::source::object::ObjectSource;
 use crate::source::{DirSource, Source};
@@ -48,6 +49,11 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         return ExitCode::from(1);
     }
     if daemon {
+        // (The daemon resolves again and finds nothing left to change: what
+        // this one changed is told here.)
+        for n in &cfg.notes {
+            eprintln!("locafs: {n}");
+        }
         return daemonize();
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
@@ -228,7 +234,6 @@ pub struct Mount {
     saver: Arc<ManifestSaver>,
     peer_node: Option<Arc<crate::peer::PeerNode>>,
     mountpoint: PathBuf,
-    control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
     readahead: Arc<ReadAhead>,
     stats: Arc<Stats>,
@@ -249,7 +254,7 @@ fn start_budget(
 ) -> Result<crate::budget::BudgetKeeper, (u8, String)> {
     use crate::budget::{Booking, BudgetKeeper, Usage};
     let booking = Booking {
-        cache_dir: cfg.cache_dir.clone(),
+        cache_dir: cfg.cache.clone(),
         id: cfg.dataset_name.clone(),
         source: cfg.source.display().to_string(),
         asked: cfg.cache_size,
@@ -309,6 +314,9 @@ impl Mount {
     /// is a parameter so that tests and benchmarks can put a slow or failing
     /// source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
+        for n in &cfg.notes {
+            info!("{n}");
+        }
         crate::sys::raise_nofile_limit();
         crate::sys::tune_allocator(cfg.block_size);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -328,7 +336,8 @@ impl Mount {
             .build()
             .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
 
-        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let lock =
+            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
         let stats = Arc::new(Stats::default());
         // Every call into the source from here on has a deadline and runs
         // on the guard's bounded threads (a hung NFS server holds those,
@@ -352,19 +361,17 @@ impl Mount {
         // two threads: each is about half of a remount's time (500 k files,
         // page cache dropped: 0.34 s and 0.25 s, one after the other
         // before; docs/benchmarks.md, ninth scale pass).
-        let manifest = cfg.dataset_dir.join("manifest");
         let (opened, restored) = std::thread::scope(|scope| {
             let restoring = std::thread::Builder::new()
                 .name("locafs-manifest".into())
-                .spawn_scoped(scope, || load_namespace(cfg, &manifest, &source));
+                .spawn_scoped(scope, || load_namespace(cfg, &source));
             // Unbounded until the shared budget of the cache directory gives
             // this mount its grant (below, before anything is served).
-            let opened =
-                DiskCache::open(&cfg.dataset_dir, None, cfg.block_size, Arc::clone(&stats));
+            let opened = DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
             let restored = match restoring {
                 Ok(t) => t.join().ok().flatten(),
                 // No thread: loaded here, after the cache.
-                Err(_) => load_namespace(cfg, &manifest, &source),
+                Err(_) => load_namespace(cfg, &source),
             };
             (opened, restored)
         });
@@ -387,7 +394,7 @@ impl Mount {
                 rec.other_block_size
             );
         }
-        let ns = match restore_namespace(restored, &manifest, &cache) {
+        let ns = match restore_namespace(restored, &cfg.dataset, &cache) {
             Some(ns) => ns,
             None => Namespace::new(
                 Arc::clone(&source),
@@ -497,15 +504,11 @@ impl Mount {
             )
             .map_err(|e| (2, e))?;
         }
-        let control_socket = crate::control::socket_path(&cfg.dataset_dir);
-        crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(
-            |e| {
-                (
-                    1,
-                    format!("control socket {}: {e}", control_socket.display()),
-                )
-            },
-        )?;
+        // (A file a locafs before the abstract socket may have left.)
+        let _ = cfg.dataset.remove_file("control.sock");
+        let control_socket =
+            crate::control::serve(&cfg.mountpoint, Arc::clone(&readahead), rt.handle())
+                .map_err(|e| (1, format!("control socket: {e}")))?;
         let ttl = match cfg.revalidate {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,
@@ -522,7 +525,7 @@ impl Mount {
                 kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
-                control_socket: control_socket.display().to_string(),
+                control_socket,
             },
             Arc::clone(&readahead),
         );
@@ -588,7 +591,7 @@ impl Mount {
         let saver = ManifestSaver {
             ns: Arc::clone(&ns),
             disk,
-            path: manifest,
+            dir: cfg.dataset.clone(),
             source: cfg.source.as_os_str().as_encoded_bytes().to_vec(),
             saved_at: parking_lot::Mutex::new(u64::MAX),
         };
@@ -608,7 +611,6 @@ impl Mount {
             saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
-            control_socket,
             session: Some(session),
             readahead,
             stats,
@@ -697,7 +699,6 @@ impl Mount {
         if let Some(node) = &self.peer_node {
             node.close();
         }
-        let _ = std::fs::remove_file(&self.control_socket);
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
         }
@@ -738,12 +739,8 @@ const MANIFEST_EVERY: Duration = Duration::from_secs(300);
 /// Loads the namespace from the manifest a previous mount left, if usable,
 /// with the manifest's size; its known bytes go to a sink of its own until
 /// [`restore_namespace`] hands them to the cache.
-fn load_namespace(
-    cfg: &MountConfig,
-    path: &Path,
-    source: &Arc<dyn Source>,
-) -> Option<(Namespace, u64)> {
-    let data = std::fs::read(path).ok()?;
+fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>) -> Option<(Namespace, u64)> {
+    let data = cfg.dataset.read(MANIFEST).ok()?;
     let data_len = data.len() as u64;
     let m = crate::manifest::decode(data)?;
     if m.source != cfg.source.as_os_str().as_encoded_bytes() {
@@ -768,23 +765,27 @@ fn load_namespace(
 /// manifest removed, if there was none or there is no room for it.
 fn restore_namespace(
     loaded: Option<(Namespace, u64)>,
-    path: &Path,
+    dir: &PrivateDir,
     cache: &DiskCache,
 ) -> Option<Namespace> {
     let usable = loaded.filter(|(_, len)| cache.reserve_aux(*len));
     let Some((ns, _)) = usable else {
-        let _ = std::fs::remove_file(path);
+        let _ = dir.remove_file(MANIFEST);
         return None;
     };
     ns.set_known_sink(cache.dataset_bytes_handle());
     Some(ns)
 }
 
+/// The namespace manifest's name in the data set's directory.
+const MANIFEST: &str = "manifest";
+
 /// Saves the namespace manifest beside the cache, within its size bound.
 struct ManifestSaver {
     ns: Arc<Namespace>,
     disk: Arc<DiskCache>,
-    path: PathBuf,
+    /// The data set's directory.
+    dir: PrivateDir,
     source: Vec<u8>,
     /// The namespace's change counter at the last save.
     saved_at: parking_lot::Mutex<u64>,
@@ -804,7 +805,11 @@ impl ManifestSaver {
         // Entries that left the tree and that the kernel does not hold lose
         // their names first.
         self.ns.sweep();
-        let old = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let old = self
+            .dir
+            .stat(MANIFEST)
+            .map(|m| m.st_size as u64)
+            .unwrap_or(0);
         // Old and new exist side by side until the rename. (The tree may
         // grow a little between this count and the save: booked again
         // with the size written.)
@@ -815,18 +820,20 @@ impl ManifestSaver {
         }
         // Streamed from the namespace to the file: no copy of the tree in
         // memory.
-        let tmp = self.path.with_extension("tmp");
-        let written = std::fs::File::create(&tmp)
+        let tmp = "manifest.tmp";
+        let written = self
+            .dir
+            .create_file(tmp)
             .and_then(|f| self.ns.save_to(f, &self.source, now))
             .and_then(|(f, n)| f.sync_data().map(|()| n))
-            .and_then(|n| std::fs::rename(&tmp, &self.path).map(|()| n));
+            .and_then(|n| self.dir.rename(tmp, MANIFEST).map(|()| n));
         match written {
             Ok(n) => {
                 self.disk.reserve_aux(n);
                 *saved_at = changes;
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
+                let _ = self.dir.remove_file(tmp);
                 self.disk.reserve_aux(old);
                 debug!("manifest not saved: {e}");
             }

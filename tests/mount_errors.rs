@@ -411,7 +411,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         .node_files(t, "n1", "n1.example.com")
         .cert;
     let secret = t.join("secret");
-    fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     let peer = [
         os("--listen"),
         os("127.0.0.1:17071"),
@@ -451,6 +451,10 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         &s.mnt,
         "--peer-key missing",
     );
+    // (A copy of the certificate that only its owner may read: one that
+    // others may read is refused before it is parsed.)
+    let not_key = t.join("not-a-key.pem");
+    common::write_private(&not_key, fs::read(&cert).unwrap());
     let toml = t.join("peer.toml");
     fs::write(
         &toml,
@@ -458,7 +462,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
             "peer-ca = {:?}\npeer-cert = {:?}\npeer-key = {:?}\n",
             cert.display().to_string(),
             cert.display().to_string(),
-            cert.display().to_string()
+            not_key.display().to_string()
         ),
     )
     .unwrap();
@@ -468,7 +472,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         "a --peer-key file without a key (TOML)",
         &no_key,
         &s.mnt,
-        &format!("--peer-key {}: no private key found", cert.display()),
+        &format!("--peer-key {}: no private key found", not_key.display()),
     );
 }
 

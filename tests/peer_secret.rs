@@ -56,14 +56,14 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     ];
     for (i, passphrase) in hand_made.iter().enumerate() {
         let file = dir.path().join(format!("secret{i}"));
-        std::fs::write(&file, format!("{passphrase}\n")).unwrap();
+        write_private(&file, format!("{passphrase}\n"));
         let mut a = attempt(dir.path(), &format!("hand{i}"), &file);
         let code = a.wait_exit(Duration::from_secs(20)).map(|st| st.code());
         let err = a.stderr();
         assert_eq!(code, Some(Some(2)), "{passphrase:?} was not refused: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "{err}");
-        assert!(lines[0].contains("run `locafs secret > FILE`"), "{err}");
+        assert!(lines[0].contains("run `locafs secret --out FILE`"), "{err}");
         assert!(lines[0].contains(&file.display().to_string()), "{err}");
         assert!(!err.contains(passphrase), "the secret was quoted: {err}");
         assert!(!is_mounted(&a.mnt));
@@ -79,7 +79,7 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     assert!(secret.starts_with("locafs-secret-v1:"), "{secret}");
     assert_ne!(secret, print());
     let file = dir.path().join("good-secret");
-    std::fs::write(&file, &secret).unwrap();
+    write_private(&file, &secret);
     let mut a = attempt(dir.path(), "good", &file);
     a.wait_mounted(Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("did not mount: {e}"));

@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod control;
+pub mod secret;
 pub mod stats;
 pub mod where_;
 
@@ -20,6 +21,7 @@ use crate::config::MountRequest;
 use crate::units::ParseError;
 use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
+use secret::SecretArgs;
 use stats::StatsArgs;
 use where_::WhereArgs;
 
@@ -55,9 +57,11 @@ pub enum Command {
     Stats(StatsArgs),
     /// Fill the cache with files or directories of a mount (parallel,
     /// resumable: cached blocks are skipped). Exit 0 only if everything fits.
+    /// Only the user running the mount and root may warm it.
     Warm(WarmArgs),
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
-    /// path per line).
+    /// path per line). On a mount made by root, any user who may read the
+    /// mount root may plan (and ask `where`) about the files they can reach.
     Plan(PlanArgs),
     /// Show which node owns each file and whether it is cached here.
     ///
@@ -71,10 +75,12 @@ pub enum Command {
     /// LocalitySampler of the Python package (packaging/python) uses the
     /// same query; see docs/locality.md.
     Where(WhereArgs),
-    /// Print a new random cluster secret (256 bits, as
+    /// Make a new random cluster secret (256 bits, as
     /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
-    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
-    Secret,
+    /// --out /etc/locafs/secret` (created 0600). Without --out it is printed
+    /// (for pipes), but not into a file others may read. Only secrets made
+    /// by this are accepted.
+    Secret(SecretArgs),
     /// See and clean the cache directory that many data sets share:
     /// `cache ls`, `cache rm DATASET`, `cache gc --older-than 30d --to 500G`.
     Cache(CacheArgs),
@@ -104,16 +110,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => control::plan(args),
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
-        Command::Secret => match crate::peer::tls::generate_secret() {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("locafs: {e}");
-                ExitCode::from(1)
-            }
-        },
+        Command::Secret(args) => secret::main(args),
     }
 }
 
