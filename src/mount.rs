@@ -475,6 +475,7 @@ impl Mount {
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
                 control_socket: control_socket.display().to_string(),
+                posix_acl: ns.has_acls(),
             },
             Arc::clone(&readahead),
         );

@@ -1,8 +1,9 @@
 //! The source guard: the one way the mount calls into the source. Every call
 //! runs on a bounded pool of worker threads owned by the guard, and its
 //! caller waits at most a deadline: `--metadata-timeout` for `stat`, `list`,
-//! `read_link` and `statvfs`, `--source-timeout` for data. Async callers (the
-//! reader) hold no thread at all while they wait. A listing reports its
+//! `read_link`, `statvfs` and the POSIX ACLs (`acls`), `--source-timeout`
+//! for data. Async callers (the reader) hold no thread at all while they
+//! wait. A listing reports its
 //! progress entry by entry, and its deadline runs from its last progress:
 //! a directory of a million entries lists however long that takes, while a
 //! listing that stops advancing times out a deadline after it stopped (and
@@ -42,7 +43,7 @@ use futures::future::BoxFuture;
 use parking_lot::{Condvar, Mutex};
 use tracing::{info, warn};
 
-use crate::source::{DirName, Source, SourceAttr, SourceError, SourceVersion};
+use crate::source::{Acls, DirName, Source, SourceAttr, SourceError, SourceVersion};
 use crate::stats::Stats;
 
 /// Deadlines and thread bounds of the guard.
@@ -816,6 +817,23 @@ impl Source for SourceGuard {
 
     fn stat_then(self: Arc<Self>, rel: PathBuf, done: StatAnswer) {
         self.stat_handed(rel, done)
+    }
+
+    fn has_acls(&self) -> bool {
+        self.inner.has_acls()
+    }
+
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        let rel = rel.to_owned();
+        self.meta("acls", move |s, _| s.acls(&rel))
+    }
+
+    fn acls_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<Acls>> {
+        Box::pin(async move {
+            let f = move |s: &dyn Source, _: &Progress| s.acls(&rel);
+            self.call_async(&self.metadata, self.cfg.metadata_timeout, "acls", f)
+                .await?
+        })
     }
 
     fn stalled(&self) -> bool {

@@ -45,6 +45,39 @@ pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// `lgetxattr(2)` of `name` (no symlink followed): None where the entry
+/// has no such attribute (ENODATA) or its file system keeps none of that
+/// kind (EOPNOTSUPP: an NFSv4 mount has no `system.posix_acl_*`). Values
+/// up to the kernel's 64 KiB limit.
+pub fn lgetxattr_opt(p: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let absent = |e: &rustix::io::Errno| {
+        *e == rustix::io::Errno::NODATA || *e == rustix::io::Errno::OPNOTSUPP
+    };
+    // Most values (an ACL of a few entries) fit the first buffer.
+    let mut buf = vec![0u8; 512];
+    loop {
+        match rustix::fs::lgetxattr(p, name, &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Err(e) if absent(&e) => return Ok(None),
+            Err(rustix::io::Errno::RANGE) if buf.len() < XATTR_SIZE_MAX => {
+                let want = match rustix::fs::lgetxattr_query(p, name) {
+                    Ok(n) => n,
+                    Err(e) if absent(&e) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                buf = vec![0u8; want.clamp(buf.len() * 2, XATTR_SIZE_MAX)];
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The largest value of an extended attribute Linux keeps.
+const XATTR_SIZE_MAX: usize = 64 * 1024;
+
 /// `fgetxattr(2)` into `buf`; the value's length (ERANGE if it is longer).
 pub fn fgetxattr(f: &std::fs::File, name: &str, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::fs::fgetxattr(f, name, buf)?)

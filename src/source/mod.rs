@@ -116,6 +116,30 @@ pub struct DirName {
     pub attr: Option<SourceAttr>,
 }
 
+/// The extended attribute holding a file's or directory's POSIX access ACL
+/// (the kernel's binary format: a version word, then 8-byte entries).
+pub const ACL_ACCESS_XATTR: &str = "system.posix_acl_access";
+/// The extended attribute holding a directory's default POSIX ACL.
+pub const ACL_DEFAULT_XATTR: &str = "system.posix_acl_default";
+
+/// The POSIX ACLs of one source entry, as the source's
+/// `system.posix_acl_access` and `system.posix_acl_default` hold them,
+/// passed to the kernel byte for byte (the kernel checks access against
+/// them: see docs/security.md). None: the entry has no such ACL (its mode
+/// bits say everything).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Acls {
+    pub access: Option<Box<[u8]>>,
+    pub default: Option<Box<[u8]>>,
+}
+
+impl Acls {
+    /// Whether the entry has neither ACL.
+    pub fn is_empty(&self) -> bool {
+        self.access.is_none() && self.default.is_none()
+    }
+}
+
 /// Why a read from the source failed; each maps to one errno for the reader.
 #[derive(Debug, Error)]
 pub enum SourceError {
@@ -207,6 +231,29 @@ pub trait Source: Send + Sync + 'static {
     ) -> Result<Bytes, SourceError>;
     /// `statvfs` of the source, for `df` on the mount.
     fn statvfs(&self) -> io::Result<libc::statvfs>;
+
+    /// Whether entries of this source can carry POSIX ACLs (a directory of
+    /// a file system: its ACLs are served and the kernel enforces them); an
+    /// object store has none. The default: none.
+    fn has_acls(&self) -> bool {
+        false
+    }
+
+    /// The POSIX ACLs of `rel` (of the entry itself, no symlink followed).
+    /// The default: none.
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        let _ = rel;
+        Ok(Acls::default())
+    }
+
+    /// [`Source::acls`] for async callers (see [`Source::read_at_async`]).
+    fn acls_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<Acls>> {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || self.acls(&rel))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)))
+        })
+    }
 
     /// [`Source::stat`] for async callers (see [`Source::read_at_async`]).
     fn stat_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<SourceAttr>> {

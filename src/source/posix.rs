@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use tracing::{info, warn};
 
-use super::{DirName, EntryKind, Source, SourceAttr, SourceError, SourceVersion};
+use super::{
+    Acls, DirName, EntryKind, Source, SourceAttr, SourceError, SourceVersion, ACL_ACCESS_XATTR,
+    ACL_DEFAULT_XATTR,
+};
 
 /// A source that is a directory of the local file system (which may itself be
 /// an NFS, Lustre or GPFS mount).
@@ -195,6 +198,22 @@ impl Source for DirSource {
 
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
         std::fs::read_link(self.full(rel))
+    }
+
+    fn has_acls(&self) -> bool {
+        true
+    }
+
+    /// Two `lgetxattr`s, neither following a symlink (a symlink has no ACL
+    /// of its own); a file's default ACL is always absent.
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        let path = self.full(rel);
+        let access = crate::sys::lgetxattr_opt(&path, ACL_ACCESS_XATTR)?;
+        let default = crate::sys::lgetxattr_opt(&path, ACL_DEFAULT_XATTR)?;
+        Ok(Acls {
+            access: access.map(Vec::into_boxed_slice),
+            default: default.map(Vec::into_boxed_slice),
+        })
     }
 
     fn read_at(
