@@ -117,14 +117,21 @@ pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
         AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC,
         StatxFlags::SIZE | StatxFlags::MTIME | StatxFlags::INO,
     )?;
-    // As `SourceAttr::from_metadata` computes it, without a panic on an
-    // absurd time.
-    let mtime_ns = st
-        .stx_mtime
-        .tv_sec
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(st.stx_mtime.tv_nsec as i64);
+    // As `SourceAttr::from_metadata` computes it (the versions compare).
+    let mtime_ns = unix_ns(st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec as i64);
     Ok((st.stx_size, mtime_ns, st.stx_ino))
+}
+
+/// A time of `secs` seconds and `nanos` nanoseconds since 1970 in
+/// nanoseconds, as the namespace keeps times (i64): saturated at the ends
+/// of that range (years 1677 and 2262), never wrapped. A source may hold
+/// later times (ext4 and xfs go to 2446, an object store's Last-Modified
+/// is whatever its server says); such a time shows as 2262 through the
+/// mount. An object's version still tells its contents apart (its ETag is
+/// part of it); a file rewritten in place at the same size with both its
+/// times past 2262 is not seen as changed.
+pub fn unix_ns(secs: i64, nanos: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
 /// Detaches a mount even if it is busy (`umount -l`).
@@ -600,7 +607,7 @@ mod tests {
         std::fs::write(&p, vec![1u8; 12345]).unwrap();
         let f = std::fs::File::open(&p).unwrap();
         let m = f.metadata().unwrap();
-        let want = (m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec(), m.ino());
+        let want = (m.len(), unix_ns(m.mtime(), m.mtime_nsec()), m.ino());
         match fstat_fresh(&f) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
                 eprintln!("SKIPPED: no statx(2) here");

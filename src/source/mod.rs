@@ -87,9 +87,9 @@ impl SourceAttr {
             gid: m.gid(),
             rdev: m.rdev() as u32,
             ino: m.ino(),
-            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            atime_ns: unix_ns(m.atime(), m.atime_nsec()),
+            mtime_ns: unix_ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: unix_ns(m.ctime(), m.ctime_nsec()),
         }
     }
 
@@ -102,6 +102,8 @@ impl SourceAttr {
         }
     }
 }
+
+pub use crate::sys::unix_ns;
 
 /// One entry of a directory as `getdents` gives it: no attributes beyond
 /// its kind and source inode.

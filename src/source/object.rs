@@ -885,8 +885,9 @@ pub fn etag_hash(etag: &str) -> u64 {
 }
 
 fn file_attr(m: &ObjectMeta) -> SourceAttr {
-    // Whole seconds: a GET's Last-Modified header has no more.
-    let mtime_ns = m.last_modified.timestamp() * 1_000_000_000;
+    // Whole seconds: a GET's Last-Modified header has no more. (A time
+    // past 2262 saturates: see `unix_ns`.)
+    let mtime_ns = super::unix_ns(m.last_modified.timestamp(), 0);
     let ino = match &m.e_tag {
         Some(e) => etag_hash(e),
         // No ETag (some stores): the size and time stand for the version.
@@ -1224,6 +1225,24 @@ mod tests {
         assert_eq!(error_code(t), Some("AuthorizationFailure"));
         assert_eq!(error_code("403 Forbidden"), None);
         assert_eq!(error_code("<Code></Code>"), None);
+    }
+
+    #[test]
+    fn a_last_modified_time_past_2262_saturates_instead_of_overflowing() {
+        use chrono::TimeZone;
+        let meta = |y: i32| ObjectMeta {
+            location: Key::parse("k").unwrap(),
+            last_modified: chrono::Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).unwrap(),
+            size: 5,
+            e_tag: Some("\"e\"".into()),
+            version: None,
+        };
+        let a = file_attr(&meta(2300));
+        assert_eq!(a.mtime_ns, i64::MAX);
+        assert_eq!((a.size, a.ino), (5, etag_hash("e")));
+        // The far past too, and an ordinary date exactly.
+        assert_eq!(file_attr(&meta(1000)).mtime_ns, i64::MIN);
+        assert_eq!(file_attr(&meta(2024)).mtime_ns, 1_704_067_200_000_000_000);
     }
 
     #[test]
