@@ -299,6 +299,10 @@ impl Mount {
             stats
                 .source_throttled
                 .set(Arc::new(move || s.throttled_responses()));
+            let s = Arc::clone(&source);
+            stats
+                .source_bad_replies
+                .set(Arc::new(move || s.bad_replies()));
         }
         // The cache's books and the namespace's manifest load at once, on
         // two threads: each is about half of a remount's time (500 k files,

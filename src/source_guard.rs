@@ -851,6 +851,10 @@ impl Source for SourceGuard {
     fn throttled_responses(&self) -> u64 {
         self.inner.throttled_responses()
     }
+
+    fn bad_replies(&self) -> u64 {
+        self.inner.bad_replies()
+    }
 }
 
 #[cfg(test)]

@@ -88,6 +88,10 @@ pub struct Stats {
     /// Answers of the source asking to slow down (503 SlowDown, 429), each
     /// retried by the source itself; read-ahead cuts its concurrency on them.
     pub source_throttled: ViewSlot<u64>,
+    /// Answers of the source refused as malformed (an object store's body
+    /// longer or shorter than the range asked, a listing page past its
+    /// bound or repeating its continuation token); each failed its call.
+    pub source_bad_replies: ViewSlot<u64>,
 }
 
 /// The budget that every mount of one cache directory shares (filled from
@@ -246,6 +250,7 @@ impl Default for Stats {
             budget: ViewSlot::default(),
             source_skipped: ViewSlot::default(),
             source_throttled: ViewSlot::default(),
+            source_bad_replies: ViewSlot::default(),
         }
     }
 }
@@ -325,6 +330,11 @@ pub struct StatsSnapshot {
     /// SlowDown or 429), each retried with backoff.
     #[serde(default)]
     pub source_throttled_responses: u64,
+    /// Answers of the source refused as malformed (a body longer or
+    /// shorter than the range asked, a listing that repeats its
+    /// continuation token or passes its bounds); each failed only its call.
+    #[serde(default)]
+    pub source_bad_replies: u64,
     /// Empty without --peers.
     #[serde(default)]
     pub peers: Vec<PeerSnapshot>,
@@ -388,6 +398,7 @@ impl Stats {
             source_threads_peak: self.source_threads_peak.load(Relaxed),
             source_entries_skipped: self.source_skipped.get(),
             source_throttled_responses: self.source_throttled.get(),
+            source_bad_replies: self.source_bad_replies.get(),
             peers: self.peers.get(),
             read_ahead: self.read_ahead.get(),
             budget: self.budget.get(),
@@ -559,6 +570,16 @@ impl StatsSnapshot {
                     "{} answers asked to slow down (503 SlowDown, 429), each retried; \
                      read-ahead cut its concurrency",
                     self.source_throttled_responses
+                ),
+            ));
+        }
+        if self.source_bad_replies > 0 {
+            rows.push((
+                "source bad replies",
+                format!(
+                    "{} answers refused as malformed (a body not the length asked, a listing \
+                     that repeats itself or passes its bounds); each failed its own call",
+                    self.source_bad_replies
                 ),
             ));
         }

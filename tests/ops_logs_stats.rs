@@ -69,6 +69,7 @@ fn stats_json_schema_and_watch() {
         "source_threads_peak",
         "source_entries_skipped",
         "source_throttled_responses",
+        "source_bad_replies",
         "epoch",
         "epoch_files_read",
         "epoch_files_total",

@@ -360,4 +360,12 @@ pub trait Source: Send + Sync + 'static {
     fn throttled_responses(&self) -> u64 {
         0
     }
+
+    /// Answers of the source refused as malformed, since it was opened: an
+    /// object store's body longer or shorter than the range asked, a
+    /// listing page past its size bound or that repeats its continuation
+    /// token. Each failed only its own call.
+    fn bad_replies(&self) -> u64 {
+        0
+    }
 }
