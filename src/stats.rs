@@ -57,6 +57,9 @@ pub struct Stats {
     pub peer_bad_requests: AtomicU64,
     /// Incoming peer connections refused at the handshake.
     pub peer_refused_connections: AtomicU64,
+    /// Incoming QUIC connection attempts sent a Retry (address validation)
+    /// because many handshakes were in progress.
+    pub peer_handshakes_retried: AtomicU64,
     /// Since when the source is stalled (Unix ms; 0: it answers).
     pub source_stalled_since_ms: AtomicU64,
     /// Times the source was found stalled.
@@ -236,6 +239,7 @@ impl Default for Stats {
             peer_failures: AtomicU64::new(0),
             peer_bad_requests: AtomicU64::new(0),
             peer_refused_connections: AtomicU64::new(0),
+            peer_handshakes_retried: AtomicU64::new(0),
             source_stalled_since_ms: AtomicU64::new(0),
             source_stalls: AtomicU64::new(0),
             source_calls_refused: AtomicU64::new(0),
@@ -300,6 +304,10 @@ pub struct StatsSnapshot {
     pub peer_bad_requests: u64,
     #[serde(default)]
     pub peer_refused_connections: u64,
+    /// Connection attempts sent a QUIC Retry (their address had to be
+    /// proven: many handshakes were in progress).
+    #[serde(default)]
+    pub peer_handshakes_retried: u64,
     /// Since when the source has not answered (Unix seconds), or None
     /// while it answers.
     #[serde(default)]
@@ -386,6 +394,7 @@ impl Stats {
             peer_failures: self.peer_failures.load(Relaxed),
             peer_bad_requests: self.peer_bad_requests.load(Relaxed),
             peer_refused_connections: self.peer_refused_connections.load(Relaxed),
+            peer_handshakes_retried: self.peer_handshakes_retried.load(Relaxed),
             source_stalled_since: match self.source_stalled_since_ms.load(Relaxed) {
                 0 => None,
                 ms => Some(ms as f64 / 1000.0),
@@ -617,13 +626,15 @@ impl StatsSnapshot {
                 "peer traffic",
                 format!(
                     "{} served to peers, {} bad blocks caught, {} failed requests, \
-                     {} busy answers waited out, {} malformed requests, {} refused connections",
+                     {} busy answers waited out, {} malformed requests, {} refused connections, \
+                     {} handshakes retried",
                     format_size(self.peer_served_bytes),
                     self.peer_bad_blocks,
                     self.peer_failures,
                     self.peer_busy,
                     self.peer_bad_requests,
-                    self.peer_refused_connections
+                    self.peer_refused_connections,
+                    self.peer_handshakes_retried
                 ),
             ));
         }

@@ -61,6 +61,7 @@ fn stats_json_schema_and_watch() {
         "peer_failures",
         "peer_bad_requests",
         "peer_refused_connections",
+        "peer_handshakes_retried",
         "source_stalls",
         "source_calls_refused",
         "source_timeouts",
