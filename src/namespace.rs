@@ -2077,8 +2077,18 @@ impl Namespace {
     }
 
     /// The POSIX ACLs of `ino` if the namespace holds them read since its
-    /// attributes were, and those are fresh; else the question for the
-    /// source. A source without ACLs is never asked.
+    /// attributes were last read; else the question for the source. A
+    /// source without ACLs is never asked.
+    ///
+    /// Whether the attributes themselves are stale is not asked here: the
+    /// kernel keeps an ACL as long as the attributes it got with it, and
+    /// asks for the attributes again (which reads them again here if they
+    /// are stale, and so marks the ACL to be read again) before it asks
+    /// for the ACL again. Asking the source whenever the record is stale
+    /// made every check of an entry whose attributes the kernel still held
+    /// (the mount's root, after `--revalidate`) a source call: 10 times
+    /// slower reads of small files for a user who does not own them
+    /// (`cargo bench --bench acl`, 2026-12-06).
     pub fn acls_local(&self, ino: u64) -> Step<Arc<Acls>> {
         let inner = self.inner.read();
         let Some(n) = inner.node(ino) else {
@@ -2087,7 +2097,7 @@ impl Namespace {
         if !self.acls_on {
             return Step::Done(Ok(Arc::clone(&inner.no_acls)));
         }
-        let fresh = n.flags & ACL_FRESH != 0 && n.known() && !self.stale_node(n);
+        let fresh = n.flags & ACL_FRESH != 0 && n.known();
         if fresh {
             return Step::Done(Ok(inner.acls_of(ino)));
         }

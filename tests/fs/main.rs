@@ -213,6 +213,14 @@ impl Harness {
         Ok((cur.0, cur.1.expect("a path")))
     }
 
+    fn getattr(&self, ino: u64) -> io::Result<SourceAttr> {
+        let (tx, rx) = mpsc::channel();
+        self.fs.getattr(ino, move |r| {
+            let _ = tx.send(r);
+        });
+        wait(rx)
+    }
+
     fn getxattr(&self, ino: u64, name: &str) -> io::Result<Vec<u8>> {
         let (tx, rx) = mpsc::channel();
         self.fs.getxattr(ino, OsStr::new(name), move |r| {
@@ -930,8 +938,10 @@ fn posix_acls_are_the_sources_held_with_the_attributes_and_read_again_with_them(
     }
     assert_eq!(src.acl_calls.load(SeqCst), calls, "held, not asked again");
 
-    // Revalidated with the attributes: always stale here, so every request
-    // reads them again and sees each change.
+    // Revalidated with the attributes: always stale here, so each GETATTR
+    // reads them again, and the ACL is read again at the next request (the
+    // kernel asks for the attributes before it asks for the ACL again);
+    // without a GETATTR in between it is held.
     let h = Harness::new(src.clone(), Some(Duration::ZERO));
     let secret = h.ino("secret");
     assert_eq!(errno(h.getxattr(secret, ACCESS)), libc::ENODATA);
@@ -943,7 +953,12 @@ fn posix_acls_are_the_sources_held_with_the_attributes_and_read_again_with_them(
             default: None,
         },
     );
+    assert_eq!(errno(h.getxattr(secret, ACCESS)), libc::ENODATA, "held");
+    h.getattr(secret).unwrap();
     assert_eq!(&*h.getxattr(secret, ACCESS).unwrap(), &*granted);
-    src.remove("secret");
-    assert_eq!(errno(h.getxattr(secret, ACCESS)), libc::ENOENT);
+    // A file gone at the source: its ACL read again fails as its stat does.
+    let open = h.ino("open");
+    h.getattr(open).unwrap();
+    src.remove("open");
+    assert_eq!(errno(h.getxattr(open, ACCESS)), libc::ENOENT);
 }
