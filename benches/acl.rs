@@ -69,6 +69,10 @@ fn main() {
         std::env::var("LOCAFS_BENCH_DIR").unwrap_or_else(|_| "/var/tmp/locafs-bench-acl".into()),
     );
     let (src, mnt, cache) = (root.join("src"), root.join("mnt"), root.join("cache"));
+    // A mount an interrupted run left behind.
+    if common::is_mounted(&mnt) {
+        common::force_unmount(&mnt);
+    }
     for d in [&root, &src, &mnt] {
         fs::create_dir_all(d).unwrap();
         fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();

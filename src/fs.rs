@@ -666,10 +666,11 @@ impl<B: Send + Sync + 'static> FsCore<B> {
     }
 
     /// The POSIX ACLs of `ino` from the namespace, read from the source
-    /// (within `--metadata-timeout`, from a task) when it holds none read
-    /// since the attributes were: the kernel asks for them when it checks
-    /// a user's access (FUSE_POSIX_ACL), and caches them as long as the
-    /// attributes.
+    /// when it holds none read since the attributes were (within
+    /// `--metadata-timeout`, answered by the metadata worker that read
+    /// them, as a lookup's stat is): the kernel asks for them when it
+    /// checks a user's access (FUSE_POSIX_ACL), and caches them as long as
+    /// the attributes.
     fn acls(
         &self,
         ino: u64,
@@ -679,10 +680,8 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             Step::Done(r) => reply(r),
             Step::Ask(ask) => {
                 let ns = Arc::clone(&self.ns);
-                self.rt.spawn(async move {
-                    let r = ns.source_acls(&ask).await;
-                    reply(ns.acls_answer(ino, ask, r))
-                });
+                self.ns
+                    .acls_then(ask, move |ask, r| reply(ns.acls_answer(ino, ask, r)));
             }
         }
     }

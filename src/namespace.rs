@@ -8,6 +8,12 @@
 //! request for up to 1,000 entries instead of one each, and every listing
 //! of a directory is shared by all that wait on it (single flight).
 //!
+//! It also holds each entry's POSIX ACLs (a directory source's; the kernel
+//! checks users who do not own an entry against them): read from the
+//! source when the kernel first asks after the attributes were read, held
+//! until the attributes are read again, and costing memory only for the
+//! entries that have one (three flag bits otherwise).
+//!
 //! Inode numbers are stable for the life of the mount (a renamed or replaced
 //! entry gets a new one) and never reused. This module never reads file data,
 //! adds no entry of its own to the tree (no control files), and does no source
@@ -2086,9 +2092,11 @@ impl Namespace {
     /// are stale, and so marks the ACL to be read again) before it asks
     /// for the ACL again. Asking the source whenever the record is stale
     /// made every check of an entry whose attributes the kernel still held
-    /// (the mount's root, after `--revalidate`) a source call: 10 times
-    /// slower reads of small files for a user who does not own them
-    /// (`cargo bench --bench acl`, 2026-12-06).
+    /// (the mount's root, whose ACL the kernel asks for at every path walk
+    /// that crosses it) a source call: a user who does not own the files
+    /// read small ones at 0.07-0.16 of the owner's speed through the same
+    /// mount, 0.50 after (`cargo bench --bench acl`, 2026-12-06, a loaded
+    /// machine).
     pub fn acls_local(&self, ino: u64) -> Step<Arc<Acls>> {
         let inner = self.inner.read();
         let Some(n) = inner.node(ino) else {
@@ -2138,10 +2146,13 @@ impl Namespace {
         }
     }
 
-    /// The source's POSIX ACLs for `ask` (through the guard, within
-    /// `--metadata-timeout`), without holding a thread.
-    pub async fn source_acls(&self, ask: &Ask) -> io::Result<Acls> {
-        Arc::clone(&self.source).acls_async(ask.path.clone()).await
+    /// Asks the source for the POSIX ACLs of `ask`'s entry and hands
+    /// `answer` them (or the error) on whatever thread has them, holding
+    /// none: with the mount's guard, the metadata worker that read them,
+    /// or its deadline thread (as [`Namespace::stat_then`]).
+    pub fn acls_then(&self, ask: Ask, answer: impl FnOnce(Ask, io::Result<Acls>) + Send + 'static) {
+        let path = ask.path.clone();
+        Arc::clone(&self.source).acls_then(path, Box::new(move |r| answer(ask, r)));
     }
 
     /// Entries holding an ACL now (for tests and memory reporting).

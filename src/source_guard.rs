@@ -393,16 +393,40 @@ impl Progress {
 /// answer or ETIMEDOUT, on whatever thread has it.
 pub type StatAnswer = Box<dyn FnOnce(io::Result<SourceAttr>) + Send>;
 
-/// One handed-over answer: taken (and called) by whoever answers first.
-struct Once(Mutex<Option<StatAnswer>>);
+/// What a caller of a handed-over call is given (a stat's attributes, an
+/// entry's ACLs): the source's answer or ETIMEDOUT.
+pub type Answer<T> = Box<dyn FnOnce(io::Result<T>) + Send>;
 
-impl Once {
-    fn take(&self) -> Option<StatAnswer> {
+/// One handed-over answer: taken (and called) by whoever answers first.
+struct Once<T>(Mutex<Option<Answer<T>>>);
+
+impl<T> Once<T> {
+    fn take(&self) -> Option<Answer<T>> {
         self.0.lock().take()
     }
+}
 
+/// A handed-over answer as the deadline thread sees it, whatever it
+/// carries.
+trait Handed: Send + Sync {
+    fn answered(&self) -> bool;
+    /// Answers ETIMEDOUT unless answered; whether it did.
+    fn time_out(&self) -> bool;
+}
+
+impl<T: 'static> Handed for Once<T> {
     fn answered(&self) -> bool {
         self.0.lock().is_none()
+    }
+
+    fn time_out(&self) -> bool {
+        match self.take() {
+            Some(done) => {
+                done(Err(timed_out()));
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -418,7 +442,7 @@ struct Deadlines {
 
 #[derive(Default)]
 struct DeadlineState {
-    queue: VecDeque<(Instant, Arc<Once>)>,
+    queue: VecDeque<(Instant, Arc<dyn Handed>)>,
     /// The deadline thread runs.
     running: bool,
     closed: bool,
@@ -435,7 +459,7 @@ impl Deadlines {
 
     /// Answers `once` with ETIMEDOUT at `at` unless it was answered. False
     /// if no deadline thread can run (the caller then must not hand over).
-    fn push(self: &Arc<Self>, at: Instant, once: Arc<Once>) -> bool {
+    fn push(self: &Arc<Self>, at: Instant, once: Arc<dyn Handed>) -> bool {
         let mut st = self.state.lock();
         if st.closed {
             return false;
@@ -478,9 +502,7 @@ impl Deadlines {
                 st.running = false;
                 drop(st);
                 for (_, once) in left {
-                    if let Some(done) = once.take() {
-                        done(Err(timed_out()));
-                    }
+                    once.time_out();
                 }
                 return;
             }
@@ -494,9 +516,8 @@ impl Deadlines {
                         continue;
                     };
                     drop(st);
-                    if let Some(done) = once.take() {
+                    if once.time_out() {
                         self.stats.source_timeouts.fetch_add(1, Relaxed);
-                        done(Err(timed_out()));
                     }
                     st = self.state.lock();
                 }
@@ -657,16 +678,31 @@ impl SourceGuard {
     /// passed (at once if the source is stalled). `done` is called exactly
     /// once.
     fn stat_handed(&self, rel: PathBuf, done: StatAnswer) {
+        self.handed("stat", rel, |s, rel| s.stat(rel), done)
+    }
+
+    /// The metadata call `f` of `rel` (named `what`) on a metadata worker,
+    /// its answer handed to `done` as [`SourceGuard::stat_handed`] does.
+    fn handed<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        rel: PathBuf,
+        f: fn(&dyn Source, &Path) -> io::Result<T>,
+        done: Answer<T>,
+    ) {
         if let Err(e) = self.admit() {
             return done(Err(e));
         }
         let once = Arc::new(Once(Mutex::new(Some(done))));
         let at = Instant::now() + self.cfg.metadata_timeout;
-        if !self.deadlines.push(at, Arc::clone(&once)) {
+        if !self
+            .deadlines
+            .push(at, Arc::clone(&once) as Arc<dyn Handed>)
+        {
             // No deadline thread: answered through the runtime-free
             // blocking call instead, on this thread, with its deadline.
             if let Some(done) = once.take() {
-                done(Source::stat(self, &rel));
+                done(self.meta(what, move |s, _| f(s, &rel)));
             }
             return;
         }
@@ -680,8 +716,8 @@ impl SourceGuard {
             if once.answered() {
                 return;
             }
-            let id = health.begin("stat");
-            let r = inner.stat(&rel);
+            let id = health.begin(what);
+            let r = f(&*inner, &rel);
             health.end(id);
             if let Some(done) = once.take() {
                 done(r);
@@ -828,12 +864,8 @@ impl Source for SourceGuard {
         self.meta("acls", move |s, _| s.acls(&rel))
     }
 
-    fn acls_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<Acls>> {
-        Box::pin(async move {
-            let f = move |s: &dyn Source, _: &Progress| s.acls(&rel);
-            self.call_async(&self.metadata, self.cfg.metadata_timeout, "acls", f)
-                .await?
-        })
+    fn acls_then(self: Arc<Self>, rel: PathBuf, done: Answer<Acls>) {
+        self.handed("acls", rel, |s, rel| s.acls(rel), done)
     }
 
     fn stalled(&self) -> bool {

@@ -248,13 +248,17 @@ pub trait Source: Send + Sync + 'static {
         Ok(Acls::default())
     }
 
-    /// [`Source::acls`] for async callers (see [`Source::read_at_async`]).
-    fn acls_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<Acls>> {
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || self.acls(&rel))
-                .await
-                .unwrap_or_else(|e| Err(io::Error::other(e)))
-        })
+    /// [`Source::acls`] for a caller that must not wait (a FUSE thread), as
+    /// [`Source::stat_then`]: `done` gets the answer on whatever thread has
+    /// it; the source guard answers from its bounded workers within
+    /// `--metadata-timeout`.
+    fn acls_then(self: Arc<Self>, rel: PathBuf, done: Box<dyn FnOnce(io::Result<Acls>) + Send>) {
+        let asked = std::thread::Builder::new()
+            .name("locafs-acls".into())
+            .spawn(move || done(self.acls(&rel)));
+        if let Err(e) = asked {
+            tracing::warn!("no thread for an ACL read: {e}");
+        }
     }
 
     /// [`Source::stat`] for async callers (see [`Source::read_at_async`]).
