@@ -2092,11 +2092,9 @@ impl Namespace {
     /// are stale, and so marks the ACL to be read again) before it asks
     /// for the ACL again. Asking the source whenever the record is stale
     /// made every check of an entry whose attributes the kernel still held
-    /// (the mount's root, whose ACL the kernel asks for at every path walk
-    /// that crosses it) a source call: a user who does not own the files
-    /// read small ones at 0.07-0.16 of the owner's speed through the same
-    /// mount, 0.50 after (`cargo bench --bench acl`, 2026-12-06, a loaded
-    /// machine).
+    /// a source call: the mount's root, whose ACL the kernel asks for at
+    /// every path walk that crosses it, cost one per open of any file once
+    /// `--revalidate` had passed (seen in `cargo bench --bench acl`).
     pub fn acls_local(&self, ino: u64) -> Step<Arc<Acls>> {
         let inner = self.inner.read();
         let Some(n) = inner.node(ino) else {
