@@ -356,6 +356,10 @@ impl Mount {
             stats
                 .source_throttled
                 .set(Arc::new(move || s.throttled_responses()));
+            let s = Arc::clone(&source);
+            stats
+                .source_bad_replies
+                .set(Arc::new(move || s.bad_replies()));
         }
         // The cache's books and the namespace's manifest load at once, on
         // two threads: each is about half of a remount's time (500 k files,
@@ -526,6 +530,7 @@ impl Mount {
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
                 control_socket,
+                posix_acl: ns.has_acls(),
             },
             Arc::clone(&readahead),
         );

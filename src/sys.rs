@@ -46,6 +46,39 @@ pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// `lgetxattr(2)` of `name` (no symlink followed): None where the entry
+/// has no such attribute (ENODATA) or its file system keeps none of that
+/// kind (EOPNOTSUPP: an NFSv4 mount has no `system.posix_acl_*`). Values
+/// up to the kernel's 64 KiB limit.
+pub fn lgetxattr_opt(p: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let absent = |e: &rustix::io::Errno| {
+        *e == rustix::io::Errno::NODATA || *e == rustix::io::Errno::OPNOTSUPP
+    };
+    // Most values (an ACL of a few entries) fit the first buffer.
+    let mut buf = vec![0u8; 512];
+    loop {
+        match rustix::fs::lgetxattr(p, name, &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Err(e) if absent(&e) => return Ok(None),
+            Err(rustix::io::Errno::RANGE) if buf.len() < XATTR_SIZE_MAX => {
+                let want = match rustix::fs::lgetxattr_query(p, name) {
+                    Ok(n) => n,
+                    Err(e) if absent(&e) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                buf = vec![0u8; want.clamp(buf.len() * 2, XATTR_SIZE_MAX)];
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The largest value of an extended attribute Linux keeps.
+const XATTR_SIZE_MAX: usize = 64 * 1024;
+
 /// `fgetxattr(2)` into `buf`; the value's length (ERANGE if it is longer).
 pub fn fgetxattr(f: &std::fs::File, name: &str, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::fs::fgetxattr(f, name, buf)?)
@@ -85,14 +118,21 @@ pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
         AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC,
         StatxFlags::SIZE | StatxFlags::MTIME | StatxFlags::INO,
     )?;
-    // As `SourceAttr::from_metadata` computes it, without a panic on an
-    // absurd time.
-    let mtime_ns = st
-        .stx_mtime
-        .tv_sec
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(st.stx_mtime.tv_nsec as i64);
+    // As `SourceAttr::from_metadata` computes it (the versions compare).
+    let mtime_ns = unix_ns(st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec as i64);
     Ok((st.stx_size, mtime_ns, st.stx_ino))
+}
+
+/// A time of `secs` seconds and `nanos` nanoseconds since 1970 in
+/// nanoseconds, as the namespace keeps times (i64): saturated at the ends
+/// of that range (years 1677 and 2262), never wrapped. A source may hold
+/// later times (ext4 and xfs go to 2446, an object store's Last-Modified
+/// is whatever its server says); such a time shows as 2262 through the
+/// mount. An object's version still tells its contents apart (its ETag is
+/// part of it); a file rewritten in place at the same size with both its
+/// times past 2262 is not seen as changed.
+pub fn unix_ns(secs: i64, nanos: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
 /// Detaches a mount even if it is busy (`umount -l`); a user's own FUSE
@@ -846,7 +886,7 @@ mod tests {
         std::fs::write(&p, vec![1u8; 12345]).unwrap();
         let f = std::fs::File::open(&p).unwrap();
         let m = f.metadata().unwrap();
-        let want = (m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec(), m.ino());
+        let want = (m.len(), unix_ns(m.mtime(), m.mtime_nsec()), m.ino());
         match fstat_fresh(&f) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
                 skipped(module_path!(), "no statx(2) here");

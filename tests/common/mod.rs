@@ -35,6 +35,9 @@
 //!   buckets.
 //! - [`proxy`]: an HTTP proxy before it that counts GETs per key and adds
 //!   latency, a bandwidth cap, 503 SlowDown answers or a stall.
+//! - [`hostile`]: a hostile object store (S3, GCS's XML API and Azure
+//!   dialects): answers longer than the range asked, listings that repeat
+//!   their continuation token for ever.
 //!
 //! It must never leak a mount, a process or a namespace: each is owned by
 //! a guard whose `Drop` cleans up, even when a test panics.
@@ -47,6 +50,7 @@ pub mod daemon;
 pub mod data;
 pub mod fakes;
 pub mod gcs;
+pub mod hostile;
 pub mod inproc;
 pub mod netns;
 pub mod pki;
