@@ -35,7 +35,10 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 /// `locafs mount` (`daemon`: return once the mount is live, see
 /// [`daemonize`]).
 pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
-    clear_dead_mount(&args);
+    if let Err(e) = clear_dead_mount(&args) {
+        eprintln!("locafs: {e}");
+        return ExitCode::from(2);
+    }
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -57,11 +60,12 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     }
 }
 
-/// If the mountpoint is a dead locafs mount (its daemon died: every access
-/// fails with "Transport endpoint is not connected"), detaches it so that a
-/// restart (systemd Restart=on-failure, a remount) can mount again over the
-/// same cache. Only mounts of type fuse.locafs are touched.
-fn clear_dead_mount(args: &MountRequest) {
+/// If the mountpoint holds a dead locafs mount (its daemon died: every
+/// access fails with "Transport endpoint is not connected"), detaches it so
+/// that a restart (systemd Restart=on-failure, a remount) mounts again over
+/// the same cache (`dead_mount`). An error if a locafs mount there does not
+/// answer.
+fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
     let mp = match (&args.mountpoint, &args.config) {
         (Some(m), _) => m.clone(),
         (None, Some(c)) => match crate::config::read_config(c) {
@@ -69,40 +73,11 @@ fn clear_dead_mount(args: &MountRequest) {
                 mountpoint: Some(m),
                 ..
             }) => m,
-            _ => return,
+            _ => return Ok(()),
         },
-        _ => return,
+        _ => return Ok(()),
     };
-    match std::fs::metadata(&mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
-        _ => return,
-    }
-    let abs = match (mp.parent(), mp.file_name()) {
-        (Some(parent), Some(name)) => {
-            match std::fs::canonicalize(if parent.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                parent
-            }) {
-                Ok(p) => p.join(name),
-                Err(_) => return,
-            }
-        }
-        _ => return,
-    };
-    if crate::sys::mount_fstype(&abs).as_deref() != Some("fuse.locafs") {
-        return;
-    }
-    match crate::sys::lazy_unmount(&abs) {
-        Ok(()) => eprintln!(
-            "locafs: {}: detached a dead locafs mount left by a daemon that died",
-            abs.display()
-        ),
-        Err(e) => eprintln!(
-            "locafs: {}: dead locafs mount, cannot detach it: {e}",
-            abs.display()
-        ),
-    }
+    crate::dead_mount::clear(&mp).map(|_| ())
 }
 
 /// Starts this same command without --daemon in a new session and waits
