@@ -159,13 +159,13 @@ pub fn clear(mountpoint: &Path) -> Result<usize, String> {
         match crate::sys::lazy_unmount(&abs) {
             Ok(()) => {
                 detached += 1;
-                say(&format!(
+                crate::logging::say(&format!(
                     "{}: detached a dead locafs mount left by a daemon that died",
                     abs.display()
                 ));
             }
             Err(e) => {
-                say(&format!(
+                crate::logging::say(&format!(
                     "{}: dead locafs mount, cannot detach it: {e}",
                     abs.display()
                 ));
@@ -174,12 +174,6 @@ pub fn clear(mountpoint: &Path) -> Result<usize, String> {
         }
     }
     Ok(detached)
-}
-
-/// One line on stderr; a closed stderr is no reason to fail a mount.
-fn say(msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "locafs: {msg}");
 }
 
 #[cfg(test)]

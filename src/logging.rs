@@ -2,7 +2,7 @@
 //! or JSON lines, to stderr or a file. One line per notable event (mount,
 //! unmount, recovery, corruption, disk trouble); nothing per read at the
 //! default level. Also how an I/O error reads in a one-line message
-//! ([`short_io`]). A leaf: imports nothing from the crate.
+//! ([`short_io`]), and the one line on stderr of a command ([`say`]). A leaf: imports nothing from the crate.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +27,14 @@ pub fn short_io(e: &std::io::Error) -> String {
         Some(i) => s[..i].to_lowercase(),
         None => s,
     }
+}
+
+/// Prints `locafs: LINE` on stderr, as every message of the command line
+/// reads; a closed stderr is ignored (`eprintln!` would panic on it, and a
+/// reader that went away is no reason for a mount to fail).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "locafs: {line}");
 }
 
 static TO_FILE: AtomicBool = AtomicBool::new(false);

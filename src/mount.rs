@@ -36,13 +36,13 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 /// [`daemonize`]).
 pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     if let Err(e) = clear_dead_mount(&args) {
-        eprintln!("locafs: {e}");
+        crate::logging::say(&e.to_string());
         return ExitCode::from(2);
     }
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: {e}");
+            crate::logging::say(&e.to_string());
             return ExitCode::from(2);
         }
     };
@@ -54,7 +54,7 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
             error!("{msg}");
-            eprintln!("locafs: {msg}");
+            crate::logging::say(&msg);
             ExitCode::from(code)
         }
     }
@@ -86,7 +86,7 @@ fn daemonize() -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("locafs: cannot find own executable: {e}");
+            crate::logging::say(&format!("cannot find own executable: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -111,7 +111,7 @@ fn daemonize() -> ExitCode {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: cannot start the daemon: {e}");
+            crate::logging::say(&format!("cannot start the daemon: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -119,8 +119,9 @@ fn daemonize() -> ExitCode {
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
     }
+    // (A closed stdout or stderr is no reason to fail a mount that is live.)
     if let Some(summary) = line.trim_end().strip_prefix("READY") {
-        println!("locafs: {}", summary.trim());
+        let _ = writeln!(std::io::stdout(), "locafs: {}", summary.trim());
         return ExitCode::SUCCESS;
     }
     let mut err = String::new();
@@ -128,9 +129,10 @@ fn daemonize() -> ExitCode {
         let _ = e.read_to_string(&mut err);
     }
     let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
-    eprint!("{err}");
+    let mut stderr = std::io::stderr();
+    let _ = write!(stderr, "{err}");
     if err.is_empty() {
-        eprintln!("locafs: the daemon exited before the mount was ready");
+        crate::logging::say("the daemon exited before the mount was ready");
     }
     ExitCode::from(if status == 0 { 1 } else { status as u8 })
 }

@@ -93,6 +93,7 @@ pub struct MountArgs {
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
+    quiet_on_closed_pipes(std::env::args_os().nth(1).as_deref());
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return parse_error(e),
@@ -114,6 +115,22 @@ pub fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+    }
+}
+
+/// A command whose reader went away (`locafs where MNT | head -1`) ends
+/// quietly, as Unix tools do: SIGPIPE gets its default action back (Rust
+/// ignores it, and `println!` then panics on EPIPE), for every command but
+/// `mount`, whose daemon writes to sockets (peers, metrics, the control
+/// socket) and must never die of a client that went away; what `mount`
+/// prints, it prints ignoring errors.
+fn quiet_on_closed_pipes(command: Option<&std::ffi::OsStr>) {
+    if command == Some(std::ffi::OsStr::new("mount")) {
+        return;
+    }
+    // SAFETY: sets the disposition of one signal, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
