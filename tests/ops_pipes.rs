@@ -20,8 +20,7 @@ use common::*;
 /// pipe nobody reads: its exit status and stderr. Killed after 60 s (a
 /// `--watch` that did not notice would run forever).
 fn into_closed_pipe(args: &[OsString], stderr_too: bool) -> (ExitStatus, String) {
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    let writer = closed_pipe();
     let err_path = tempfile::NamedTempFile::new().unwrap();
     let stderr = if stderr_too {
         Stdio::from(writer.try_clone().unwrap())
@@ -44,6 +43,23 @@ fn into_closed_pipe(args: &[OsString], stderr_too: bool) -> (ExitStatus, String)
     let st = child.wait().unwrap();
     assert!(ended, "locafs {args:?} did not end on a closed pipe");
     (st, std::fs::read_to_string(err_path.path()).unwrap())
+}
+
+/// The write end of a pipe whose read end is closed.
+fn closed_pipe() -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors that we then own.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are fresh descriptors owned by nothing else.
+    let (reader, writer) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    drop(reader);
+    writer
 }
 
 /// Quiet: SIGPIPE's default action (killed by signal 13) or exit 0, and
