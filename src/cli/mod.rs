@@ -1,6 +1,7 @@
 //! The command line: clap's types for every subcommand and the front ends of
 //! `locafs stats` ([`stats`]), `warm` and `plan` ([`control`]); `mount` hands
-//! over to `mount::main`. The library below does not import this module:
+//! over to `mount::main`. Called as `mount.fuse.locafs`, the binary is its
+//! own mount(8) helper ([`mount_helper`]). The library below does not import this module:
 //! the command line depends on the library, never the other way round.
 //!
 //! Usage errors exit 2 with one line on stderr, sizes and durations
@@ -8,6 +9,7 @@
 
 pub mod cache;
 pub mod control;
+pub mod mount_helper;
 pub mod stats;
 pub mod where_;
 
@@ -93,7 +95,11 @@ pub struct MountArgs {
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
-    quiet_on_closed_pipes(std::env::args_os().nth(1).as_deref());
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if mount_helper::called_as_helper(argv.first().map(|a| a.as_os_str())) {
+        return mount_helper::main(&argv[1..]);
+    }
+    quiet_on_closed_pipes(argv.get(1).map(|a| a.as_os_str()));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return parse_error(e),
