@@ -32,8 +32,10 @@ pub struct MountRequest {
     /// Read options from this TOML file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// fstab-style options, comma separated (cache_dir=DIR,cache_size=SIZE,...).
-    /// Standard mount options (ro, _netdev, nofail, x-systemd.*, ...) are accepted.
+    /// fstab-style options, comma separated: every option above with `_`
+    /// for `-` (cache_dir=DIR,cache_size=SIZE,immutable,...), and
+    /// config=FILE for --config. Standard mount options (ro, _netdev,
+    /// nofail, x-systemd.*, ...) are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub o: Vec<String>,
 }
@@ -255,6 +257,9 @@ pub struct MountConfig {
     pub mountpoint: PathBuf,
     pub cache_dir: PathBuf,
     pub dataset_dir: PathBuf,
+    /// Whether `resolve` made `dataset_dir` (a mount that then fails
+    /// removes it again).
+    pub dataset_dir_created: bool,
     pub cache_size: Option<u64>,
     /// --cache-free-floor, if given (percent of the cache disk).
     pub cache_free_floor: Option<f64>,
@@ -354,13 +359,31 @@ fn ignored_mount_option(k: &str) -> bool {
         || k.starts_with("comment=")
 }
 
-/// Parses `-o a=b,c` options into flags.
+/// The `config=FILE` of `-o` options, if any (the last one wins).
+fn o_config(options: &[String]) -> Option<PathBuf> {
+    options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter_map(|o| o.trim().strip_prefix("config="))
+        .next_back()
+        .map(PathBuf::from)
+}
+
+impl MountRequest {
+    /// The TOML file to read: `--config`, else `-o config=FILE`.
+    pub fn config_file(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(|| o_config(&self.o))
+    }
+}
+
+/// Parses `-o a=b,c` options into flags (`config=FILE` is not a flag:
+/// [`MountRequest::config_file`]).
 pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
     let mut table = toml::Table::new();
     let mut last_key = String::new();
     for opt in options.iter().flat_map(|o| o.split(',')) {
         let opt = opt.trim();
-        if opt.is_empty() || ignored_mount_option(opt) {
+        if opt.is_empty() || ignored_mount_option(opt) || opt.starts_with("config=") {
             continue;
         }
         // peers=a:7070,b:7070: the entries after the first have no '='.
@@ -588,7 +611,7 @@ fn apply_profile(
 
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
-    let file = match &args.config {
+    let file = match &args.config_file() {
         Some(p) => read_config(p)?,
         None => ConfigFile::default(),
     };
@@ -783,6 +806,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     }
     let id_for_peers = id.clone();
     let dataset_dir = cache_dir.join(id);
+    let dataset_dir_created = !dataset_dir.exists();
     std::fs::create_dir_all(&dataset_dir).map_err(|e| {
         usage(format!(
             "cache dir {}: {}",
@@ -813,6 +837,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     }
 
     Ok(MountConfig {
+        dataset_dir_created,
         dataset_name: id_for_peers,
         peer,
         source,
@@ -918,8 +943,13 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
     ) {
         (Some(secret_file), ..) => {
             let secret = std::fs::read(secret_file).map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                    " (run `locafs secret > FILE` once and copy the file to every node)"
+                } else {
+                    ""
+                };
                 usage(format!(
-                    "--cluster-secret-file {}: {}",
+                    "--cluster-secret-file {}: {}{hint}",
                     secret_file.display(),
                     short_io(&e)
                 ))
@@ -1247,6 +1277,50 @@ mod tests {
                 .as_deref(),
             Some("minio")
         );
+    }
+
+    #[test]
+    fn o_config_names_the_file_as_the_flag_does() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
+        for p in [&src, &mnt] {
+            std::fs::create_dir(p).unwrap();
+        }
+        let file = d.path().join("x.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "source = \"{}\"\nmountpoint = \"{}\"\nblock-size = \"64KiB\"\nfuse-threads = 3\n",
+                src.display(),
+                mnt.display()
+            ),
+        )
+        .unwrap();
+        let other = d.path().join("y.toml");
+        std::fs::write(&other, "block-size = \"128KiB\"\n").unwrap();
+        let req = |config: Option<&Path>, o: &str| MountRequest {
+            config: config.map(Path::to_owned),
+            o: vec![format!("cache_dir={},{o}", cache.display())],
+            ..Default::default()
+        };
+        // -o config=FILE: the file's keys, its source and mountpoint too.
+        let o_file = format!("config={}", file.display());
+        let c = resolve(&req(None, &o_file)).unwrap();
+        assert_eq!((c.block_size, c.fuse_threads), (64 << 10, 3));
+        assert_eq!(c.mountpoint, std::fs::canonicalize(&mnt).unwrap());
+        // The other -o options win over the file's keys.
+        let c = resolve(&req(None, &format!("{o_file},fuse_threads=5"))).unwrap();
+        assert_eq!(c.fuse_threads, 5);
+        // --config wins over -o config=.
+        let mut r = req(Some(&other), &o_file);
+        r.source = Some(src.clone());
+        r.mountpoint = Some(mnt.clone());
+        assert_eq!(resolve(&r).unwrap().block_size, 128 << 10);
+        // A missing file is the same error either way.
+        let e = resolve(&req(None, "config=/nonexistent.toml"))
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("config file /nonexistent.toml"), "{e}");
     }
 
     #[test]

@@ -44,11 +44,16 @@ pub fn logs_to_file() -> bool {
     TO_FILE.load(Ordering::Relaxed)
 }
 
+/// The log filter without `RUST_LOG`. The metrics listener logs every
+/// client that hangs up mid-scrape at warn, and object_store every retry
+/// at info (ten lines before a dead endpoint's one error): neither is a
+/// notable event (locafs counts and reports retries itself).
+pub const DEFAULT_FILTER: &str =
+    "info,fuser=error,metrics_exporter_prometheus=error,object_store=warn";
+
 pub fn init(format: LogFormat, file: Option<&Path>) {
-    // The metrics listener logs every client that hangs up mid-scrape at
-    // warn: not a notable event.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,fuser=error,metrics_exporter_prometheus=error"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     // Colours only for a person at a terminal: never in files or journals
     // (turned off below when logging to a file).
     let mut ansi_ok = {

@@ -47,16 +47,33 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         }
     };
     if daemon {
-        return daemonize();
+        let code = daemonize();
+        if code != 0 {
+            forget_new_dataset_dir(&cfg);
+        }
+        return ExitCode::from(code);
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
-    match run(cfg) {
+    match run(cfg.clone()) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            error!("{msg}");
+            // One line: on stderr the log line would say it twice.
+            if crate::logging::logs_to_file() {
+                error!("{msg}");
+            }
             crate::logging::say(&msg);
+            forget_new_dataset_dir(&cfg);
             ExitCode::from(code)
         }
+    }
+}
+
+/// A mount that failed leaves nothing behind: the data set's cache
+/// directory, if this attempt made it, goes (with its booking in the
+/// budget), unless a mount holds it now.
+fn forget_new_dataset_dir(cfg: &MountConfig) {
+    if cfg.dataset_dir_created {
+        let _ = crate::budget::remove_dataset(&cfg.cache_dir, &cfg.dataset_name);
     }
 }
 
@@ -66,9 +83,9 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
 /// the same cache (`dead_mount`). An error if a locafs mount there does not
 /// answer.
 fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
-    let mp = match (&args.mountpoint, &args.config) {
+    let mp = match (&args.mountpoint, args.config_file()) {
         (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(c) {
+        (None, Some(c)) => match crate::config::read_config(&c) {
             Ok(crate::config::ConfigFile {
                 mountpoint: Some(m),
                 ..
@@ -82,12 +99,12 @@ fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
 
 /// Starts this same command without --daemon in a new session and waits
 /// until it says READY (exit 0) or dies (its exit status and message).
-fn daemonize() -> ExitCode {
+fn daemonize() -> u8 {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
             crate::logging::say(&format!("cannot find own executable: {e}"));
-            return ExitCode::from(1);
+            return 1;
         }
     };
     let args: Vec<_> = std::env::args_os()
@@ -112,7 +129,7 @@ fn daemonize() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             crate::logging::say(&format!("cannot start the daemon: {e}"));
-            return ExitCode::from(1);
+            return 1;
         }
     };
     let mut line = String::new();
@@ -122,7 +139,7 @@ fn daemonize() -> ExitCode {
     // (A closed stdout or stderr is no reason to fail a mount that is live.)
     if let Some(summary) = line.trim_end().strip_prefix("READY") {
         let _ = writeln!(std::io::stdout(), "locafs: {}", summary.trim());
-        return ExitCode::SUCCESS;
+        return 0;
     }
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -134,7 +151,11 @@ fn daemonize() -> ExitCode {
     if err.is_empty() {
         crate::logging::say("the daemon exited before the mount was ready");
     }
-    ExitCode::from(if status == 0 { 1 } else { status as u8 })
+    if status == 0 {
+        1
+    } else {
+        status as u8
+    }
 }
 
 /// Mounts and serves until unmounted or signalled.
@@ -339,6 +360,13 @@ impl Mount {
         let disk = Arc::new(cache);
         let budget = start_budget(cfg, &disk, &stats)?;
         let share = budget.share();
+        // What the other data sets hold: not this one's own use.
+        let others: u64 = share
+            .datasets
+            .iter()
+            .filter(|(id, ..)| *id != cfg.dataset_name)
+            .map(|(_, used, _)| used)
+            .sum();
         info!(
             "cache {}: may hold {} of the budget {} that {} shares with {} other data sets (they hold {}){}",
             cfg.dataset_dir.display(),
@@ -346,7 +374,7 @@ impl Mount {
             format_size(share.limit),
             cfg.cache_dir.display(),
             share.datasets.len().saturating_sub(1),
-            format_size(share.used_all),
+            format_size(others),
             if cfg.cache_size.is_none() {
                 "; set --cache-size to change the budget"
             } else {
@@ -435,6 +463,8 @@ impl Mount {
                 )
             },
         )?;
+        // Until the mount is up: a failed start leaves no socket behind.
+        let mut socket_guard = RemoveOnDrop(Some(control_socket.clone()));
         let ttl = match cfg.revalidate {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,
@@ -472,12 +502,8 @@ impl Mount {
         }
         fuse_cfg.n_threads = Some(cfg.fuse_threads);
         fuse_cfg.clone_fd = true;
-        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
-            (
-                1,
-                format!("mount on {} failed: {e}", cfg.mountpoint.display()),
-            )
-        })?;
+        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg)
+            .map_err(|e| mount_failed(&cfg.mountpoint, &e))?;
         // Larger kernel read-ahead: bigger reads reach the daemon (its
         // 128 KiB default caps a sequential read served by the daemon at
         // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).
@@ -520,6 +546,7 @@ impl Mount {
                 }
             });
         }
+        socket_guard.0 = None;
         Ok(Mount {
             peer_node,
             saver,
@@ -624,6 +651,38 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
+    }
+}
+
+/// Removes a file when dropped, unless disarmed (its path taken out).
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The exit status and message of a failed mount(2): a refusal for lack of
+/// privilege is the setup's problem (exit 2: a restart will not help), with
+/// what it takes; anything else exit 1.
+fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
+    match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => (
+            2,
+            format!(
+                "mount on {} failed: {}: mounting needs root or CAP_SYS_ADMIN (or, for a \
+                 user, fusermount3 and a /dev/fuse the user may open)",
+                mountpoint.display(),
+                short_io(e)
+            ),
+        ),
+        _ => (
+            1,
+            format!("mount on {} failed: {}", mountpoint.display(), short_io(e)),
+        ),
     }
 }
 
