@@ -29,7 +29,8 @@ pub struct MountRequest {
     pub mountpoint: Option<PathBuf>,
     #[command(flatten)]
     pub flags: MountFlags,
-    /// Read options from this TOML file.
+    /// Read options from this TOML file (keys as the long options above,
+    /// and source and mountpoint); -o config=FILE says the same.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// fstab-style options, comma separated: every option above with `_`
@@ -49,7 +50,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Most disk space the caches under --cache-dir may use together,
-    /// counting everything they write (e.g. 500G, 64MiB, 1.5T): one budget
+    /// counting everything they write but their index (e.g. 500G, 64MiB,
+    /// 1.5T; G is GiB): one budget
     /// that every mount of that directory shares, kept in it. [default: set
     /// at the directory's first mount to 80% of (free space + what its caches
     /// hold), then kept]
@@ -57,7 +59,8 @@ pub struct MountFlags {
     pub cache_size: Option<Size>,
     /// Free space kept on the cache disk, in percent of its size, whatever
     /// --cache-size says: when other programs fill the disk, the caches give
-    /// space back. [default: 5]
+    /// space back. Kept in the cache directory, as the budget is. [default:
+    /// the directory's; 5 at its first mount]
     #[arg(long, value_name = "PERCENT")]
     pub cache_free_floor: Option<f64>,
     /// Cache block size: the unit of caching, checksumming and fetching.
@@ -74,11 +77,14 @@ pub struct MountFlags {
     /// [default: 60s]
     #[arg(long, value_name = "DURATION")]
     pub revalidate: Option<Span>,
-    /// Trust the source never to change (no revalidation, longest kernel caching).
+    /// Trust the source never to change (no revalidation, longest kernel
+    /// caching). [default: off]
     #[arg(long)]
     #[serde(default)]
     pub immutable: bool,
     /// Never use FUSE passthrough (serve every read through the daemon).
+    /// [default: off: passthrough for fully cached files where the kernel
+    /// and the privileges allow]
     #[arg(long)]
     #[serde(default)]
     pub no_passthrough: bool,
@@ -114,6 +120,7 @@ pub struct MountFlags {
     #[arg(long, value_name = "NAME")]
     pub dataset_id: Option<String>,
     /// Turn read-ahead off (within files and across the epoch's files).
+    /// [default: off]
     #[arg(long)]
     #[serde(default)]
     pub no_readahead: bool,
@@ -141,10 +148,11 @@ pub struct MountFlags {
     /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_bandwidth: Option<Size>,
-    /// Log format on stderr (or in --log-file).
+    /// Log format on stderr (or in --log-file). [default: text]
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Write logs to this file (with --daemon, logs are otherwise dropped).
+    /// [default: stderr]
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
     /// Serve Prometheus metrics (locafs_*) over HTTP on this address, e.g.
@@ -153,7 +161,7 @@ pub struct MountFlags {
     pub metrics: Option<String>,
     /// Serve and ask other nodes of the job on this UDP address (QUIC), e.g.
     /// 0.0.0.0:7070. Needs --peers, and --cluster-secret-file or
-    /// --peer-ca/--peer-cert/--peer-key.
+    /// --peer-ca/--peer-cert/--peer-key. [default: off]
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The nodes of the job, comma separated host:port entries (IPs or DNS
@@ -194,11 +202,11 @@ pub struct MountFlags {
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// s3:// only: the bucket's region. [default: AWS_REGION or
-    /// AWS_DEFAULT_REGION, else us-east-1]
+    /// AWS_DEFAULT_REGION, else the --profile's region, else us-east-1]
     #[arg(long, value_name = "REGION")]
     pub region: Option<String>,
     /// Object stores: send requests unsigned (public buckets); no
-    /// credentials are looked up.
+    /// credentials are looked up. [default: off]
     #[arg(long)]
     #[serde(default)]
     pub no_sign_request: bool,

@@ -195,7 +195,7 @@ pub struct Mount {
 }
 
 /// Books the cache in its directory's shared budget and keeps it booked:
-/// the grant is applied before this returns, then once a second.
+/// the grant is applied before this returns, then every 250 ms (`budget::BOOKING_INTERVAL`).
 fn start_budget(
     cfg: &MountConfig,
     disk: &Arc<DiskCache>,

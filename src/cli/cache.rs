@@ -17,7 +17,7 @@ pub struct CacheArgs {
     #[command(subcommand)]
     pub command: CacheCommand,
     /// The cache directory [default: /var/cache/locafs as root, else
-    /// ~/.cache/locafs].
+    /// $XDG_CACHE_HOME/locafs (~/.cache/locafs without it)].
     #[arg(long, global = true, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }

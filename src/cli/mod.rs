@@ -28,9 +28,9 @@ use where_::WhereArgs;
 /// locafs: a read-only caching FUSE mount for training data sets.
 ///
 /// locafs presents a data set (a directory on NFS, Lustre, GPFS or a local
-/// disk) as ordinary read-only files, keeps what the training job reads in a
-/// persistent, checksummed cache on local disk, and serves fully cached files
-/// at local-disk speed.
+/// disk, or an object store: s3://, gs://, az://) as ordinary read-only
+/// files, keeps what the training job reads in a persistent, checksummed
+/// cache on local disk, and serves fully cached files at local-disk speed.
 #[derive(Parser, Debug)]
 #[command(name = "locafs", version, about, long_about, propagate_version = true)]
 pub struct Cli {
