@@ -1,8 +1,9 @@
 //! The README's commands, run in order as written, by `.ci/readme` (which
 //! reads README.md, so the text is what is tested): the install block, a
-//! look at the mount, the unmount, and the fstab line mounted by mount(8)
+//! look at the mount, the unmount, the fstab line mounted by mount(8)
 //! through the helper that the install links (the binary itself, called
-//! `mount.fuse.locafs`). Here in the tests' mode: the lines that install
+//! `mount.fuse.locafs`), and on that mount the Usage block's `stats`,
+//! `warm`, `plan`, `where` and `secret` lines. Here in the tests' mode: the lines that install
 //! the toolchain and build are replaced by this build's binary, put where
 //! `cargo install` puts it; CI (.ci/run) runs the whole block literally,
 //! `cargo install` included, from a clean clone. All of it in a private
