@@ -105,8 +105,11 @@ fn main() {
             if i % 1000 == 0 {
                 fs::create_dir_all(&dir).unwrap();
             }
-            fs::write(dir.join(format!("f{i:06}.bin")), common::pattern(i as u64, 64 << 10))
-                .unwrap();
+            fs::write(
+                dir.join(format!("f{i:06}.bin")),
+                common::pattern(i as u64, 64 << 10),
+            )
+            .unwrap();
         }
         fs::write(&ready, b"").unwrap();
     }

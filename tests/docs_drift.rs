@@ -319,7 +319,8 @@ fn o_takes_every_option_the_file_does() {
             "true" | "false" => name,
             v => format!("{name}={}", v.trim_matches('"')),
         };
-        locafs::config::parse_o(std::slice::from_ref(&opt)).unwrap_or_else(|e| panic!("-o {opt}: {e}"));
+        locafs::config::parse_o(std::slice::from_ref(&opt))
+            .unwrap_or_else(|e| panic!("-o {opt}: {e}"));
     }
 }
 
