@@ -14,7 +14,7 @@
 //! set's own lock, `lock.rs`, decides), never hold the ledger lock across
 //! anything slow (a data set is renamed away under the lock and deleted
 //! after it), and never run on a FUSE thread: the mount calls it from a
-//! thread of its own, once a second. [`plan`] is pure. Everything in the
+//! thread of its own, every 250 ms. [`plan`] is pure. Everything in the
 //! cache directory is reached through its checked handle (`private_dir`):
 //! no symlink is followed, a data set directory another user owns is left
 //! alone, and what this writes is owner-only.
@@ -761,7 +761,7 @@ impl Booking {
 }
 
 /// The mount's side of the budget: a thread that books the cache's use
-/// once a second and applies the grant it gets (the cache shrinks to it, or
+/// every [`BOOKING_INTERVAL`] and applies the grant it gets (the cache shrinks to it, or
 /// may grow to it). Dropping it stops the thread and books the mount out.
 pub struct BudgetKeeper {
     stop: std::sync::Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,

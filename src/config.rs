@@ -29,11 +29,14 @@ pub struct MountRequest {
     pub mountpoint: Option<PathBuf>,
     #[command(flatten)]
     pub flags: MountFlags,
-    /// Read options from this TOML file.
+    /// Read options from this TOML file (keys as the long options above,
+    /// and source and mountpoint); -o config=FILE says the same.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// fstab-style options, comma separated (cache_dir=DIR,cache_size=SIZE,...).
-    /// Standard mount options (ro, _netdev, nofail, x-systemd.*, ...) are accepted.
+    /// fstab-style options, comma separated: every option above with `_`
+    /// for `-` (cache_dir=DIR,cache_size=SIZE,immutable,...), and
+    /// config=FILE for --config. Standard mount options (ro, _netdev,
+    /// nofail, x-systemd.*, ...) are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub o: Vec<String>,
 }
@@ -47,7 +50,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Most disk space the caches under --cache-dir may use together,
-    /// counting everything they write (e.g. 500G, 64MiB, 1.5T): one budget
+    /// counting everything they write but their index (e.g. 500G, 64MiB,
+    /// 1.5T; G is GiB): one budget
     /// that every mount of that directory shares, kept in it. [default: set
     /// at the directory's first mount to 80% of (free space + what its caches
     /// hold), then kept]
@@ -55,7 +59,8 @@ pub struct MountFlags {
     pub cache_size: Option<Size>,
     /// Free space kept on the cache disk, in percent of its size, whatever
     /// --cache-size says: when other programs fill the disk, the caches give
-    /// space back. [default: 5]
+    /// space back. Kept in the cache directory, as the budget is. [default:
+    /// the directory's; 5 at its first mount]
     #[arg(long, value_name = "PERCENT")]
     pub cache_free_floor: Option<f64>,
     /// Cache block size: the unit of caching, checksumming and fetching.
@@ -72,11 +77,14 @@ pub struct MountFlags {
     /// [default: 60s]
     #[arg(long, value_name = "DURATION")]
     pub revalidate: Option<Span>,
-    /// Trust the source never to change (no revalidation, longest kernel caching).
+    /// Trust the source never to change (no revalidation, longest kernel
+    /// caching). [default: off]
     #[arg(long)]
     #[serde(default)]
     pub immutable: bool,
     /// Never use FUSE passthrough (serve every read through the daemon).
+    /// [default: off: passthrough for fully cached files where the kernel
+    /// and the privileges allow]
     #[arg(long)]
     #[serde(default)]
     pub no_passthrough: bool,
@@ -112,6 +120,7 @@ pub struct MountFlags {
     #[arg(long, value_name = "NAME")]
     pub dataset_id: Option<String>,
     /// Turn read-ahead off (within files and across the epoch's files).
+    /// [default: off]
     #[arg(long)]
     #[serde(default)]
     pub no_readahead: bool,
@@ -139,10 +148,11 @@ pub struct MountFlags {
     /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_bandwidth: Option<Size>,
-    /// Log format on stderr (or in --log-file).
+    /// Log format on stderr (or in --log-file). [default: text]
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Write logs to this file (with --daemon, logs are otherwise dropped).
+    /// [default: stderr]
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
     /// Serve Prometheus metrics (locafs_*) over HTTP on this address, e.g.
@@ -151,7 +161,7 @@ pub struct MountFlags {
     pub metrics: Option<String>,
     /// Serve and ask other nodes of the job on this UDP address (QUIC), e.g.
     /// 0.0.0.0:7070. Needs --peers, and --cluster-secret-file or
-    /// --peer-ca/--peer-cert/--peer-key.
+    /// --peer-ca/--peer-cert/--peer-key. [default: off]
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The nodes of the job, comma separated host:port entries (IPs or DNS
@@ -193,11 +203,11 @@ pub struct MountFlags {
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// s3:// only: the bucket's region. [default: AWS_REGION or
-    /// AWS_DEFAULT_REGION, else us-east-1]
+    /// AWS_DEFAULT_REGION, else the --profile's region, else us-east-1]
     #[arg(long, value_name = "REGION")]
     pub region: Option<String>,
     /// Object stores: send requests unsigned (public buckets); no
-    /// credentials are looked up.
+    /// credentials are looked up. [default: off]
     #[arg(long)]
     #[serde(default)]
     pub no_sign_request: bool,
@@ -264,6 +274,9 @@ pub struct MountConfig {
     /// What resolving changed on disk, for the log (e.g. a cache of an
     /// older locafs made owner-only).
     pub notes: Vec<String>,
+    /// Whether `resolve` made `dataset_dir` (a mount that then fails
+    /// removes it again).
+    pub dataset_dir_created: bool,
     pub cache_size: Option<u64>,
     /// --cache-free-floor, if given (percent of the cache disk).
     pub cache_free_floor: Option<f64>,
@@ -363,13 +376,31 @@ fn ignored_mount_option(k: &str) -> bool {
         || k.starts_with("comment=")
 }
 
-/// Parses `-o a=b,c` options into flags.
+/// The `config=FILE` of `-o` options, if any (the last one wins).
+fn o_config(options: &[String]) -> Option<PathBuf> {
+    options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter_map(|o| o.trim().strip_prefix("config="))
+        .next_back()
+        .map(PathBuf::from)
+}
+
+impl MountRequest {
+    /// The TOML file to read: `--config`, else `-o config=FILE`.
+    pub fn config_file(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(|| o_config(&self.o))
+    }
+}
+
+/// Parses `-o a=b,c` options into flags (`config=FILE` is not a flag:
+/// [`MountRequest::config_file`]).
 pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
     let mut table = toml::Table::new();
     let mut last_key = String::new();
     for opt in options.iter().flat_map(|o| o.split(',')) {
         let opt = opt.trim();
-        if opt.is_empty() || ignored_mount_option(opt) {
+        if opt.is_empty() || ignored_mount_option(opt) || opt.starts_with("config=") {
             continue;
         }
         // peers=a:7070,b:7070: the entries after the first have no '='.
@@ -599,7 +630,7 @@ fn apply_profile(
 
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
-    let file = match &args.config {
+    let file = match &args.config_file() {
         Some(p) => read_config(p)?,
         None => ConfigFile::default(),
     };
@@ -762,6 +793,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
+    let dataset_dir_created = std::fs::symlink_metadata(cache_dir.join(&id)).is_err();
     let (cache, dataset, notes) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
     let cache_dir = cache.path().to_owned();
     let dataset_dir = dataset.path().to_owned();
@@ -780,6 +812,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     }
 
     Ok(MountConfig {
+        dataset_dir_created,
         dataset_name: id_for_peers,
         peer,
         source,
@@ -1029,7 +1062,16 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
         &f.peer_key,
     ) {
         (Some(secret_file), ..) => {
-            let secret = read_private(secret_file, "--cluster-secret-file")?;
+            let secret = read_private(secret_file, "--cluster-secret-file").map_err(|e| {
+                if std::fs::symlink_metadata(secret_file).is_err() {
+                    usage(format!(
+                        "{} (run `locafs secret --out FILE` once and copy the file to every node)",
+                        e.0
+                    ))
+                } else {
+                    e
+                }
+            })?;
             crate::peer::tls::ClusterIdentity::from_secret(&secret).map_err(|e| {
                 usage(format!(
                     "--cluster-secret-file {}: {e}",
@@ -1392,6 +1434,50 @@ mod tests {
                 .as_deref(),
             Some("minio")
         );
+    }
+
+    #[test]
+    fn o_config_names_the_file_as_the_flag_does() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
+        for p in [&src, &mnt] {
+            std::fs::create_dir(p).unwrap();
+        }
+        let file = d.path().join("x.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "source = \"{}\"\nmountpoint = \"{}\"\nblock-size = \"64KiB\"\nfuse-threads = 3\n",
+                src.display(),
+                mnt.display()
+            ),
+        )
+        .unwrap();
+        let other = d.path().join("y.toml");
+        std::fs::write(&other, "block-size = \"128KiB\"\n").unwrap();
+        let req = |config: Option<&Path>, o: &str| MountRequest {
+            config: config.map(Path::to_owned),
+            o: vec![format!("cache_dir={},{o}", cache.display())],
+            ..Default::default()
+        };
+        // -o config=FILE: the file's keys, its source and mountpoint too.
+        let o_file = format!("config={}", file.display());
+        let c = resolve(&req(None, &o_file)).unwrap();
+        assert_eq!((c.block_size, c.fuse_threads), (64 << 10, 3));
+        assert_eq!(c.mountpoint, std::fs::canonicalize(&mnt).unwrap());
+        // The other -o options win over the file's keys.
+        let c = resolve(&req(None, &format!("{o_file},fuse_threads=5"))).unwrap();
+        assert_eq!(c.fuse_threads, 5);
+        // --config wins over -o config=.
+        let mut r = req(Some(&other), &o_file);
+        r.source = Some(src.clone());
+        r.mountpoint = Some(mnt.clone());
+        assert_eq!(resolve(&r).unwrap().block_size, 128 << 10);
+        // A missing file is the same error either way.
+        let e = resolve(&req(None, "config=/nonexistent.toml"))
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("config file /nonexistent.toml"), "{e}");
     }
 
     #[test]

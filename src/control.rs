@@ -84,9 +84,11 @@ pub struct Response {
     /// The caller may not ask this (`error` says why).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
-    #[serde(default)]
+    /// `warm`: bytes of the file now cached, and bytes that did not fit
+    /// (absent from other answers).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub cached_bytes: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub missing_bytes: u64,
     #[serde(default)]
     pub files: u64,
@@ -122,6 +124,10 @@ pub struct Response {
     /// order, separated by NUL characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paths_joined: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A packed owner that is not a file of the data set.

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod concurrency;
 pub mod config;
 pub mod control;
+pub mod dead_mount;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;

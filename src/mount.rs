@@ -36,11 +36,14 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 /// `locafs mount` (`daemon`: return once the mount is live, see
 /// [`daemonize`]).
 pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
-    clear_dead_mount(&args);
+    if let Err(e) = clear_dead_mount(&args) {
+        crate::logging::say(&e.to_string());
+        return ExitCode::from(2);
+    }
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: {e}");
+            crate::logging::say(&e.to_string());
             return ExitCode::from(2);
         }
     };
@@ -54,65 +57,54 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         for n in &cfg.notes {
             eprintln!("locafs: {n}");
         }
-        return daemonize();
+        let code = daemonize();
+        if code != 0 {
+            forget_new_dataset_dir(&cfg);
+        }
+        return ExitCode::from(code);
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
-    match run(cfg) {
+    match run(cfg.clone()) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            error!("{msg}");
-            eprintln!("locafs: {msg}");
+            // One line: on stderr the log line would say it twice.
+            if crate::logging::logs_to_file() {
+                error!("{msg}");
+            }
+            crate::logging::say(&msg);
+            forget_new_dataset_dir(&cfg);
             ExitCode::from(code)
         }
     }
 }
 
-/// If the mountpoint is a dead locafs mount (its daemon died: every access
-/// fails with "Transport endpoint is not connected"), detaches it so that a
-/// restart (systemd Restart=on-failure, a remount) can mount again over the
-/// same cache. Only mounts of type fuse.locafs are touched.
-fn clear_dead_mount(args: &MountRequest) {
-    let mp = match (&args.mountpoint, &args.config) {
+/// A mount that failed leaves nothing behind: the data set's cache
+/// directory, if this attempt made it, goes (with its booking in the
+/// budget), unless a mount holds it now.
+fn forget_new_dataset_dir(cfg: &MountConfig) {
+    if cfg.dataset_dir_created {
+        let _ = crate::budget::remove_dataset(&cfg.cache_dir, &cfg.dataset_name);
+    }
+}
+
+/// If the mountpoint holds a dead locafs mount (its daemon died: every
+/// access fails with "Transport endpoint is not connected"), detaches it so
+/// that a restart (systemd Restart=on-failure, a remount) mounts again over
+/// the same cache (`dead_mount`). An error if a locafs mount there does not
+/// answer.
+fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
+    let mp = match (&args.mountpoint, args.config_file()) {
         (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(c) {
+        (None, Some(c)) => match crate::config::read_config(&c) {
             Ok(crate::config::ConfigFile {
                 mountpoint: Some(m),
                 ..
             }) => m,
-            _ => return,
+            _ => return Ok(()),
         },
-        _ => return,
+        _ => return Ok(()),
     };
-    match std::fs::metadata(&mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
-        _ => return,
-    }
-    let abs = match (mp.parent(), mp.file_name()) {
-        (Some(parent), Some(name)) => {
-            match std::fs::canonicalize(if parent.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                parent
-            }) {
-                Ok(p) => p.join(name),
-                Err(_) => return,
-            }
-        }
-        _ => return,
-    };
-    if crate::sys::mount_fstype(&abs).as_deref() != Some("fuse.locafs") {
-        return;
-    }
-    match crate::sys::lazy_unmount(&abs) {
-        Ok(()) => eprintln!(
-            "locafs: {}: detached a dead locafs mount left by a daemon that died",
-            abs.display()
-        ),
-        Err(e) => eprintln!(
-            "locafs: {}: dead locafs mount, cannot detach it: {e}",
-            abs.display()
-        ),
-    }
+    crate::dead_mount::clear(&mp).map(|_| ())
 }
 
 /// Whether this process can mount at all, and if not, the one line that
@@ -146,12 +138,12 @@ fn check_fuse_access() -> Result<(), String> {
 
 /// Starts this same command without --daemon in a new session and waits
 /// until it says READY (exit 0) or dies (its exit status and message).
-fn daemonize() -> ExitCode {
+fn daemonize() -> u8 {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("locafs: cannot find own executable: {e}");
-            return ExitCode::from(1);
+            crate::logging::say(&format!("cannot find own executable: {e}"));
+            return 1;
         }
     };
     let args: Vec<_> = std::env::args_os()
@@ -175,28 +167,34 @@ fn daemonize() -> ExitCode {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: cannot start the daemon: {e}");
-            return ExitCode::from(1);
+            crate::logging::say(&format!("cannot start the daemon: {e}"));
+            return 1;
         }
     };
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
     }
+    // (A closed stdout or stderr is no reason to fail a mount that is live.)
     if let Some(summary) = line.trim_end().strip_prefix("READY") {
-        println!("locafs: {}", summary.trim());
-        return ExitCode::SUCCESS;
+        let _ = writeln!(std::io::stdout(), "locafs: {}", summary.trim());
+        return 0;
     }
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
     let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
-    eprint!("{err}");
+    let mut stderr = std::io::stderr();
+    let _ = write!(stderr, "{err}");
     if err.is_empty() {
-        eprintln!("locafs: the daemon exited before the mount was ready");
+        crate::logging::say("the daemon exited before the mount was ready");
     }
-    ExitCode::from(if status == 0 { 1 } else { status as u8 })
+    if status == 0 {
+        1
+    } else {
+        status as u8
+    }
 }
 
 /// Mounts and serves until unmounted or signalled.
@@ -246,7 +244,7 @@ pub struct Mount {
 }
 
 /// Books the cache in its directory's shared budget and keeps it booked:
-/// the grant is applied before this returns, then once a second.
+/// the grant is applied before this returns, then every 250 ms (`budget::BOOKING_INTERVAL`).
 fn start_budget(
     cfg: &MountConfig,
     disk: &Arc<DiskCache>,
@@ -421,6 +419,13 @@ impl Mount {
         let disk = Arc::new(cache);
         let budget = start_budget(cfg, &disk, &stats)?;
         let share = budget.share();
+        // What the other data sets hold: not this one's own use.
+        let others: u64 = share
+            .datasets
+            .iter()
+            .filter(|(id, ..)| *id != cfg.dataset_name)
+            .map(|(_, used, _)| used)
+            .sum();
         info!(
             "cache {}: may hold {} of the budget {} that {} shares with {} other data sets (they hold {}){}",
             cfg.dataset_dir.display(),
@@ -428,7 +433,7 @@ impl Mount {
             format_size(share.limit),
             cfg.cache_dir.display(),
             share.datasets.len().saturating_sub(1),
-            format_size(share.used_all),
+            format_size(others),
             if cfg.cache_size.is_none() {
                 "; set --cache-size to change the budget"
             } else {
@@ -551,24 +556,8 @@ impl Mount {
         }
         fuse_cfg.n_threads = Some(cfg.fuse_threads);
         fuse_cfg.clone_fd = true;
-        // A user's mount goes through fusermount3, whose refusal (several
-        // lines on its stderr) becomes the error: said on one line.
-        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
-            let why = e.to_string();
-            let why: Vec<&str> = why
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect();
-            (
-                1,
-                format!(
-                    "mount on {} failed: {}",
-                    cfg.mountpoint.display(),
-                    why.join("; ")
-                ),
-            )
-        })?;
+        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg)
+            .map_err(|e| mount_failed(&cfg.mountpoint, &e))?;
         // Larger kernel read-ahead: bigger reads reach the daemon (its
         // 128 KiB default caps a sequential read served by the daemon at
         // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).
@@ -713,6 +702,41 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
+    }
+}
+
+/// The exit status and message of a failed mount(2): a refusal for lack of
+/// privilege is the setup's problem (exit 2: a restart will not help), with
+/// what it takes; anything else exit 1. A user's mount goes through
+/// fusermount3, whose refusal (several lines on its stderr) is said on one
+/// line.
+fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
+    if e.raw_os_error().is_none() {
+        let why = e.to_string();
+        let why: Vec<&str> = why
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        return (
+            1,
+            format!("mount on {} failed: {}", mountpoint.display(), why.join("; ")),
+        );
+    }
+    match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => (
+            2,
+            format!(
+                "mount on {} failed: {}: mounting needs root or CAP_SYS_ADMIN (or, for a \
+                 user, fusermount3 and a /dev/fuse the user may open)",
+                mountpoint.display(),
+                short_io(e)
+            ),
+        ),
+        _ => (
+            1,
+            format!("mount on {} failed: {}", mountpoint.display(), short_io(e)),
+        ),
     }
 }
 

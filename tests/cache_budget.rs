@@ -446,8 +446,16 @@ fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
         String::from_utf8_lossy(&out.stdout).contains(&format!("removed {a_id}")),
         "{out:?}"
     );
+    // What is left is what `cache ls` shows, and it says why it stays.
     let ls = cache_ls(&s.cache);
     assert_eq!(ls["datasets"].as_array().unwrap().len(), 1, "{ls}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let left = used_of(&ls, &b_id).unwrap();
+    assert!(
+        err.contains(&format!("still {} held", locafs::units::format_size(left)))
+            && err.contains(&format!("mounted now, and never removed: {b_id}")),
+        "{err} (cache ls: {ls})"
+    );
     assert!(s.cache.join(&b_id).is_dir() && !s.cache.join(&a_id).exists());
     assert_eq!(b.stat("read_errors"), 0);
     read_all(&mb, &files_b);
@@ -468,6 +476,60 @@ fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
         String::from_utf8_lossy(&out.stderr).contains("no data set"),
         "{out:?}"
     );
+}
+
+/// The start-up line counts only the other data sets' use, and `cache gc`
+/// over a directory where nothing is mounted leaves nothing and says
+/// nothing is left (it once subtracted what removal freed on disk from
+/// what the ledger booked, and claimed the difference was mounted).
+#[test]
+fn gc_with_nothing_mounted_empties_the_directory_and_says_nothing_is_left() {
+    require_fuse!();
+    let s = Scratch::new();
+    let (src_a, files_a) = data_set(&s.src, "a", 6, 200 << 10);
+    let ma = s.path().join("ma");
+    fs::create_dir_all(&ma).unwrap();
+    let log = s.path().join("a.log");
+    for _ in 0..2 {
+        let mut a = Mount::start_logged(&src_a, &ma, &s.cache, &[], &log);
+        read_all(&ma, &files_a);
+        a.unmount();
+    }
+    // The second mount's start-up line (the log holds that mount's):
+    // alone in the directory, the other data sets hold nothing (not its
+    // own 1.2 MiB).
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("recovered 6 files"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("other data sets"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("shares with 0 other data sets (they hold 0 B)"),
+        "{line}"
+    );
+    assert!(used_of(&cache_ls(&s.cache), &dataset_id_of(&s.cache)).unwrap() > 0);
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "gc".as_ref(),
+        "--to".as_ref(),
+        "1MiB".as_ref(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("still"), "{err}");
+    let ls = cache_ls(&s.cache);
+    assert_eq!(ls["datasets"].as_array().unwrap().len(), 0, "{ls}");
+}
+
+/// The one data set directory under `cache`.
+fn dataset_id_of(cache: &Path) -> String {
+    cache_ls(cache)["datasets"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 #[test]

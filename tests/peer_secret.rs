@@ -2,7 +2,8 @@
 //! `--cluster-secret-file` accepts, and a hand-made passphrase (or the bare
 //! hex secret of older versions), which anyone reaching the peer port could
 //! test offline, stops the mount with exit status 2 and one line saying to
-//! run `locafs secret`, naming the file but never quoting it.
+//! run `locafs secret`, naming the file but never quoting it; so does a
+//! missing file.
 //!
 //! Real `locafs` processes; only the binary's behaviour is used.
 
@@ -68,6 +69,17 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
         assert!(!err.contains(passphrase), "the secret was quoted: {err}");
         assert!(!is_mounted(&a.mnt));
     }
+
+    // A missing file: the same one line, saying how to make one.
+    let missing = dir.path().join("no-such-secret");
+    let mut a = attempt(dir.path(), "missing", &missing);
+    let code = a.wait_exit(Duration::from_secs(20)).map(|st| st.code());
+    let err = a.stderr();
+    assert_eq!(code, Some(Some(2)), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no such file or directory"), "{err}");
+    assert!(err.contains("run `locafs secret > FILE`"), "{err}");
+    assert!(!is_mounted(&a.mnt));
 
     // What `locafs secret` prints is accepted, and is new each time.
     let print = || {

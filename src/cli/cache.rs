@@ -21,7 +21,7 @@ pub struct CacheArgs {
     #[command(subcommand)]
     pub command: CacheCommand,
     /// The cache directory [default: /var/cache/locafs as root, else
-    /// ~/.cache/locafs].
+    /// $XDG_CACHE_HOME/locafs (~/.cache/locafs without it)].
     #[arg(long, global = true, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }
@@ -210,6 +210,7 @@ fn gc(dir: &PrivateDir, older_than: Option<u64>, to: Option<u64>, dry_run: bool)
     let victims = budget::gc_victims(&list, budget::now(), older_than, to);
     let mut code = ExitCode::SUCCESS;
     let mut freed = 0;
+    let mut removed: Vec<&str> = Vec::new();
     for id in &victims {
         if dry_run {
             println!("would remove {id}");
@@ -218,6 +219,7 @@ fn gc(dir: &PrivateDir, older_than: Option<u64>, to: Option<u64>, dry_run: bool)
         match budget::remove_dataset(dir, id) {
             Ok(b) => {
                 freed += b;
+                removed.push(id);
                 println!("removed {id} ({})", format_size(b));
             }
             Err(e) => {
@@ -233,16 +235,27 @@ fn gc(dir: &PrivateDir, older_than: Option<u64>, to: Option<u64>, dry_run: bool)
             victims.len()
         );
     }
-    let total: u64 = list
+    // What is left, as `cache ls` counts it: the data sets not removed.
+    let kept: Vec<&DatasetInfo> = list
         .iter()
-        .map(|d| d.used)
-        .sum::<u64>()
-        .saturating_sub(freed);
+        .filter(|d| !removed.contains(&d.id.as_str()))
+        .collect();
+    let total: u64 = kept.iter().map(|d| d.used).sum();
     if let Some(limit) = to.filter(|&l| total > l && !dry_run) {
+        let mounted: Vec<&str> = kept
+            .iter()
+            .filter(|d| d.mounted)
+            .map(|d| d.id.as_str())
+            .collect();
         eprintln!(
-            "locafs: still {} held, more than --to {}: the rest is mounted",
+            "locafs: still {} held, more than --to {}: {}",
             format_size(total),
-            format_size(limit)
+            format_size(limit),
+            if mounted.is_empty() {
+                "the data sets above could not be removed".to_owned()
+            } else {
+                format!("mounted now, and never removed: {}", mounted.join(", "))
+            }
         );
     }
     code

@@ -1,6 +1,7 @@
 //! The command line: clap's types for every subcommand and the front ends of
 //! `locafs stats` ([`stats`]), `warm` and `plan` ([`control`]); `mount` hands
-//! over to `mount::main`. The library below does not import this module:
+//! over to `mount::main`. Called as `mount.fuse.locafs`, the binary is its
+//! own mount(8) helper ([`mount_helper`]). The library below does not import this module:
 //! the command line depends on the library, never the other way round.
 //!
 //! Usage errors exit 2 with one line on stderr, sizes and durations
@@ -8,6 +9,7 @@
 
 pub mod cache;
 pub mod control;
+pub mod mount_helper;
 pub mod secret;
 pub mod stats;
 pub mod where_;
@@ -28,9 +30,9 @@ use where_::WhereArgs;
 /// locafs: a read-only caching FUSE mount for training data sets.
 ///
 /// locafs presents a data set (a directory on NFS, Lustre, GPFS or a local
-/// disk) as ordinary read-only files, keeps what the training job reads in a
-/// persistent, checksummed cache on local disk, and serves fully cached files
-/// at local-disk speed.
+/// disk, or an object store: s3://, gs://, az://) as ordinary read-only
+/// files, keeps what the training job reads in a persistent, checksummed
+/// cache on local disk, and serves fully cached files at local-disk speed.
 #[derive(Parser, Debug)]
 #[command(name = "locafs", version, about, long_about, propagate_version = true)]
 pub struct Cli {
@@ -99,6 +101,11 @@ pub struct MountArgs {
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if mount_helper::called_as_helper(argv.first().map(|a| a.as_os_str())) {
+        return mount_helper::main(&argv[1..]);
+    }
+    quiet_on_closed_pipes(argv.get(1).map(|a| a.as_os_str()));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return parse_error(e),
@@ -111,6 +118,22 @@ pub fn main() -> ExitCode {
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
         Command::Secret(args) => secret::main(args),
+    }
+}
+
+/// A command whose reader went away (`locafs where MNT | head -1`) ends
+/// quietly, as Unix tools do: SIGPIPE gets its default action back (Rust
+/// ignores it, and `println!` then panics on EPIPE), for every command but
+/// `mount`, whose daemon writes to sockets (peers, metrics, the control
+/// socket) and must never die of a client that went away; what `mount`
+/// prints, it prints ignoring errors.
+fn quiet_on_closed_pipes(command: Option<&std::ffi::OsStr>) {
+    if command == Some(std::ffi::OsStr::new("mount")) {
+        return;
+    }
+    // SAFETY: sets the disposition of one signal, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

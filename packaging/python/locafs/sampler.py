@@ -199,7 +199,9 @@ class LocalitySampler(_Base):
     with ``rank``/``world_size`` from its arguments, else $RANK and
     $WORLD_SIZE, else torch.distributed when initialised, else the local
     rank and local world size; the permutation is this module's splitmix64
-    one (not torch's generator), and it says so once on stderr.
+    one (not torch's generator), no plan is handed to the mount, and it says
+    so once on stderr. With peers the last partial global batch is always
+    dropped: ``drop_last=False`` raises ``ValueError``.
     """
 
     def __init__(
