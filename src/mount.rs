@@ -83,7 +83,7 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
 /// budget), unless a mount holds it now.
 fn forget_new_dataset_dir(cfg: &MountConfig) {
     if cfg.dataset_dir_created {
-        let _ = crate::budget::remove_dataset(&cfg.cache_dir, &cfg.dataset_name);
+        let _ = crate::budget::remove_dataset(&cfg.cache, &cfg.dataset_name);
     }
 }
 
