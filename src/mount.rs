@@ -720,7 +720,11 @@ fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
             .collect();
         return (
             1,
-            format!("mount on {} failed: {}", mountpoint.display(), why.join("; ")),
+            format!(
+                "mount on {} failed: {}",
+                mountpoint.display(),
+                why.join("; ")
+            ),
         );
     }
     match e.raw_os_error() {
