@@ -152,7 +152,7 @@ fn run(
         net,
         secret: Some(secret),
         cgroup: None,
-        extra: &[],
+        extra: &["--fuse-threads", "8"],
         tag: sampler.name(),
     };
     let nodes: Vec<Node> = (0..NODES).map(|i| start(i, &spec)).collect();
@@ -267,7 +267,7 @@ fn query_figure(work: &Path) {
         rels
     });
     let secret = work.join("query-secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     let port = common::free_udp_port();
     let members: Vec<String> = (0..peers)
         .map(|i| match i {
@@ -280,6 +280,8 @@ fn query_figure(work: &Path) {
     let secret_s = secret.display().to_string();
     let extra: Vec<&str> = if peers > 1 {
         vec![
+            "--fuse-threads",
+            "8",
             "--listen",
             &listen,
             "--peers",
@@ -288,7 +290,7 @@ fn query_figure(work: &Path) {
             &secret_s,
         ]
     } else {
-        Vec::new()
+        vec!["--fuse-threads", "8"]
     };
     let net = Net::Loopback(vec![port]);
     let node = start(
@@ -409,7 +411,7 @@ fn main() {
     // and per-file overhead.
     let cache_size = total * 6 / 10 + (4 << 20) + files.len() as u64 * 8192;
     let secret = work.path().join("secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     let net = Net::new(NODES);
     println!(
         "locality bench: {NODES} nodes x {LEARNERS} learners x {WORKERS_PER_LEARNER} workers, batch {BATCH}, \

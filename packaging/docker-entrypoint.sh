@@ -11,7 +11,10 @@ set -eu
 : "${LOCAFS_CACHE_DIR:=/cache}"
 : "${LOCAFS_CONFIG:=/etc/locafs/locafs.toml}"
 
-mkdir -p "$LOCAFS_MOUNTPOINT" "$LOCAFS_CACHE_DIR"
+mkdir -p "$LOCAFS_MOUNTPOINT"
+# The cache holds copies of files others may not read: owner-only (locafs
+# makes an existing one so at start, or refuses one others may write).
+mkdir -p -m 0700 "$LOCAFS_CACHE_DIR"
 
 # A previous container of this pod may have died and left a dead mount on the
 # shared volume; locafs detaches a dead locafs mount by itself before mounting.

@@ -41,12 +41,17 @@ pub struct Settled {
 struct Negotiator {
     passthrough: bool,
     kernel_open: bool,
+    /// Whether the kernel is to enforce the source's POSIX ACLs (a
+    /// directory source: its entries can carry them; an object store's
+    /// cannot).
+    posix_acl: bool,
     settled: std::sync::Arc<parking_lot::Mutex<Settled>>,
 }
 
 impl Filesystem for Negotiator {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let granted = crate::fuse::negotiate(config, self.passthrough, self.kernel_open);
+        let granted =
+            crate::fuse::negotiate(config, self.passthrough, self.kernel_open, self.posix_acl);
         *self.settled.lock() = Settled {
             granted,
             minor: config.kernel_abi().1,
@@ -91,6 +96,7 @@ impl Connection {
         let fs = Negotiator {
             passthrough: cfg.passthrough,
             kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
+            posix_acl: cfg.object.is_none(),
             settled: std::sync::Arc::clone(&settled),
         };
         let session = fuser::Session::new(fs, &cfg.mountpoint, &fuse_cfg)?;

@@ -58,6 +58,9 @@ pub struct FuseOptions {
     pub mount_label: String,
     /// Path of the control socket (the `user.locafs.control` attribute).
     pub control_socket: String,
+    /// Ask the kernel to enforce the source's POSIX ACLs (a source whose
+    /// entries can carry them).
+    pub posix_acl: bool,
 }
 
 /// The mounted file system: the core, and the adapter's settings.
@@ -571,16 +574,18 @@ impl Filesystem for LocaFs {
         if ino.0 == crate::namespace::ROOT && name == crate::fs::PING_XATTR {
             return self.fs.ping(move |v| xattr_reply(&v, size, reply));
         }
-        let value = match self.fs.getxattr(ino.0, name) {
-            Ok(v) => v,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        xattr_reply(&value, size, reply);
+        self.fs.getxattr(ino.0, name, move |r| match r {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.op(FuseOp::Listxattr);
-        xattr_reply(&self.fs.listxattr(ino.0), size, reply);
+        self.fs.listxattr(ino.0, move |r| match r {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     // Every way of changing the tree: read-only.
@@ -714,7 +719,12 @@ impl Filesystem for LocaFs {
 /// mount, by the process that holds it (`supervisor`), which keeps the
 /// answer in the shared state for every server. Returns the `shm::INIT_*`
 /// bits granted.
-pub fn negotiate(config: &mut KernelConfig, passthrough: bool, kernel_open: bool) -> Granted {
+pub fn negotiate(
+    config: &mut KernelConfig,
+    passthrough: bool,
+    kernel_open: bool,
+    posix_acl: bool,
+) -> Granted {
     // READDIRPLUS_AUTO: the kernel asks for READDIRPLUS at the start
     // of a listing and where lookups of the directory's entries follow
     // (`ls -l`, scandir + stat), plain READDIR otherwise (`find`, an
@@ -727,6 +737,19 @@ pub fn negotiate(config: &mut KernelConfig, passthrough: bool, kernel_open: bool
         | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
     for flag in wanted.iter() {
         let _ = config.add_capabilities(flag);
+    }
+    // POSIX ACLs: the kernel checks every access against the ACL of
+    // the entry (the source's `system.posix_acl_access`, which it asks
+    // for with GETXATTR and caches as long as the attributes), not the
+    // mode bits alone. It implies default_permissions (which the mount
+    // has anyway). Without it, a file the source's ACL keeps from a
+    // user would be readable through the mount by its mode bits.
+    if posix_acl {
+        if config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok() {
+            debug!("POSIX ACLs of the source enforced by the kernel");
+        } else {
+            warn!("this kernel cannot enforce POSIX ACLs on a FUSE mount: access through the mount is checked against the mode bits only, which an ACL at the source may narrow (see docs/security.md)");
+        }
     }
     // Loader reads in flight (each may hold a block) stay within 32.
     let _ = config.set_max_background(32);

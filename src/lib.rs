@@ -8,6 +8,7 @@ pub mod concurrency;
 pub mod config;
 pub mod connection;
 pub mod control;
+pub mod dead_mount;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;
@@ -23,6 +24,7 @@ pub mod mount;
 pub mod namespace;
 pub mod peer;
 pub mod prefetch;
+pub mod private_dir;
 pub mod reader;
 pub mod shm;
 pub mod source;
@@ -32,3 +34,10 @@ pub mod supervisor;
 pub mod sys;
 pub mod units;
 pub mod writeback;
+
+/// How a unit test skips (the SKIPPED line, or a failure in strict mode):
+/// the test kit's own file, compiled into the unit tests only (nothing of
+/// it ships; unit tests cannot import tests/common).
+#[cfg(test)]
+#[path = "../tests/common/strict.rs"]
+mod test_skip;

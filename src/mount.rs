@@ -21,6 +21,7 @@ use crate::fuse::{FuseOptions, LocaFs};
 use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
+use crate::private_dir::PrivateDir;
 use crate::reader::{Reader, ReaderConfig};
 use crate::shm::SharedState;
 use crate::source::object::ObjectSource;
@@ -46,7 +47,7 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
             let cfg = match crate::config::resolve_live(&args) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("locafs: {e}");
+                    crate::logging::say(&e.to_string());
                     return ExitCode::from(2);
                 }
             };
@@ -57,18 +58,21 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         drop(stored);
         crate::supervisor::systemd::forget_stored();
     }
-    clear_dead_mount(&args);
+    if let Err(e) = clear_dead_mount(&args) {
+        crate::logging::say(&e.to_string());
+        return ExitCode::from(2);
+    }
     if live_locafs_mount(&args) {
         // A live locafs mount there: take it over (new binary or options).
         let cfg = match crate::config::resolve_live(&args) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("locafs: {e}");
+                crate::logging::say(&e.to_string());
                 return ExitCode::from(2);
             }
         };
         if daemon {
-            return daemonize();
+            return ExitCode::from(daemonize());
         }
         crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
         return crate::supervisor::take_over(&args, cfg);
@@ -76,12 +80,25 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: {e}");
+            crate::logging::say(&e.to_string());
             return ExitCode::from(2);
         }
     };
+    if let Err(msg) = check_fuse_access() {
+        eprintln!("locafs: {msg}");
+        return ExitCode::from(1);
+    }
     if daemon {
-        return daemonize();
+        // (The daemon resolves again and finds nothing left to change: what
+        // this one changed is told here.)
+        for n in &cfg.notes {
+            eprintln!("locafs: {n}");
+        }
+        let code = daemonize();
+        if code != 0 {
+            forget_new_dataset_dir(&cfg);
+        }
+        return ExitCode::from(code);
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
     crate::supervisor::hold(&args, cfg)
@@ -90,9 +107,9 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
 /// Whether the mountpoint the request names has a locafs mount on it
 /// (from /proc/self/mountinfo: the mount itself is not asked).
 fn live_locafs_mount(args: &MountRequest) -> bool {
-    let mp = match (&args.mountpoint, &args.config) {
+    let mp = match (&args.mountpoint, args.config_file()) {
         (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(c) {
+        (None, Some(c)) => match crate::config::read_config(&c) {
             Ok(crate::config::ConfigFile {
                 mountpoint: Some(m),
                 ..
@@ -101,66 +118,76 @@ fn live_locafs_mount(args: &MountRequest) -> bool {
         },
         _ => return false,
     };
-    crate::config::live_path(&mp)
+    crate::dead_mount::table_path(&mp)
         .is_some_and(|abs| crate::sys::mount_fstype(&abs).as_deref() == Some("fuse.locafs"))
 }
 
-/// If the mountpoint is a dead locafs mount (its daemon died: every access
-/// fails with "Transport endpoint is not connected"), detaches it so that a
-/// restart (systemd Restart=on-failure, a remount) can mount again over the
-/// same cache. Only mounts of type fuse.locafs are touched.
-fn clear_dead_mount(args: &MountRequest) {
-    let mp = match (&args.mountpoint, &args.config) {
+/// A mount that failed leaves nothing behind: the data set's cache
+/// directory, if this attempt made it, goes (with its booking in the
+/// budget), unless a mount holds it now.
+pub fn forget_new_dataset_dir(cfg: &MountConfig) {
+    if cfg.dataset_dir_created {
+        let _ = crate::budget::remove_dataset(&cfg.cache, &cfg.dataset_name);
+    }
+}
+
+/// If the mountpoint holds a dead locafs mount (its daemon died: every
+/// access fails with "Transport endpoint is not connected"), detaches it so
+/// that a restart (systemd Restart=on-failure, a remount) mounts again over
+/// the same cache (`dead_mount`). An error if a locafs mount there does not
+/// answer.
+fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
+    let mp = match (&args.mountpoint, args.config_file()) {
         (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(c) {
+        (None, Some(c)) => match crate::config::read_config(&c) {
             Ok(crate::config::ConfigFile {
                 mountpoint: Some(m),
                 ..
             }) => m,
-            _ => return,
+            _ => return Ok(()),
         },
-        _ => return,
+        _ => return Ok(()),
     };
-    match std::fs::metadata(&mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
-        _ => return,
-    }
-    let abs = match (mp.parent(), mp.file_name()) {
-        (Some(parent), Some(name)) => {
-            match std::fs::canonicalize(if parent.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                parent
-            }) {
-                Ok(p) => p.join(name),
-                Err(_) => return,
-            }
+    crate::dead_mount::clear(&mp).map(|_| ())
+}
+
+/// Whether this process can mount at all, and if not, the one line that
+/// says why and what to do: it needs /dev/fuse open for reading and
+/// writing, and without CAP_SYS_ADMIN (an ordinary user) the setuid helper
+/// `fusermount3`, through which fuser mounts when mount(2) is refused.
+/// Checked before anything is opened, so that a user sees this rather
+/// than "Permission denied" or "No such file or directory" from fuser.
+fn check_fuse_access() -> Result<(), String> {
+    const DEV: &str = "/dev/fuse";
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(format!(
+                "{DEV} does not exist: this system offers no FUSE (in a container, add --device {DEV})"
+            ));
         }
-        _ => return,
-    };
-    if crate::sys::mount_fstype(&abs).as_deref() != Some("fuse.locafs") {
-        return;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(DEV)
+            .map(|m| format!("mode {:04o}", m.permissions().mode() & 0o7777))
+            .unwrap_or_else(|_| "mode unknown".into());
+        return Err(format!(
+            "cannot open {DEV} ({}, {mode}): mounting as a user needs {DEV} readable and writable by all (mode 0666, most distributions' default); ask an administrator, or mount as root",
+            short_io(&e)
+        ));
     }
-    match crate::sys::lazy_unmount(&abs) {
-        Ok(()) => eprintln!(
-            "locafs: {}: detached a dead locafs mount left by a daemon that died",
-            abs.display()
-        ),
-        Err(e) => eprintln!(
-            "locafs: {}: dead locafs mount, cannot detach it: {e}",
-            abs.display()
-        ),
+    if !crate::sys::has_cap_sys_admin() && crate::sys::fusermount().is_none() {
+        return Err("mounting as a user needs fusermount3, the setuid FUSE helper (package fuse3: apt install fuse3, dnf install fuse3), and none was found; or mount as root".into());
     }
+    Ok(())
 }
 
 /// Starts this same command without --daemon in a new session and waits
 /// until it says READY (exit 0) or dies (its exit status and message).
-fn daemonize() -> ExitCode {
+fn daemonize() -> u8 {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("locafs: cannot find own executable: {e}");
-            return ExitCode::from(1);
+            crate::logging::say(&format!("cannot find own executable: {e}"));
+            return 1;
         }
     };
     let args: Vec<_> = std::env::args_os()
@@ -184,28 +211,34 @@ fn daemonize() -> ExitCode {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: cannot start the daemon: {e}");
-            return ExitCode::from(1);
+            crate::logging::say(&format!("cannot start the daemon: {e}"));
+            return 1;
         }
     };
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
     }
+    // (A closed stdout or stderr is no reason to fail a mount that is live.)
     if let Some(summary) = line.trim_end().strip_prefix("READY") {
-        println!("locafs: {}", summary.trim());
-        return ExitCode::SUCCESS;
+        let _ = writeln!(std::io::stdout(), "locafs: {}", summary.trim());
+        return 0;
     }
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
     let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
-    eprint!("{err}");
+    let mut stderr = std::io::stderr();
+    let _ = write!(stderr, "{err}");
     if err.is_empty() {
-        eprintln!("locafs: the daemon exited before the mount was ready");
+        crate::logging::say("the daemon exited before the mount was ready");
     }
-    ExitCode::from(if status == 0 { 1 } else { status as u8 })
+    if status == 0 {
+        1
+    } else {
+        status as u8
+    }
 }
 
 /// The source a mount reads: a directory, or an object store (built
@@ -214,22 +247,30 @@ pub fn open_source(cfg: &MountConfig) -> Result<Arc<dyn Source>, (u8, String)> {
     Ok(match &cfg.object {
         None => Arc::new(DirSource::new(cfg.source.clone())),
         Some(spec) => {
-            let built = spec.build(cfg.source_timeout).map_err(|e| (2, e))?;
-            Arc::new(
-                ObjectSource::new(built, &spec.prefix, &spec.url())
-                    .map_err(|e| (2, format!("{}: {e}", spec.url())))?,
-            )
+            Arc::new(ObjectSource::unprobed(spec, cfg.source_timeout).map_err(|e| (2, e))?)
         }
     })
 }
 
 /// Asks an object store once, before anything is mounted: a missing
-/// bucket, refused credentials or a dead endpoint end here, with exit 2.
-/// Nothing to ask of a directory (`config::resolve` looked at it).
+/// bucket, refused credentials or a dead endpoint end here, with exit 2;
+/// except a store that does not answer when an earlier mount left its tree
+/// and cache: those are served, as while a store stalls. Nothing to ask of
+/// a directory (`config::resolve` looked at it).
 pub fn probe_source(cfg: &MountConfig) -> Result<(), (u8, String)> {
     if let Some(spec) = &cfg.object {
-        ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout)
-            .map_err(|e| (2, e.to_string()))?;
+        match ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout) {
+            Ok(_) => {}
+            Err(crate::source::object::ProbeError::Unreachable(why))
+                if cfg.dataset_dir.join(MANIFEST).is_file() =>
+            {
+                warn!(
+                    "{why}: mounting the tree and cache the last mount left; what is not \
+                     cached fails until the store answers"
+                );
+            }
+            Err(e) => return Err((2, e.to_string())),
+        }
     }
     Ok(())
 }
@@ -259,7 +300,6 @@ pub struct Server {
     saver: Arc<ManifestSaver>,
     peer_node: Option<Arc<crate::peer::PeerNode>>,
     mountpoint: PathBuf,
-    control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
     readahead: Arc<ReadAhead>,
     stats: Arc<Stats>,
@@ -287,7 +327,7 @@ struct FsParts {
 }
 
 /// Books the cache in its directory's shared budget and keeps it booked:
-/// the grant is applied before this returns, then once a second.
+/// the grant is applied before this returns, then every 250 ms (`budget::BOOKING_INTERVAL`).
 fn start_budget(
     cfg: &MountConfig,
     disk: &Arc<DiskCache>,
@@ -295,7 +335,7 @@ fn start_budget(
 ) -> Result<crate::budget::BudgetKeeper, (u8, String)> {
     use crate::budget::{Booking, BudgetKeeper, Usage};
     let booking = Booking {
-        cache_dir: cfg.cache_dir.clone(),
+        cache_dir: cfg.cache.clone(),
         id: cfg.dataset_name.clone(),
         source: cfg.source.display().to_string(),
         asked: cfg.cache_size,
@@ -355,16 +395,13 @@ impl Mount {
     /// serves it. The source is a parameter so that tests and benchmarks
     /// can put a slow or failing source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
-        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let lock =
+            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
         let state =
             SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
         let mut server = Server::build(cfg, source, &state)?;
-        let mut conn = crate::connection::Connection::mount(cfg).map_err(|e| {
-            (
-                1,
-                format!("mount on {} failed: {e}", cfg.mountpoint.display()),
-            )
-        })?;
+        let mut conn = crate::connection::Connection::mount(cfg)
+            .map_err(|e| mount_failed(&cfg.mountpoint, &e))?;
         let fds = dup_fds(&conn.server_fds(cfg.fuse_threads).map_err(io_err)?).map_err(io_err)?;
         record_init(&state, conn.settled);
         let h = state.header();
@@ -488,6 +525,9 @@ impl Server {
         source: Arc<dyn Source>,
         state: &Arc<SharedState>,
     ) -> Result<Server, (u8, String)> {
+        for n in &cfg.notes {
+            info!("{n}");
+        }
         crate::sys::raise_nofile_limit();
         crate::sys::tune_allocator(cfg.block_size);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -498,6 +538,10 @@ impl Server {
                     .max(2),
             )
             .max_blocking_threads(128)
+            // Blocking threads left by a burst (opens and cache reads of
+            // read-ahead) end as soon as the source guard's workers do, not
+            // after tokio's 10 s.
+            .thread_keep_alive(crate::source_guard::IDLE_EXIT)
             .thread_name("locafs-rt")
             .enable_all()
             .build()
@@ -521,25 +565,27 @@ impl Server {
             stats
                 .source_throttled
                 .set(Arc::new(move || s.throttled_responses()));
+            let s = Arc::clone(&source);
+            stats
+                .source_bad_replies
+                .set(Arc::new(move || s.bad_replies()));
         }
         // The cache's books and the namespace (attached to what an earlier
         // server left, or loaded from the manifest) at once, on two
         // threads: each is about half of a remount's time (500 k files,
         // page cache dropped: 0.34 s and 0.25 s, one after the other
         // before; docs/benchmarks.md, ninth scale pass).
-        let manifest = cfg.dataset_dir.join("manifest");
         let (opened, restored) = std::thread::scope(|scope| {
             let restoring = std::thread::Builder::new()
                 .name("locafs-manifest".into())
-                .spawn_scoped(scope, || load_namespace(cfg, &manifest, &source, state));
+                .spawn_scoped(scope, || load_namespace(cfg, &source, state));
             // Unbounded until the shared budget of the cache directory gives
             // this mount its grant (below, before anything is served).
-            let opened =
-                DiskCache::open(&cfg.dataset_dir, None, cfg.block_size, Arc::clone(&stats));
+            let opened = DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
             let restored = match restoring {
                 Ok(t) => t.join().unwrap_or(Loaded::None),
                 // No thread: loaded here, after the cache.
-                Err(_) => load_namespace(cfg, &manifest, &source, state),
+                Err(_) => load_namespace(cfg, &source, state),
             };
             (opened, restored)
         });
@@ -563,7 +609,7 @@ impl Server {
             );
         }
         let attached = matches!(restored, Loaded::Attached(_));
-        let ns = match restore_namespace(restored, &manifest, &cache) {
+        let ns = match restore_namespace(restored, &cfg.dataset, &cache) {
             Some(ns) => ns,
             None => Namespace::new_in(
                 state,
@@ -587,6 +633,13 @@ impl Server {
         let disk = Arc::new(cache);
         let budget = start_budget(cfg, &disk, &stats)?;
         let share = budget.share();
+        // What the other data sets hold: not this one's own use.
+        let others: u64 = share
+            .datasets
+            .iter()
+            .filter(|(id, ..)| *id != cfg.dataset_name)
+            .map(|(_, used, _)| used)
+            .sum();
         info!(
             "cache {}: may hold {} of the budget {} that {} shares with {} other data sets (they hold {}){}",
             cfg.dataset_dir.display(),
@@ -594,7 +647,7 @@ impl Server {
             format_size(share.limit),
             cfg.cache_dir.display(),
             share.datasets.len().saturating_sub(1),
-            format_size(share.used_all),
+            format_size(others),
             if cfg.cache_size.is_none() {
                 "; set --cache-size to change the budget"
             } else {
@@ -675,15 +728,11 @@ impl Server {
             )
             .map_err(|e| (2, e))?;
         }
-        let control_socket = crate::control::socket_path(&cfg.dataset_dir);
-        crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(
-            |e| {
-                (
-                    1,
-                    format!("control socket {}: {e}", control_socket.display()),
-                )
-            },
-        )?;
+        // (A file a locafs before the abstract socket may have left.)
+        let _ = cfg.dataset.remove_file("control.sock");
+        let control_socket =
+            crate::control::serve(&cfg.mountpoint, Arc::clone(&readahead), rt.handle())
+                .map_err(|e| (1, format!("control socket: {e}")))?;
         let ttl = match cfg.revalidate {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,
@@ -700,7 +749,7 @@ impl Server {
         let saver = ManifestSaver {
             ns: Arc::clone(&ns),
             disk,
-            path: manifest,
+            dir: cfg.dataset.clone(),
             source: cfg.source.as_os_str().as_encoded_bytes().to_vec(),
             saved_at: parking_lot::Mutex::new(u64::MAX),
         };
@@ -715,6 +764,7 @@ impl Server {
                 }
             });
         }
+        let posix_acl = ns.has_acls();
         let parts = FsParts {
             ns,
             reader,
@@ -725,7 +775,8 @@ impl Server {
                 kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
-                control_socket: control_socket.display().to_string(),
+                control_socket,
+                posix_acl,
             },
             fuse_threads: cfg.fuse_threads,
             kernel_readahead: cfg.kernel_readahead,
@@ -735,7 +786,6 @@ impl Server {
             saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
-            control_socket,
             session: None,
             readahead,
             stats,
@@ -851,7 +901,8 @@ impl Server {
         if let Some(node) = &self.peer_node {
             node.close();
         }
-        let _ = std::fs::remove_file(&self.control_socket);
+        // (the control socket, in the abstract namespace, goes with the
+        // runtime that listens on it)
         rt.shutdown_timeout(Duration::from_secs(2));
     }
 }
@@ -859,6 +910,45 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The exit status and message of a failed mount(2): a refusal for lack of
+/// privilege is the setup's problem (exit 2: a restart will not help), with
+/// what it takes; anything else exit 1. A user's mount goes through
+/// fusermount3, whose refusal (several lines on its stderr) is said on one
+/// line.
+pub(crate) fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
+    if e.raw_os_error().is_none() {
+        let why = e.to_string();
+        let why: Vec<&str> = why
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        return (
+            1,
+            format!(
+                "mount on {} failed: {}",
+                mountpoint.display(),
+                why.join("; ")
+            ),
+        );
+    }
+    match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => (
+            2,
+            format!(
+                "mount on {} failed: {}: mounting needs root or CAP_SYS_ADMIN (or, for a \
+                 user, fusermount3 and a /dev/fuse the user may open)",
+                mountpoint.display(),
+                short_io(e)
+            ),
+        ),
+        _ => (
+            1,
+            format!("mount on {} failed: {}", mountpoint.display(), short_io(e)),
+        ),
     }
 }
 
@@ -923,12 +1013,7 @@ enum Loaded {
 /// else the one in the manifest a previous mount left, if usable, with the
 /// manifest's size (its known bytes go to a sink of its own until
 /// [`restore_namespace`] hands them to the cache).
-fn load_namespace(
-    cfg: &MountConfig,
-    path: &Path,
-    source: &Arc<dyn Source>,
-    state: &Arc<SharedState>,
-) -> Loaded {
+fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>, state: &Arc<SharedState>) -> Loaded {
     match Namespace::attach(state, Arc::clone(source), cfg.revalidate, Arc::default()) {
         Ok(Some(ns)) => {
             info!(
@@ -940,7 +1025,7 @@ fn load_namespace(
         Ok(None) => {}
         Err(e) => warn!("namespace: the shared state's cannot be used: {e}"),
     }
-    match load_manifest(cfg, path, source, state) {
+    match load_manifest(cfg, source, state) {
         Some((ns, len)) => Loaded::Manifest(ns, len),
         None => Loaded::None,
     }
@@ -948,11 +1033,10 @@ fn load_namespace(
 
 fn load_manifest(
     cfg: &MountConfig,
-    path: &Path,
     source: &Arc<dyn Source>,
     state: &Arc<SharedState>,
 ) -> Option<(Namespace, u64)> {
-    let data = std::fs::read(path).ok()?;
+    let data = cfg.dataset.read(MANIFEST).ok()?;
     let data_len = data.len() as u64;
     let m = crate::manifest::decode(data)?;
     if m.source != cfg.source.as_os_str().as_encoded_bytes() {
@@ -982,19 +1066,19 @@ fn load_manifest(
 /// The namespace [`load_namespace`] gave, tied to the cache (its known
 /// bytes; a manifest's room in the cache's bound); None, and the manifest
 /// removed, if there was none or there is no room for it.
-fn restore_namespace(loaded: Loaded, path: &Path, cache: &DiskCache) -> Option<Namespace> {
+fn restore_namespace(loaded: Loaded, dir: &PrivateDir, cache: &DiskCache) -> Option<Namespace> {
     let ns = match loaded {
         Loaded::Attached(ns) => {
             // The manifest on disk counts in the cache's bound, as the
             // server before booked it.
-            let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            let len = dir.stat(MANIFEST).map_or(0, |m| m.st_size as u64);
             let _ = cache.reserve_aux(len);
             ns.set_known_sink(cache.dataset_bytes_handle());
             return Some(ns);
         }
         Loaded::Manifest(ns, len) if cache.reserve_aux(len) => ns,
         _ => {
-            let _ = std::fs::remove_file(path);
+            let _ = dir.remove_file(MANIFEST);
             return None;
         }
     };
@@ -1002,11 +1086,15 @@ fn restore_namespace(loaded: Loaded, path: &Path, cache: &DiskCache) -> Option<N
     Some(ns)
 }
 
+/// The namespace manifest's name in the data set's directory.
+const MANIFEST: &str = "manifest";
+
 /// Saves the namespace manifest beside the cache, within its size bound.
 struct ManifestSaver {
     ns: Arc<Namespace>,
     disk: Arc<DiskCache>,
-    path: PathBuf,
+    /// The data set's directory.
+    dir: PrivateDir,
     source: Vec<u8>,
     /// The namespace's change counter at the last save.
     saved_at: parking_lot::Mutex<u64>,
@@ -1026,7 +1114,11 @@ impl ManifestSaver {
         // Entries that left the tree and that the kernel does not hold lose
         // their names first.
         self.ns.sweep();
-        let old = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let old = self
+            .dir
+            .stat(MANIFEST)
+            .map(|m| m.st_size as u64)
+            .unwrap_or(0);
         // Old and new exist side by side until the rename. (The tree may
         // grow a little between this count and the save: booked again
         // with the size written.)
@@ -1037,18 +1129,20 @@ impl ManifestSaver {
         }
         // Streamed from the namespace to the file: no copy of the tree in
         // memory.
-        let tmp = self.path.with_extension("tmp");
-        let written = std::fs::File::create(&tmp)
+        let tmp = "manifest.tmp";
+        let written = self
+            .dir
+            .create_file(tmp)
             .and_then(|f| self.ns.save_to(f, &self.source, now))
             .and_then(|(f, n)| f.sync_data().map(|()| n))
-            .and_then(|n| std::fs::rename(&tmp, &self.path).map(|()| n));
+            .and_then(|n| self.dir.rename(tmp, MANIFEST).map(|()| n));
         match written {
             Ok(n) => {
                 self.disk.reserve_aux(n);
                 *saved_at = changes;
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
+                let _ = self.dir.remove_file(tmp);
                 self.disk.reserve_aux(old);
                 debug!("manifest not saved: {e}");
             }

@@ -80,11 +80,19 @@ pub fn hold(args: &MountRequest, cfg: MountConfig) -> ExitCode {
 
 /// [`hold`] with servers started by `launcher`.
 pub fn hold_with(args: &MountRequest, cfg: MountConfig, launcher: Box<dyn Launcher>) -> ExitCode {
-    match Holder::start(args, cfg, launcher) {
+    for n in &cfg.notes {
+        info!("{n}");
+    }
+    match Holder::start(args, cfg.clone(), launcher) {
         Ok(h) => h.run(),
         Err((code, msg)) => {
-            error!("{msg}");
-            eprintln!("locafs: {msg}");
+            // One line: on stderr the log line would say it twice.
+            if crate::logging::logs_to_file() {
+                error!("{msg}");
+            }
+            crate::logging::say(&msg);
+            // (a mount that failed leaves no data set directory it made)
+            crate::mount::forget_new_dataset_dir(&cfg);
             ExitCode::from(code)
         }
     }
@@ -247,7 +255,8 @@ impl Holder {
         launcher: Box<dyn Launcher>,
     ) -> Result<Holder, (u8, String)> {
         crate::mount::probe_source(&cfg)?;
-        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let lock =
+            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
         let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
         let config_fd = memfd_with("locafs-options", toml.as_bytes())
             .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
@@ -256,12 +265,8 @@ impl Holder {
         let signals =
             signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
                 .map_err(|e| (1, format!("signals: {e}")))?;
-        let conn = Connection::mount(&cfg).map_err(|e| {
-            (
-                1,
-                format!("mount on {} failed: {e}", cfg.mountpoint.display()),
-            )
-        })?;
+        let conn =
+            Connection::mount(&cfg).map_err(|e| crate::mount::mount_failed(&cfg.mountpoint, &e))?;
         crate::mount::record_init(&state, conn.settled);
         let listener = takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
             .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))

@@ -5,9 +5,10 @@
 //! library (the fakes never ship).
 //!
 //! - [`skip`]: the one way to skip. A test that needs what the machine
-//!   lacks (root, /dev/fuse, a program) prints `SKIPPED: module::test:
+//!   lacks (root, /dev/fuse, a program) prints `SKIPPED: binary::test:
 //!   reason` (`require_fuse!()`, `skip!(...)`) and returns; it never
-//!   passes silently.
+//!   passes silently, and in strict mode ([`strict`], `.ci/run`) it fails
+//!   unless it is an expected skip.
 //! - [`sys`]: mountinfo, unmounting, the page cache, free ports, `/proc`,
 //!   signals, waiting for a condition.
 //! - [`data`]: deterministic bytes and trees, comparing a mount with its
@@ -26,6 +27,8 @@
 //! - [`server`]: what the storage servers share: a server process on a
 //!   free loopback port, killed on drop, and raw HTTP requests to it.
 //! - [`s3`]: a real S3 server (moto_server) and a client to fill its buckets.
+//! - [`s3s`]: another S3 server (s3s-fs: listings without ETags, GETs that
+//!   ignore `If-Match`), filled with the same client.
 //! - [`azurite`]: Azure Blob Storage's emulator (Azurite) and a client to
 //!   fill its containers.
 //! - [`gcs`]: a GCS emulator (fake-gcs-server) and a client to fill its
@@ -35,6 +38,9 @@
 //!   test binary in a role, with a gate that stops a server mid-request.
 //! - [`proxy`]: an HTTP proxy before it that counts GETs per key and adds
 //!   latency, a bandwidth cap, 503 SlowDown answers or a stall.
+//! - [`hostile`]: a hostile object store (S3, GCS's XML API and Azure
+//!   dialects): answers longer than the range asked, listings that repeat
+//!   their continuation token for ever.
 //!
 //! It must never leak a mount, a process or a namespace: each is owned by
 //! a guard whose `Drop` cleans up, even when a test panics.
@@ -47,6 +53,7 @@ pub mod daemon;
 pub mod data;
 pub mod fakes;
 pub mod gcs;
+pub mod hostile;
 pub mod inproc;
 pub mod netns;
 pub mod pki;
@@ -54,8 +61,10 @@ pub mod prom;
 pub mod proxy;
 pub mod restart;
 pub mod s3;
+pub mod s3s;
 pub mod server;
 pub mod skip;
+pub mod strict;
 pub mod sys;
 
 pub use daemon::*;

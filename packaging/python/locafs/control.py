@@ -1,13 +1,24 @@
-"""A locafs mount's control socket, from Python.
+"""A locafs mount from Python: :class:`Mount`, its control socket, and the
+errors of the package.
 
-The socket's path is the ``user.locafs.control`` extended attribute of the
-mount root (nothing is added to the data set's tree). One JSON request per
-line, one JSON answer per line, as ``locafs plan`` and ``locafs where`` use
-it (src/control.rs).
+The socket's name is the ``user.locafs.control`` extended attribute of the
+mount root (nothing is added to the data set's tree): ``@NAME`` for a socket
+in the abstract namespace (reachable from the daemon's network namespace
+only), else a path. One JSON request per line, one JSON answer per line, as
+``locafs plan`` and ``locafs where`` use it (src/control.rs). A
+:class:`Mount` made by :func:`locafs.mount` also owns the daemon behind it
+(``_daemon.py``) and unmounts on :meth:`close`; one made from a path
+attaches to a mount someone else made and never unmounts it.
+
+Who may ask: the user running the daemon and root ask anything; when the
+daemon runs as root, another user who may read the mount root may ask
+``where`` and ``plan`` (about the files they could reach); others are
+refused with an answer that says why (docs/security.md).
 """
 
 import array
 import base64
+import errno
 import json
 import os
 import socket
@@ -16,15 +27,43 @@ import time
 
 CONTROL_XATTR = "user.locafs.control"
 
-__all__ = ["Mount", "LocafsError", "NotALocafsMount", "CONTROL_XATTR"]
+__all__ = [
+    "Mount",
+    "LocafsError",
+    "MountError",
+    "NotALocafsMount",
+    "UsageError",
+    "CONTROL_XATTR",
+]
 
 
 class LocafsError(RuntimeError):
-    """The mount answered a request with an error."""
+    """Something locafs refused or could not do: the mount answered a
+    request with an error, or the binary is missing."""
 
 
 class NotALocafsMount(LocafsError):
     """The path is not the root of a locafs mount."""
+
+
+class MountError(LocafsError):
+    """``locafs mount`` failed. ``str(e)`` and ``e.message`` are the
+    command's one-line reason (what it printed after ``locafs: ``);
+    ``e.returncode`` its exit status (2: bad options or input, 1: the
+    system refused, e.g. no FUSE access); ``e.log`` the daemon's last log
+    lines; ``e.command`` the command line."""
+
+    def __init__(self, message, returncode=None, log=(), command=()):
+        super().__init__(message)
+        self.message = message
+        self.returncode = returncode
+        self.log = list(log)
+        self.command = list(command)
+
+
+class UsageError(MountError):
+    """``locafs mount`` refused its options or input (exit status 2): an
+    unknown option, a bad size, a missing source or mountpoint."""
 
 
 def _relative(path, root):
@@ -47,11 +86,20 @@ class Mount:
     without peers the mount is node 0 of 1.
     """
 
+    # The daemon this object started (locafs.mount), which close() stops;
+    # None for a mount attached by path.
+    _daemon = None
+
     def __init__(self, path, wait=30.0):
         self.path = os.path.abspath(os.fspath(path))
         try:
             raw = os.getxattr(self.path, CONTROL_XATTR)
         except OSError as e:
+            if e.errno == errno.EACCES:
+                raise LocafsError(
+                    "%s: you may not read the mount root, so its control socket is not "
+                    "yours to use" % self.path
+                ) from None
             raise NotALocafsMount(
                 "%s: not the root of a locafs mount (%s)" % (self.path, e.strerror or e)
             ) from None
@@ -81,20 +129,27 @@ class Mount:
 
     def _call(self, request, check=True, payload=b""):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = self.socket_path
+        address = "\0" + name[1:] if name.startswith("@") else name
         try:
-            s.connect(self.socket_path)
+            s.connect(address)
             s.sendall(json.dumps(request).encode("utf-8") + b"\n")
             if payload:
                 s.sendall(payload)
             with s.makefile("rb") as f:
                 line = f.readline()
         except OSError as e:
-            raise LocafsError("control socket %s: %s" % (self.socket_path, e)) from None
+            hint = ""
+            if name.startswith("@") and isinstance(e, ConnectionRefusedError):
+                hint = " (an abstract socket: reachable only from the daemon's network namespace)"
+            raise LocafsError("control socket %s: %s%s" % (self.socket_path, e, hint)) from None
         finally:
             s.close()
         if not line:
             raise LocafsError("control socket %s: closed" % self.socket_path)
         answer = json.loads(line)
+        if answer.get("refused"):
+            raise LocafsError("%s: %s" % (self.path, answer.get("error", "refused")))
         if check and not answer.get("ok"):
             raise LocafsError("%s: %s" % (self.path, answer.get("error", "request failed")))
         return answer
@@ -136,8 +191,45 @@ class Mount:
         answer = self._call({"op": "plan", "paths": [_relative(f, self.path) for f in files]})
         return int(answer.get("files", 0)), int(answer.get("unknown", 0))
 
+    @property
+    def pid(self):
+        """The process id of the daemon serving this mount if this object
+        started it (:func:`locafs.mount`), else None."""
+        return self._daemon.pid if self._daemon is not None else None
+
+    @property
+    def closed(self):
+        """True once :meth:`close` has unmounted what this object mounted."""
+        return self._daemon is not None and self._daemon.stopped
+
+    def close(self, timeout=60.0):
+        """Unmounts, if this object mounted (:func:`locafs.mount`), and
+        waits up to ``timeout`` seconds for the daemon to finish: the
+        daemon unmounts (detaching lazily while files are still open, as
+        ``umount -l``; through ``fusermount3 -u`` for a user), saves its
+        state and exits. A mount attached by path is left as it is. Safe
+        to call twice; a forked child (a DataLoader worker) never unmounts
+        its parent's mount."""
+        if self._daemon is not None:
+            self._daemon.stop(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def __repr__(self):
-        return "locafs.Mount(%r, node %d of %d)" % (self.path, self._node_index, self._num_nodes)
+        owner = ", pid %d" % self.pid if self.pid is not None else ""
+        state = " (closed)" if self.closed else ""
+        return "locafs.Mount(%r, node %d of %d%s)%s" % (
+            self.path,
+            self._node_index,
+            self._num_nodes,
+            owner,
+            state,
+        )
 
 
 def _unpack_owners(answer):
