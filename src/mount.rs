@@ -59,8 +59,13 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         crate::supervisor::systemd::forget_stored();
     }
     if let Err(e) = clear_dead_mount(&args) {
-        crate::logging::say(&e.to_string());
-        return ExitCode::from(2);
+        // A mount that does not answer but whose holder is there (its
+        // server hangs, and the watchdog has not replaced it yet): taking
+        // it over replaces the server too (the holder kills it).
+        if !(live_locafs_mount(&args) && holder_listens(&args)) {
+            crate::logging::say(&e.to_string());
+            return ExitCode::from(2);
+        }
     }
     if live_locafs_mount(&args) {
         // A live locafs mount there: take it over (new binary or options).
@@ -102,6 +107,13 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
     crate::supervisor::hold(&args, cfg)
+}
+
+/// Whether the holder of the live mount the request names has its
+/// takeover socket (a holder that died took its mount with it).
+fn holder_listens(args: &MountRequest) -> bool {
+    crate::config::resolve_live(args)
+        .is_ok_and(|cfg| crate::supervisor::takeover::socket_path(&cfg.dataset_dir).exists())
 }
 
 /// Whether the mountpoint the request names has a locafs mount on it

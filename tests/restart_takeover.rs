@@ -5,7 +5,8 @@
 //! run with its options, and exits without unmounting; readers see no
 //! failed read. A takeover that asks to change what cannot change on a
 //! live mount (the block size) is refused with exit 2 and changes
-//! nothing.
+//! nothing. A mount whose server hangs is taken over too (its holder is
+//! there), and the hung server replaced.
 
 mod common;
 
@@ -213,4 +214,61 @@ fn a_takeover_that_changes_the_block_size_is_refused_and_changes_nothing() {
     assert!(m.stderr().contains("was refused"), "{}", m.stderr());
     drop(held);
     assert_eq!(m.unmount().code(), Some(0));
+}
+
+/// A takeover of a mount whose server hangs (SIGSTOP, the watchdog off):
+/// the dead-mount probe gets no answer, but the holder is there, so the
+/// new `locafs mount` takes the mount over and the old holder kills the
+/// stopped server; a read that waited on it is answered by the new one.
+#[test]
+fn a_takeover_of_a_mount_whose_server_hangs_replaces_the_server() {
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
+    let mut old = sc.mount(&["--watchdog", "0"]);
+    let stopped = server_pid(&sc.mnt).unwrap();
+    signal(stopped, Signal::STOP).unwrap();
+    // A reader that waits on the stopped server (a name not looked up yet,
+    // so that the kernel must ask).
+    let (rel, want) = sc.files[0].clone();
+    let mnt = sc.mnt.clone();
+    let reader = std::thread::spawn(move || {
+        std::fs::read(mnt.join("no-such-name"))
+            .err()
+            .map(|e| e.kind())
+            == Some(std::io::ErrorKind::NotFound)
+            && std::fs::read(mnt.join(&rel)).is_ok_and(|got| got == want)
+    });
+    let err = sc.dir.path().join("new.log");
+    let child = Command::new(bin())
+        .arg("mount")
+        .arg(&sc.src)
+        .arg(&sc.mnt)
+        .arg("--cache-dir")
+        .arg(&sc.cache)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let new_pid = child.id();
+    let mut new = Mount::adopt(child, &sc.mnt, err);
+    let st = old.wait_exit(Duration::from_secs(120)).unwrap_or_else(|| {
+        let _ = signal(stopped, Signal::CONT);
+        panic!("the old holder did not exit; new: {}", new.stderr())
+    });
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "old: {}\nnew: {}",
+        old.stderr(),
+        new.stderr()
+    );
+    assert!(reader.join().unwrap(), "the waiting reader failed");
+    assert!(!alive(stopped), "the stopped server is still there");
+    let st = stats_of(&sc.mnt);
+    assert_eq!(st["supervisor_pid"], new_pid, "{st}");
+    assert_eq!(st["last_restart_reason"], "takeover", "{st}");
+    assert_ne!(server_pid(&sc.mnt), Some(stopped));
+    sc.check_files_through_mount();
+    assert_eq!(new.unmount().code(), Some(0), "{}", new.stderr());
 }
