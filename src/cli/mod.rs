@@ -1,6 +1,6 @@
 //! The command line: clap's types for every subcommand and the front ends of
 //! `locafs stats` ([`stats`]), `warm` and `plan` ([`control`]); `mount` hands
-//! over to `mount::main`. Called as `mount.fuse.locafs`, the binary is its
+//! over to `supervisor::entry::main`. Called as `mount.fuse.locafs`, the binary is its
 //! own mount(8) helper ([`mount_helper`]). The library below does not import this module:
 //! the command line depends on the library, never the other way round.
 //!
@@ -115,7 +115,7 @@ pub fn main() -> ExitCode {
         Err(e) => return parse_error(e),
     };
     match cli.command {
-        Command::Mount(args) => crate::mount::main(args.request, args.daemon),
+        Command::Mount(args) => crate::supervisor::entry::main(args.request, args.daemon),
         Command::Stats(args) => stats::main(args),
         Command::Warm(args) => control::warm(args),
         Command::Plan(args) => control::plan(args),

@@ -20,6 +20,7 @@
 //! the open handles, the backing ids, what INIT settled) is in the shared
 //! state, which the holder keeps; the rest a server rebuilds.
 
+pub mod entry;
 pub mod policy;
 pub mod serve;
 pub mod signals;
