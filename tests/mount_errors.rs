@@ -633,8 +633,8 @@ fn source_file_shrinking_under_an_open_handle_never_yields_stale_bytes() {
 
 /// A user who may not mount (here: /dev/fuse hidden behind a root-only
 /// file, in a mount namespace of the test's own, so that neither mount(2)
-/// nor fusermount can help) gets exit 2, one line saying what mounting
-/// takes, and nothing left in the cache directory: no data set directory
+/// nor fusermount can help) gets exit 2, one line saying what mounting as
+/// a user takes, and nothing left in the cache directory: no data set directory
 /// the attempt made, no control socket in one that was there before.
 #[test]
 fn a_user_who_may_not_mount_gets_exit_2_what_it_takes_and_no_leftovers() {
@@ -689,13 +689,14 @@ fn a_user_who_may_not_mount_gets_exit_2_what_it_takes_and_no_leftovers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     let last = err.trim().lines().last().unwrap_or("");
+    // Found before mount(2) is tried: the user's /dev/fuse does not open
+    // (mount(2) itself would say "mounting needs root or CAP_SYS_ADMIN").
     assert!(
-        last.starts_with(&format!(
-            "locafs: mount on {} failed: permission denied",
-            s.mnt.display()
-        )) && last.contains("mounting needs root or CAP_SYS_ADMIN"),
+        last.starts_with("locafs: cannot open /dev/fuse (permission denied")
+            && last.contains("mounting as a user needs /dev/fuse readable and writable by all"),
         "{err}"
     );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!is_mounted(&s.mnt));
     assert_eq!(dataset_dirs(), Vec::<PathBuf>::new(), "{err}");
 

@@ -465,7 +465,7 @@ fn without_access_to_dev_fuse_a_user_gets_one_clear_message() {
     let out = run_as_user(&scratch, &venv, "error", None, &[]);
     let f = facts(&out);
     assert_eq!(f["type"], "MountError", "{f}");
-    assert_eq!(f["returncode"], 1, "{f}");
+    assert_eq!(f["returncode"], 2, "{f}");
     let msg = f["message"].as_str().unwrap();
     assert!(
         msg.starts_with(&format!(

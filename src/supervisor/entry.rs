@@ -71,8 +71,11 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         }
     };
     if let Err(msg) = check_fuse_access() {
-        eprintln!("locafs: {msg}");
-        return ExitCode::from(1);
+        // The setup's problem, as a refused mount(2) is (exit 2: a restart
+        // will not help), and nothing left behind.
+        crate::logging::say(&msg);
+        forget_new_dataset_dir(&cfg);
+        return ExitCode::from(2);
     }
     if daemon {
         // (The daemon resolves again and finds nothing left to change: what

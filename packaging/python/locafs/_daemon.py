@@ -237,7 +237,11 @@ class _Daemon:
         else:
             last = self.tail[-1] if self.tail else "no message"
             message = "locafs exited with status %s: %s" % (code, last)
-        cls = UsageError if code == 2 else MountError
+        # Exit 2 is also a mount the system refused for lack of rights (no
+        # /dev/fuse access, no fusermount3, mount(2) refused): a MountError,
+        # not a UsageError, though a restart will not help either.
+        refused = message.startswith(("cannot open /dev/fuse", "mounting as a user needs", "mount on "))
+        cls = UsageError if code == 2 and not refused else MountError
         return cls(message, returncode=code, log=self.tail, command=self.command)
 
     def _terminate(self, timeout):

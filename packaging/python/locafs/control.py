@@ -49,8 +49,9 @@ class NotALocafsMount(LocafsError):
 class MountError(LocafsError):
     """``locafs mount`` failed. ``str(e)`` and ``e.message`` are the
     command's one-line reason (what it printed after ``locafs: ``);
-    ``e.returncode`` its exit status (2: bad options or input, 1: the
-    system refused, e.g. no FUSE access); ``e.log`` the daemon's last log
+    ``e.returncode`` its exit status (2: what a retry cannot
+    fix: bad options or input, or no right to mount, e.g. no FUSE access;
+    1: anything else); ``e.log`` the daemon's last log
     lines; ``e.command`` the command line."""
 
     def __init__(self, message, returncode=None, log=(), command=()):
