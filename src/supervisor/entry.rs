@@ -94,10 +94,11 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
 }
 
 /// Whether the holder of the live mount the request names has its
-/// takeover socket (a holder that died took its mount with it).
+/// takeover socket listening (a holder that died took its mount with it).
 fn holder_listens(args: &MountRequest) -> bool {
-    crate::config::resolve_live(args)
-        .is_ok_and(|cfg| super::takeover::socket_path(&cfg.dataset_dir).exists())
+    crate::config::resolve_live(args).is_ok_and(|cfg| {
+        super::takeover::listening(&super::takeover::socket_path(&cfg.dataset_dir))
+    })
 }
 
 /// Whether the mountpoint the request names has a locafs mount on it

@@ -874,6 +874,9 @@ impl Holder {
             "handing {} over to a new holder",
             self.cfg.mountpoint.display()
         );
+        // The socket's name goes with it (the new holder listens under it
+        // once it serves; a takeover that does not finish binds it again).
+        self.listener = None;
         // Our server stops first: two servers never share the state. What
         // it held the kernel sends again to the next.
         if let Some(p) = &self.probe {
@@ -902,10 +905,6 @@ impl Holder {
                     "{} handed over: the new holder serves it; this one exits without unmounting",
                     self.cfg.mountpoint.display()
                 );
-                // The new holder's socket is at the same path now.
-                if let Some(l) = self.listener.take() {
-                    std::mem::forget(l);
-                }
                 self.stopping = true;
                 Some(ExitCode::SUCCESS)
             }
@@ -919,8 +918,8 @@ impl Holder {
                 );
                 self.restart_at = Some(Instant::now());
                 self.restart_reason = Some((shm::REASON_TAKEOVER, 0));
-                let path = takeover::socket_path(&self.cfg.dataset_dir);
-                if !path.exists() {
+                if self.listener.is_none() {
+                    let path = takeover::socket_path(&self.cfg.dataset_dir);
                     self.listener = takeover::Listener::bind(&path).ok();
                 }
                 None

@@ -1,8 +1,13 @@
 //! Handing a live mount to a new holder: `locafs mount SRC MNT [options]`
 //! (a newer binary, or new options) over a live locafs mount of the same
-//! data set. The holder listens on a Unix socket in the data set's cache
-//! directory (owner-only; a peer of another user is refused); the new
-//! `locafs mount` connects, and:
+//! data set. The holder listens on a Unix socket in the abstract namespace
+//! named after the data set's cache directory (no file in the cache
+//! directory that another user could take first or that could be
+//! replaced); each end checks the other's credentials (`SO_PEERCRED`): the
+//! holder talks only to its own user or root, and the new `locafs mount`
+//! only to a holder of its own user or root, so that a socket of that
+//! name bound first by someone else gets neither a mount nor descriptors.
+//! The new `locafs mount` connects, and:
 //!
 //! 1. the holder offers what cannot change on a live mount ([`Offer`]:
 //!    the source, the cache directory, the block size, the open mode,
@@ -23,7 +28,6 @@
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,16 +36,34 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{MountConfig, OpenMode};
 
-/// The holder's socket in the data set's cache directory (in the temp dir
-/// when that path is too long for a socket address, as the control
-/// socket's).
+/// The holder's socket: a name in the abstract namespace (shown with a
+/// leading `@`) derived from the data set's cache directory.
 pub fn socket_path(dataset_dir: &Path) -> PathBuf {
-    let p = dataset_dir.join("holder.sock");
-    if p.as_os_str().len() < 100 {
-        return p;
-    }
     let h = blake3::hash(dataset_dir.as_os_str().as_encoded_bytes()).to_hex();
-    std::env::temp_dir().join(format!("locafs-holder-{}.sock", &h[..16]))
+    PathBuf::from(format!("@locafs-holder-{}", &h[..32]))
+}
+
+/// The abstract address of [`socket_path`]'s name.
+fn address(name: &Path) -> io::Result<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = name.as_os_str().as_encoded_bytes();
+    let name = name.strip_prefix(b"@").unwrap_or(name);
+    std::os::unix::net::SocketAddr::from_abstract_name(name)
+}
+
+/// Whether a socket of [`socket_path`]'s name listens (in this network
+/// namespace), from /proc/net/unix: nothing is connected to it.
+pub fn listening(name: &Path) -> bool {
+    let want = name.as_os_str().as_encoded_bytes();
+    std::fs::read("/proc/net/unix").is_ok_and(|t| {
+        t.split(|b| *b == b'\n')
+            .any(|l| l.split(|b| *b == b' ').next_back() == Some(want))
+    })
+}
+
+/// Whether a peer of uid `uid` may be talked to: this user, or root.
+fn trusted(uid: rustix::process::Uid) -> bool {
+    uid == rustix::process::geteuid() || uid.is_root()
 }
 
 /// What a live mount is, as far as a takeover must keep it: offered by
@@ -158,20 +180,15 @@ pub fn refusal(offer: &Offer, cfg: &MountConfig) -> Option<String> {
 /// The holder's end: a listening socket, owner-only.
 pub struct Listener {
     sock: UnixListener,
-    path: PathBuf,
 }
 
 impl Listener {
-    /// Listens at `path` (replacing a socket left there).
-    pub fn bind(path: &Path) -> io::Result<Listener> {
-        let _ = std::fs::remove_file(path);
-        let sock = UnixListener::bind(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    /// Listens on the abstract socket `name` ([`socket_path`]); it goes
+    /// away with the descriptor.
+    pub fn bind(name: &Path) -> io::Result<Listener> {
+        let sock = UnixListener::bind_addr(&address(name)?)?;
         sock.set_nonblocking(true)?;
-        Ok(Listener {
-            sock,
-            path: path.to_owned(),
-        })
+        Ok(Listener { sock })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -183,8 +200,7 @@ impl Listener {
     pub fn accept(&self) -> Option<UnixStream> {
         let (s, _) = self.sock.accept().ok()?;
         let cred = rustix::net::sockopt::socket_peercred(&s).ok()?;
-        let me = rustix::process::geteuid();
-        if cred.uid != me && !cred.uid.is_root() {
+        if !trusted(cred.uid) {
             tracing::warn!(
                 "takeover socket: refused a connection from uid {}",
                 cred.uid.as_raw()
@@ -193,12 +209,6 @@ impl Listener {
         }
         s.set_nonblocking(false).ok()?;
         Some(s)
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -294,8 +304,21 @@ pub enum NotTaken {
 
 /// Takes over the mount whose holder listens at `socket`, with `cfg`.
 pub fn take(socket: &Path, cfg: &MountConfig) -> Result<Taken, NotTaken> {
-    let stream = UnixStream::connect(socket)
+    let stream = address(socket)
+        .and_then(|a| UnixStream::connect_addr(&a))
         .map_err(|e| NotTaken::NoHolder(format!("{}: {e}", socket.display())))?;
+    // (a socket of this name bound by another user is no holder of ours)
+    match rustix::net::sockopt::socket_peercred(&stream) {
+        Ok(c) if trusted(c.uid) => {}
+        Ok(c) => {
+            return Err(NotTaken::NoHolder(format!(
+                "{}: bound by uid {}, not by this user: not taken",
+                socket.display(),
+                c.uid.as_raw()
+            )))
+        }
+        Err(e) => return Err(NotTaken::NoHolder(format!("{}: {e}", socket.display()))),
+    }
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
     let mut r = BufReader::new(&stream);
     let line =
