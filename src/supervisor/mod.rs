@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::{MountConfig, MountRequest};
 use crate::connection::{self, Connection, Settled};
@@ -362,7 +362,7 @@ impl Holder {
             .store(takeover::fixed_options(&cfg), Ordering::Release);
         let conn_no = conn.number();
         if conn.can_resend() {
-            info!(
+            debug!(
                 "mounted {}: the FUSE connection outlives its server (FUSE 7.{}: a request in flight when a server dies is answered by the next)",
                 cfg.mountpoint.display(),
                 conn.settled.minor
@@ -627,7 +627,8 @@ impl Holder {
             );
         } else {
             self.announced = true;
-            info!("server {pid}: {summary}");
+            // (the server logged its summary itself)
+            debug!("server {pid}: {summary}");
             crate::mount::announce_ready(summary);
         }
         if let Some(p) = &self.probe {
@@ -654,7 +655,7 @@ impl Holder {
         }
         if !self.still_mounted() {
             info!(
-                "{} was unmounted; server {pid} exited ({status})",
+                "unmounted {} (by umount; server {pid} exited: {status})",
                 self.cfg.mountpoint.display()
             );
             return Some(ExitCode::SUCCESS);
