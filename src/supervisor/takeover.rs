@@ -61,6 +61,9 @@ pub fn listening(name: &Path) -> bool {
     })
 }
 
+/// How long a holder may take to offer its mount.
+const OFFER_WAIT: Duration = Duration::from_secs(10);
+
 /// Whether a peer of uid `uid` may be talked to: this user, or root.
 fn trusted(uid: rustix::process::Uid) -> bool {
     uid == rustix::process::geteuid() || uid.is_root()
@@ -319,10 +322,24 @@ pub fn take(socket: &Path, cfg: &MountConfig) -> Result<Taken, NotTaken> {
         }
         Err(e) => return Err(NotTaken::NoHolder(format!("{}: {e}", socket.display()))),
     }
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    // A holder answers at once (it waits on its socket); one that does not
+    // is stopped or hung: this command must not hang on it.
+    let _ = stream.set_read_timeout(Some(OFFER_WAIT));
     let mut r = BufReader::new(&stream);
-    let line =
-        read_offer(&mut r).map_err(|e| NotTaken::NoHolder(format!("{}: {e}", socket.display())))?;
+    let line = read_offer(&mut r).map_err(|e| {
+        let why = if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            format!(
+                "the holder does not answer within {} s (stopped or hung)",
+                OFFER_WAIT.as_secs()
+            )
+        } else {
+            e.to_string()
+        };
+        NotTaken::NoHolder(format!("{}: {why}", socket.display()))
+    })?;
     let offer: Offer = serde_json::from_str(&line).map_err(|e| {
         NotTaken::NoHolder(format!("{}: not a locafs holder ({e})", socket.display()))
     })?;
