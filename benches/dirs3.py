@@ -237,6 +237,10 @@ class Handler(BaseHTTPRequestHandler):
             contents.append(k)
             last = k
             i += 1
+        if last is None:
+            # max-keys=0 (mountpoint-s3 checks the bucket with it): nothing
+            # listed, so nothing to continue from; S3 answers not truncated.
+            truncated = False
         out = [
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',

@@ -152,7 +152,7 @@ fn run(
         net,
         secret: Some(secret),
         cgroup: None,
-        extra: &[],
+        extra: &["--fuse-threads", "8"],
         tag: sampler.name(),
     };
     let nodes: Vec<Node> = (0..NODES).map(|i| start(i, &spec)).collect();
@@ -280,6 +280,8 @@ fn query_figure(work: &Path) {
     let secret_s = secret.display().to_string();
     let extra: Vec<&str> = if peers > 1 {
         vec![
+            "--fuse-threads",
+            "8",
             "--listen",
             &listen,
             "--peers",
@@ -288,7 +290,7 @@ fn query_figure(work: &Path) {
             &secret_s,
         ]
     } else {
-        Vec::new()
+        vec!["--fuse-threads", "8"]
     };
     let net = Net::Loopback(vec![port]);
     let node = start(

@@ -23,7 +23,11 @@
 //! by a temporary rclone.conf to the same proxy and bucket) is measured in
 //! the same run when it is on PATH, with the same epochs (first, warm,
 //! after a remount of rclone with its cache directory kept); otherwise the
-//! line says it was skipped.
+//! line says it was skipped. mountpoint-s3 (`mount-s3 --cache DIR`, the
+//! binary named by `LOCAFS_BENCH_MOUNT_S3`; it is not packaged, and builds
+//! from its source repository, docs/benchmarks.md) is measured the same
+//! way, with its default metadata TTL and with `--metadata-ttl indefinite`;
+//! without the variable its lines say it was skipped.
 //!
 //! It measures and asserts nothing. Root, /dev/fuse and python3 (or
 //! moto_server) are needed (else it says SKIPPED). Environment (defaults in
@@ -277,6 +281,111 @@ impl Rclone {
     }
 }
 
+/// A running `mount-s3` (mountpoint-s3) in the foreground; dropping it
+/// unmounts and ends it.
+struct MountS3 {
+    child: std::process::Child,
+    mnt: PathBuf,
+}
+
+impl MountS3 {
+    /// `mount-s3 bench MNT --prefix ds/ --cache DIR/cache` against
+    /// `endpoint` (path-style, the test credentials from the environment),
+    /// with `extra` options; waits (60 s) for the mount.
+    fn start(bin: &str, endpoint: &str, mnt: &Path, dir: &Path, extra: &[&str]) -> MountS3 {
+        let cache = dir.join("cache");
+        std::fs::create_dir_all(&cache).unwrap();
+        let child = std::process::Command::new(bin)
+            .arg("bench")
+            .arg(mnt)
+            .args(["--prefix", "ds/", "--endpoint-url", endpoint])
+            .args(["--force-path-style", "--region", "us-east-1", "--read-only"])
+            .arg("--cache")
+            .arg(&cache)
+            .arg("--foreground")
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("mount-s3.log")).unwrap())
+            .spawn()
+            .expect("start mount-s3");
+        let m = MountS3 {
+            child,
+            mnt: mnt.to_owned(),
+        };
+        common::wait_until(
+            "mount-s3's mount",
+            std::time::Duration::from_secs(60),
+            || common::is_fuse_mounted(mnt),
+        );
+        m
+    }
+}
+
+impl Drop for MountS3 {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.mnt).status();
+        let t0 = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none()
+            && t0.elapsed() < std::time::Duration::from_secs(30)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if common::is_mounted(&self.mnt) {
+            common::force_unmount(&self.mnt);
+        }
+    }
+}
+
+/// The same three epochs as locafs's (first, warm, after a remount of the
+/// tool with its cache directory kept) through another tool's mount, each
+/// figure beside locafs's and the ratio.
+fn other_tool<G>(
+    name: &str,
+    start: impl Fn() -> G,
+    run: &dyn Fn(u64) -> Epoch,
+    locafs: (&Epoch, &Epoch, &Epoch),
+) {
+    let (cold, warm, remount) = locafs;
+    let (oc, ow, or) = {
+        let g = start();
+        let c = run(2);
+        let w = run(3);
+        drop(g);
+        let g = start();
+        let r = run(4);
+        drop(g);
+        (c, w, r)
+    };
+    println!("{name}, the same epochs:");
+    for (what, v, l) in [
+        ("first epoch files/s", oc.files_per_s(), cold.files_per_s()),
+        ("first epoch MB/s", oc.mb_per_s(), cold.mb_per_s()),
+        ("warm epoch files/s", ow.files_per_s(), warm.files_per_s()),
+        ("warm epoch MB/s", ow.mb_per_s(), warm.mb_per_s()),
+        ("GETs, first epoch", oc.gets as f64, cold.gets as f64),
+        ("GETs, warm epoch", ow.gets as f64, warm.gets as f64),
+        (
+            "GETs, epoch after a remount",
+            or.gets as f64,
+            remount.gets as f64,
+        ),
+        (
+            "after a remount files/s",
+            or.files_per_s(),
+            remount.files_per_s(),
+        ),
+    ] {
+        line(&format!("  {what}"), v, "locafs", l);
+    }
+    println!(
+        "  (seconds: first {:.1}, warm {:.1}, after remount {:.1}; ratio = {name} / locafs)",
+        oc.secs, ow.secs, or.secs
+    );
+}
+
 impl Drop for Rclone {
     fn drop(&mut self) {
         let _ = common::signal(self.child.id(), common::Signal::TERM);
@@ -483,62 +592,46 @@ fn main() {
          warm {:.1}, after remount {:.1}; 503s injected: none)",
         direct.secs, ranged.secs, ranged.gets, cold.secs, warm.secs, remount.secs
     );
-    // rclone, the same epochs over the same proxy (after the figures above
-    // are out).
+    // rclone and mountpoint-s3, the same epochs over the same proxy (after
+    // the figures above are out).
+    let locafs = (&cold, &warm, &remount);
     if common::which("rclone").is_none() {
         println!("rclone mount --vfs-cache-mode full: rclone is not installed, skipped");
-        return;
-    }
-    if common::which("fusermount").is_none() {
+    } else if common::which("fusermount").is_none() {
         println!(
             "rclone mount --vfs-cache-mode full: rclone mounts through fusermount, \
              not installed (Debian: fuse3), skipped"
         );
-        return;
-    }
-    let (rc, rw, rr) = {
+    } else {
         let dir = root.join("rclone");
-        let r = Rclone::start(&proxy.endpoint, &mnt, &dir);
-        let cold = run(2);
-        let warm = run(3);
-        drop(r);
-        let r = Rclone::start(&proxy.endpoint, &mnt, &dir);
-        let remount = run(4);
-        drop(r);
-        (cold, warm, remount)
-    };
-    println!("rclone mount --vfs-cache-mode full, the same epochs:");
-    for (what, v, l) in [
-        (
-            "rclone first epoch files/s",
-            rc.files_per_s(),
-            cold.files_per_s(),
-        ),
-        ("rclone first epoch MB/s", rc.mb_per_s(), cold.mb_per_s()),
-        (
-            "rclone warm epoch files/s",
-            rw.files_per_s(),
-            warm.files_per_s(),
-        ),
-        ("rclone warm epoch MB/s", rw.mb_per_s(), warm.mb_per_s()),
-        ("rclone GETs, first epoch", rc.gets as f64, cold.gets as f64),
-        ("rclone GETs, warm epoch", rw.gets as f64, warm.gets as f64),
-        (
-            "rclone GETs, epoch after a remount",
-            rr.gets as f64,
-            remount.gets as f64,
-        ),
-        (
-            "rclone after a remount files/s",
-            rr.files_per_s(),
-            remount.files_per_s(),
-        ),
-    ] {
-        line(what, v, "locafs", l);
+        other_tool(
+            "rclone mount --vfs-cache-mode full",
+            || Rclone::start(&proxy.endpoint, &mnt, &dir),
+            &run,
+            locafs,
+        );
     }
-    println!(
-        "(seconds: rclone first {:.1}, warm {:.1}, after remount {:.1}; \
-         ratio = rclone / locafs)",
-        rc.secs, rw.secs, rr.secs
-    );
+    match std::env::var("LOCAFS_BENCH_MOUNT_S3") {
+        Err(_) => println!(
+            "mountpoint-s3: LOCAFS_BENCH_MOUNT_S3 does not name its mount-s3 binary, skipped"
+        ),
+        Ok(bin) => {
+            for (label, extra) in [
+                ("mountpoint-s3 --cache", &[][..]),
+                (
+                    "mountpoint-s3 --cache --metadata-ttl indefinite",
+                    &["--metadata-ttl", "indefinite"][..],
+                ),
+            ] {
+                let dir = root.join("mount-s3");
+                let _ = std::fs::remove_dir_all(&dir);
+                other_tool(
+                    label,
+                    || MountS3::start(&bin, &proxy.endpoint, &mnt, &dir, extra),
+                    &run,
+                    locafs,
+                );
+            }
+        }
+    }
 }

@@ -17,7 +17,17 @@
 //!    source read really goes through the cap;
 //! 3. latency (p50, p99) and throughput of fetching one block from a peer
 //!    over one link, against reading and verifying the same block from the
-//!    local cache file.
+//!    local cache file;
+//! 4. nodes started together (3, 8 and 64 `locafs mount` processes, each
+//!    in its own network namespace, unshaped), with the defaults (read-ahead
+//!    on), each node reading its DistributedSampler share for two epochs
+//!    the moment its own mount returns, as a job script does: bytes from the
+//!    source over the data set (goal <= 1.01), failed reads (goal 0), the
+//!    time until every node had reached every other, and each daemon's RSS
+//!    and threads at the end and after 10 s idle.
+//!
+//! `LOCAFS_BENCH_PEERS=startup` runs part 4 alone (no blkio cgroup needed);
+//! `LOCAFS_BENCH_STARTUP_NODES=3,8` picks its cluster sizes.
 //!
 //! Needs root, /dev/fuse and the blkio cgroup; prints SKIPPED otherwise.
 
@@ -33,7 +43,9 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use common::cluster::{encoded, get_block, version_of};
-use lab::{cpu_ticks, disk_of, pct, start, wait_for_peers, Net, Node, NodeSpec};
+use lab::{
+    cpu_ticks, disk_of, pct, rss_and_threads, spawn, start, wait_for_peers, Net, Node, NodeSpec,
+};
 use locafs::cache::VersionKey;
 use locafs::peer::codec::{self, Frame};
 use locafs::peer::placement::{block_key, MemberId, Placement};
@@ -104,9 +116,9 @@ fn run(
     // for free from memory, which real nodes never do. So read-ahead is off
     // here unless LOCAFS_BENCH_READAHEAD=1.
     let extra: &[&str] = if readahead() {
-        &[]
+        &["--fuse-threads", "8"]
     } else {
-        &["--no-readahead"]
+        &["--fuse-threads", "8", "--no-readahead"]
     };
     let spec = NodeSpec {
         work,
@@ -163,6 +175,10 @@ fn main() {
     }
     require_fuse!();
     let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    if std::env::var("LOCAFS_BENCH_PEERS").is_ok_and(|v| v == "startup") {
+        startup(work.path());
+        return;
+    }
     let src = work.path().join("source");
     let Some(disk) = disk_of(work.path()) else {
         skip!("cannot find the source disk");
@@ -277,7 +293,268 @@ fn main() {
 
     latency(&nodes, &net, &src, &files, &secret);
     drop(nodes);
+    drop(net);
     let _ = std::fs::remove_dir(CGROUP);
+    startup(work.path());
+}
+
+/// Files of the part 4 data set, and their sizes (small images: one block
+/// each, so every file has one owner).
+const STARTUP_FILES: usize = 4096;
+const STARTUP_MIN: usize = 4 << 10;
+const STARTUP_MAX: usize = 28 << 10;
+
+/// Part 4: for each cluster size, nodes started together, loaders at once.
+fn startup(work: &Path) {
+    let sizes: Vec<usize> = std::env::var("LOCAFS_BENCH_STARTUP_NODES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![3, 8, 64]);
+    let src = work.join("startup-source");
+    std::fs::create_dir_all(src.join("train")).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(64);
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for i in 0..STARTUP_FILES {
+        let len = rng.random_range(STARTUP_MIN..=STARTUP_MAX);
+        let mut d = vec![0u8; len];
+        rng.fill(&mut d[..]);
+        let rel = format!("train/{:02}/s{i:05}.bin", i % 32);
+        std::fs::create_dir_all(src.join(&rel).parent().unwrap()).unwrap();
+        std::fs::write(src.join(&rel), &d).unwrap();
+        files.push(rel);
+        total += len as u64;
+    }
+    let secret = work.join("startup-secret");
+    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    println!(
+        "\n4. nodes started together, loaders at once (defaults: read-ahead on, --peer-timeout 2s), \
+         2 epochs of DistributedSampler shares, data set {:.1} MiB in {STARTUP_FILES} files",
+        total as f64 / 1048576.0
+    );
+    for n in sizes {
+        let r = startup_run(work, &src, &files, total, &secret, n);
+        println!(
+            "   {n:>2} nodes: source {:.4}x the data set (goal <= 1.01), failed reads {}, \
+             blocks to the source while their owner was unreached {}, reads that waited for one {} ({} met), \
+             failed peer requests {}, busy answers {}",
+            r.source_bytes as f64 / total as f64,
+            r.failed_reads,
+            r.unreached_blocks,
+            r.waits,
+            r.waits_met,
+            r.peer_failures,
+            r.peer_busy
+        );
+        println!(
+            "            mesh: every node reached every other {:.2} s after the first start \
+             (slowest node's own mesh {:.2} s after its start; last mount {:.2} s after the first start); \
+             epochs {:.2} s + {:.2} s",
+            r.mesh_s, r.own_mesh_max_s, r.last_mount_s, r.epochs[0], r.epochs[1]
+        );
+        println!(
+            "            per node: RSS median {:.0} MiB, max {:.0} MiB; threads median {}, max {} \
+             after epoch 2; idle 10 s later: median {}, max {}; 30 s later: median {}, max {}",
+            r.rss_med as f64 / 1048576.0,
+            r.rss_max as f64 / 1048576.0,
+            r.threads_busy.0,
+            r.threads_busy.1,
+            r.threads_idle.0,
+            r.threads_idle.1,
+            r.threads_idle30.0,
+            r.threads_idle30.1
+        );
+    }
+}
+
+struct Startup {
+    source_bytes: u64,
+    failed_reads: u64,
+    unreached_blocks: u64,
+    waits: u64,
+    waits_met: u64,
+    peer_failures: u64,
+    peer_busy: u64,
+    mesh_s: f64,
+    own_mesh_max_s: f64,
+    last_mount_s: f64,
+    epochs: [f64; 2],
+    rss_med: u64,
+    rss_max: u64,
+    threads_busy: (u64, u64),
+    threads_idle: (u64, u64),
+    threads_idle30: (u64, u64),
+}
+
+/// Median and maximum.
+fn med_max(mut v: Vec<u64>) -> (u64, u64) {
+    v.sort_unstable();
+    (v[v.len() / 2], *v.last().unwrap())
+}
+
+fn startup_run(
+    work: &Path,
+    src: &Path,
+    files: &[String],
+    total: u64,
+    secret: &Path,
+    n: usize,
+) -> Startup {
+    // Namespaces without shaping: what is measured is who reads what, and
+    // how long the mesh takes to form, not the links. The kernel's ARP
+    // table is one for all namespaces, bounded by gc_thresh3 (1024 by
+    // default): past it no new neighbour is made and a send fails with
+    // ENOBUFS (at 64 nodes, 4,032 neighbours: seen as 1,024 links up and the
+    // rest timing out). Then the nodes use loopback ports instead.
+    let neighbours = std::fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let lab = if n * n + n > neighbours {
+        Err(format!(
+            "{} ARP entries needed, net.ipv4.neigh.default.gc_thresh3 is {neighbours}",
+            n * n
+        ))
+    } else {
+        locafs_lab_netns(n)
+    };
+    let net = match lab {
+        Ok(lab) => Net::Lab(lab),
+        Err(e) => {
+            println!(
+                "   ({n} nodes on loopback, one address each (127.34.0.x), not in namespaces: {e})"
+            );
+            Net::LoopbackHosts(n)
+        }
+    };
+    let tag = format!("startup{n}");
+    let spec = NodeSpec {
+        work,
+        src,
+        // Every node could hold the whole data set: nothing is evicted, so
+        // a second read of a block is the peer cache's doing, not the
+        // cache's size.
+        cache_size: total * 2 + (64 << 20),
+        net: &net,
+        secret: Some(secret),
+        cgroup: None,
+        extra: &[],
+        tag: &tag,
+    };
+    let wall_start = std::time::SystemTime::now();
+    let t0 = Instant::now();
+    let nodes: Vec<Node> = (0..n).map(|i| spawn(i, &spec)).collect();
+    let barrier = std::sync::Barrier::new(n);
+    let failed = std::sync::atomic::AtomicU64::new(0);
+    let mounted_at: Vec<f64>;
+    let mut epochs = [0.0; 2];
+    {
+        let epoch_end = parking_lot::Mutex::new([Duration::ZERO; 2]);
+        mounted_at = std::thread::scope(|s| {
+            let hs: Vec<_> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| {
+                    let (barrier, failed, epoch_end) = (&barrier, &failed, &epoch_end);
+                    s.spawn(move || {
+                        common::wait_until(
+                            &format!("node {i} to mount"),
+                            Duration::from_secs(300),
+                            || common::answers_stats(&node.mnt),
+                        );
+                        let mounted = t0.elapsed().as_secs_f64();
+                        for e in 0..2u64 {
+                            let mut rng = rand::rngs::StdRng::seed_from_u64(4000 + e);
+                            let mut order: Vec<usize> = (0..files.len()).collect();
+                            order.shuffle(&mut rng);
+                            for &f in order.iter().skip(i).step_by(n) {
+                                let want = std::fs::read(src.join(&files[f])).unwrap();
+                                match std::fs::read(node.mnt.join(&files[f])) {
+                                    Ok(got) if got == want => {}
+                                    _ => {
+                                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    }
+                                }
+                            }
+                            let mut ends = epoch_end.lock();
+                            ends[e as usize] = ends[e as usize].max(t0.elapsed());
+                            drop(ends);
+                            barrier.wait();
+                        }
+                        mounted
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let ends = epoch_end.lock();
+        let last_mount = mounted_at.iter().cloned().fold(0.0, f64::max);
+        epochs[0] = ends[0].as_secs_f64() - last_mount;
+        epochs[1] = ends[1].as_secs_f64() - ends[0].as_secs_f64();
+    }
+    let busy: Vec<(u64, u64)> = nodes.iter().map(rss_and_threads).collect();
+    let stats: Vec<_> = nodes
+        .iter()
+        .map(|node| locafs::cli::stats::fetch(&node.mnt).unwrap())
+        .collect();
+    let now = std::time::SystemTime::now();
+    let since_start = now.duration_since(wall_start).unwrap().as_secs_f64();
+    // A node's mesh time is from its own start; its start is `uptime` ago.
+    let mut mesh_s: f64 = 0.0;
+    let mut own_max: f64 = 0.0;
+    for st in &stats {
+        match st.peer_mesh_formed_s {
+            Some(m) => {
+                mesh_s = mesh_s.max(since_start - st.uptime_s + m);
+                own_max = own_max.max(m);
+            }
+            None => mesh_s = f64::INFINITY,
+        }
+    }
+    for (i, st) in stats.iter().enumerate() {
+        if st.peer_mesh_formed_s.is_none() {
+            let mut states = std::collections::BTreeMap::new();
+            for p in &st.peers {
+                *states.entry(p.state.as_str()).or_insert(0) += 1;
+            }
+            println!("   node {i}: the mesh did not form: peers {states:?}");
+        }
+    }
+    std::thread::sleep(Duration::from_secs(10));
+    let idle: Vec<u64> = nodes.iter().map(|n| rss_and_threads(n).1).collect();
+    std::thread::sleep(Duration::from_secs(20));
+    let idle30: Vec<u64> = nodes.iter().map(|n| rss_and_threads(n).1).collect();
+    let r = Startup {
+        source_bytes: stats.iter().map(|s| s.source_bytes).sum(),
+        failed_reads: failed.into_inner() + stats.iter().map(|s| s.read_errors).sum::<u64>(),
+        unreached_blocks: stats.iter().map(|s| s.peer_unreached_source_blocks).sum(),
+        waits: stats.iter().map(|s| s.peer_owner_waits).sum(),
+        waits_met: stats.iter().map(|s| s.peer_owner_waits_met).sum(),
+        peer_failures: stats.iter().map(|s| s.peer_failures).sum(),
+        peer_busy: stats.iter().map(|s| s.peer_busy).sum(),
+        mesh_s,
+        own_mesh_max_s: own_max,
+        last_mount_s: mounted_at.iter().cloned().fold(0.0, f64::max),
+        epochs,
+        rss_med: med_max(busy.iter().map(|b| b.0).collect()).0,
+        rss_max: med_max(busy.iter().map(|b| b.0).collect()).1,
+        threads_busy: med_max(busy.iter().map(|b| b.1).collect()),
+        threads_idle: med_max(idle),
+        threads_idle30: med_max(idle30),
+    };
+    // Unmount all at once (each drop waits for its daemon).
+    std::thread::scope(|s| {
+        for node in nodes {
+            s.spawn(move || drop(node));
+        }
+    });
+    drop(net);
+    r
+}
+
+/// `n` node namespaces on one bridge, unshaped.
+fn locafs_lab_netns(n: usize) -> Result<common::netns::Lab, String> {
+    common::netns::Lab::new(n)
 }
 
 /// Figure 3: one block from a peer (over QUIC, from the owner's cache)
@@ -313,7 +590,7 @@ fn latency(nodes: &[Node], net: &Net, src: &Path, files: &[String], secret: &Pat
                 .unwrap()
                 .unwrap()
         }
-        Net::Loopback(_) => UdpSocket::bind("127.0.0.1:0").unwrap(),
+        Net::Loopback(_) | Net::LoopbackHosts(_) => UdpSocket::bind("127.0.0.1:0").unwrap(),
     };
     let (mut peer_lat, peer_tput) = rt.block_on(async {
         let mut ep = quinn::Endpoint::new(

@@ -180,7 +180,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "FILE")]
     pub peer_key: Option<PathBuf>,
     /// Longest wait for one peer on one block before trying the next node or
-    /// the source. [default: 2s]
+    /// the source; also the longest a read waits for a block's owner that is
+    /// listed but not reached yet (nodes starting together). [default: 2s]
     #[arg(long, value_name = "DURATION")]
     pub peer_timeout: Option<Span>,
     /// Object stores: the endpoint URL of an S3-compatible store (or of an

@@ -43,6 +43,10 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(msg) = check_fuse_access() {
+        eprintln!("locafs: {msg}");
+        return ExitCode::from(1);
+    }
     if daemon {
         return daemonize();
     }
@@ -105,6 +109,35 @@ fn clear_dead_mount(args: &MountRequest) {
     }
 }
 
+/// Whether this process can mount at all, and if not, the one line that
+/// says why and what to do: it needs /dev/fuse open for reading and
+/// writing, and without CAP_SYS_ADMIN (an ordinary user) the setuid helper
+/// `fusermount3`, through which fuser mounts when mount(2) is refused.
+/// Checked before anything is opened, so that a user sees this rather
+/// than "Permission denied" or "No such file or directory" from fuser.
+fn check_fuse_access() -> Result<(), String> {
+    const DEV: &str = "/dev/fuse";
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(format!(
+                "{DEV} does not exist: this system offers no FUSE (in a container, add --device {DEV})"
+            ));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(DEV)
+            .map(|m| format!("mode {:04o}", m.permissions().mode() & 0o7777))
+            .unwrap_or_else(|_| "mode unknown".into());
+        return Err(format!(
+            "cannot open {DEV} ({}, {mode}): mounting as a user needs {DEV} readable and writable by all (mode 0666, most distributions' default); ask an administrator, or mount as root",
+            short_io(&e)
+        ));
+    }
+    if !crate::sys::has_cap_sys_admin() && crate::sys::fusermount().is_none() {
+        return Err("mounting as a user needs fusermount3, the setuid FUSE helper (package fuse3: apt install fuse3, dnf install fuse3), and none was found; or mount as root".into());
+    }
+    Ok(())
+}
+
 /// Starts this same command without --daemon in a new session and waits
 /// until it says READY (exit 0) or dies (its exit status and message).
 fn daemonize() -> ExitCode {
@@ -165,11 +198,22 @@ fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
     let source: Arc<dyn Source> = match &cfg.object {
         None => Arc::new(DirSource::new(cfg.source.clone())),
         // One listing request before anything is mounted: a missing bucket,
-        // refused credentials or a dead endpoint end here, with exit 2.
-        Some(spec) => Arc::new(
-            ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout)
-                .map_err(|e| (2, e.to_string()))?,
-        ),
+        // refused credentials or a dead endpoint end here, with exit 2;
+        // except a store that does not answer when an earlier mount left
+        // its tree and cache: those are served, as while a store stalls.
+        Some(spec) => match ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout) {
+            Ok(s) => Arc::new(s),
+            Err(crate::source::object::ProbeError::Unreachable(why))
+                if cfg.dataset_dir.join("manifest").is_file() =>
+            {
+                tracing::warn!(
+                    "{why}: mounting the tree and cache the last mount left; what is not \
+                     cached fails until the store answers"
+                );
+                Arc::new(ObjectSource::unprobed(spec, cfg.source_timeout).map_err(|e| (2, e))?)
+            }
+            Err(e) => return Err((2, e.to_string())),
+        },
     };
     let mount = Mount::start(&cfg, source)?;
     announce_ready(&mount.summary);
@@ -275,6 +319,10 @@ impl Mount {
                     .max(2),
             )
             .max_blocking_threads(128)
+            // Blocking threads left by a burst (opens and cache reads of
+            // read-ahead) end as soon as the source guard's workers do, not
+            // after tokio's 10 s.
+            .thread_keep_alive(crate::source_guard::IDLE_EXIT)
             .thread_name("locafs-rt")
             .enable_all()
             .build()
@@ -495,10 +543,22 @@ impl Mount {
         }
         fuse_cfg.n_threads = Some(cfg.fuse_threads);
         fuse_cfg.clone_fd = true;
+        // A user's mount goes through fusermount3, whose refusal (several
+        // lines on its stderr) becomes the error: said on one line.
         let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
+            let why = e.to_string();
+            let why: Vec<&str> = why
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
             (
                 1,
-                format!("mount on {} failed: {e}", cfg.mountpoint.display()),
+                format!(
+                    "mount on {} failed: {}",
+                    cfg.mountpoint.display(),
+                    why.join("; ")
+                ),
             )
         })?;
         // Larger kernel read-ahead: bigger reads reach the daemon (its

@@ -57,6 +57,18 @@ pub struct Stats {
     pub peer_bad_requests: AtomicU64,
     /// Incoming peer connections refused at the handshake.
     pub peer_refused_connections: AtomicU64,
+    /// When every listed member had been reached once, in ms after
+    /// `started` (0: not yet).
+    pub peer_mesh_formed_ms: AtomicU64,
+    /// Listed members not reached yet (a gauge).
+    pub peer_members_unreached: AtomicU64,
+    /// Reads that waited for a block's owner that was listed but not
+    /// reached yet, and those of them that got it within the wait.
+    pub peer_owner_waits: AtomicU64,
+    pub peer_owner_waits_met: AtomicU64,
+    /// Blocks read from the source because their owner was listed but not
+    /// reached yet (after the wait).
+    pub peer_unreached_source_blocks: AtomicU64,
     /// Since when the source is stalled (Unix ms; 0: it answers).
     pub source_stalled_since_ms: AtomicU64,
     /// Times the source was found stalled.
@@ -193,7 +205,8 @@ pub struct PeerSnapshot {
     pub address: String,
     /// The --peers entry it came from.
     pub name: String,
-    /// "up", "down" or "self".
+    /// "up", "down", "self", or "unreached": listed, never reached yet,
+    /// and still within the join window (it owns its blocks meanwhile).
     pub state: String,
     /// Seconds in this state.
     pub since_s: f64,
@@ -232,6 +245,11 @@ impl Default for Stats {
             peer_failures: AtomicU64::new(0),
             peer_bad_requests: AtomicU64::new(0),
             peer_refused_connections: AtomicU64::new(0),
+            peer_mesh_formed_ms: AtomicU64::new(0),
+            peer_members_unreached: AtomicU64::new(0),
+            peer_owner_waits: AtomicU64::new(0),
+            peer_owner_waits_met: AtomicU64::new(0),
+            peer_unreached_source_blocks: AtomicU64::new(0),
             source_stalled_since_ms: AtomicU64::new(0),
             source_stalls: AtomicU64::new(0),
             source_calls_refused: AtomicU64::new(0),
@@ -295,6 +313,22 @@ pub struct StatsSnapshot {
     pub peer_bad_requests: u64,
     #[serde(default)]
     pub peer_refused_connections: u64,
+    /// Seconds from the mount's start until every listed member had been
+    /// reached once (None: not yet, or no peers).
+    #[serde(default)]
+    pub peer_mesh_formed_s: Option<f64>,
+    /// Listed members not reached yet.
+    #[serde(default)]
+    pub peer_members_unreached: u64,
+    /// Reads that waited for an owner listed but not reached yet, and those
+    /// that got it within the wait.
+    #[serde(default)]
+    pub peer_owner_waits: u64,
+    #[serde(default)]
+    pub peer_owner_waits_met: u64,
+    /// Blocks read from the source because their owner was not reached yet.
+    #[serde(default)]
+    pub peer_unreached_source_blocks: u64,
     /// Since when the source has not answered (Unix seconds), or None
     /// while it answers.
     #[serde(default)]
@@ -376,6 +410,14 @@ impl Stats {
             peer_failures: self.peer_failures.load(Relaxed),
             peer_bad_requests: self.peer_bad_requests.load(Relaxed),
             peer_refused_connections: self.peer_refused_connections.load(Relaxed),
+            peer_mesh_formed_s: match self.peer_mesh_formed_ms.load(Relaxed) {
+                0 => None,
+                ms => Some(ms as f64 / 1000.0),
+            },
+            peer_members_unreached: self.peer_members_unreached.load(Relaxed),
+            peer_owner_waits: self.peer_owner_waits.load(Relaxed),
+            peer_owner_waits_met: self.peer_owner_waits_met.load(Relaxed),
+            peer_unreached_source_blocks: self.peer_unreached_source_blocks.load(Relaxed),
             source_stalled_since: match self.source_stalled_since_ms.load(Relaxed) {
                 0 => None,
                 ms => Some(ms as f64 / 1000.0),
@@ -603,6 +645,19 @@ impl StatsSnapshot {
                     self.peer_busy,
                     self.peer_bad_requests,
                     self.peer_refused_connections
+                ),
+            ));
+            let formed = match self.peer_mesh_formed_s {
+                Some(s) => format!("every member reached {s:.2} s after start"),
+                None => format!("{} members not reached yet", self.peer_members_unreached),
+            };
+            rows.push((
+                "peer mesh",
+                format!(
+                    "{formed}; {} blocks read from the source while their owner was not                      reached yet; {} reads waited for such an owner ({} got it)",
+                    self.peer_unreached_source_blocks,
+                    self.peer_owner_waits,
+                    self.peer_owner_waits_met
                 ),
             ));
         }

@@ -1,7 +1,8 @@
 //! Thin safe wrappers over the few system calls std does not offer
 //! (statvfs, xattrs, punching holes, unmounting, direct reads, ...), made
 //! through `rustix`; `libc` only for what rustix lacks (`cachestat(2)`,
-//! glibc's `mallopt`). Each returns `io::Result`; none of them may panic.
+//! glibc's `mallopt`). One is a program: a user without CAP_SYS_ADMIN
+//! unmounts through the setuid `fusermount3 -u`. Each returns `io::Result`; none of them may panic.
 //! A path or name with a NUL byte is `InvalidInput` (rustix's EINVAL).
 
 use std::io;
@@ -94,12 +95,13 @@ pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
     Ok((st.stx_size, mtime_ns, st.stx_ino))
 }
 
-/// Detaches a mount even if it is busy (`umount -l`).
+/// Detaches a mount even if it is busy (`umount -l`); a user's own FUSE
+/// mount through `fusermount3 -u -z` (see [`unmount`]).
 pub fn lazy_unmount(p: &Path) -> io::Result<()> {
-    Ok(rustix::mount::unmount(
-        p,
-        rustix::mount::UnmountFlags::DETACH,
-    )?)
+    match rustix::mount::unmount(p, rustix::mount::UnmountFlags::DETACH) {
+        Err(Errno::PERM) => fusermount_unmount(p, true),
+        r => Ok(r?),
+    }
 }
 
 /// True if `p` is the root of a mount (its device differs from its parent's,
@@ -176,11 +178,66 @@ pub fn has_cap_sys_admin() -> bool {
 }
 
 /// Unmounts `p` (not lazily: fails with EBUSY while files are open).
+/// Without CAP_SYS_ADMIN, umount2(2) answers EPERM whoever made the mount:
+/// then the setuid `fusermount3 -u` unmounts it if it is a FUSE mount of
+/// this user's (as libfuse and fuser do).
 pub fn unmount(p: &Path) -> io::Result<()> {
-    Ok(rustix::mount::unmount(
-        p,
-        rustix::mount::UnmountFlags::empty(),
-    )?)
+    match rustix::mount::unmount(p, rustix::mount::UnmountFlags::empty()) {
+        Err(Errno::PERM) => fusermount_unmount(p, false),
+        r => Ok(r?),
+    }
+}
+
+/// `fusermount3 -u [-z] -- p`; its refusal as the errno it names (EBUSY
+/// for a busy mount, EINVAL for what is not a mount of this user's), EPERM
+/// when there is no helper.
+fn fusermount_unmount(p: &Path, lazy: bool) -> io::Result<()> {
+    let Some(helper) = fusermount() else {
+        return Err(Errno::PERM.into());
+    };
+    let mut cmd = std::process::Command::new(helper);
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd
+        .arg("--")
+        .arg(p)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let errno = if err.contains("busy") {
+        Errno::BUSY
+    } else if err.contains("not found") || err.contains("Invalid argument") {
+        Errno::INVAL
+    } else {
+        return Err(io::Error::other(err.trim().replace('\n', "; ")));
+    };
+    Err(errno.into())
+}
+
+/// The setuid helper that mounts and unmounts FUSE file systems for a user
+/// without CAP_SYS_ADMIN (`fusermount3` of libfuse 3, or libfuse 2's
+/// `fusermount`), looked for where fuser looks when it mounts:
+/// `$FUSERMOUNT_PATH`, else each name on `$PATH`, else in /sbin and /bin.
+pub fn fusermount() -> Option<PathBuf> {
+    let runnable =
+        |p: &Path| p.is_file() && rustix::fs::access(p, rustix::fs::Access::EXEC_OK).is_ok();
+    if let Some(p) = std::env::var_os("FUSERMOUNT_PATH") {
+        return Some(PathBuf::from(p)).filter(|p| runnable(p));
+    }
+    let names = ["fusermount3", "fusermount"];
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let on_path = names
+        .iter()
+        .flat_map(|n| std::env::split_paths(&path).map(move |d| d.join(n)));
+    let fixed = ["/sbin", "/bin"]
+        .iter()
+        .flat_map(|d| names.iter().map(move |n| Path::new(d).join(n)));
+    on_path.chain(fixed).find(|p| runnable(p))
 }
 
 /// Tells systemd (Type=notify) something, if it is listening.

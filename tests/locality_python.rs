@@ -1,9 +1,11 @@
 //! The Python package (packaging/python, docs/locality.md) under `cargo
 //! test`: its unittest suite (the sampler's invariants and the shared test
-//! vector; unittest, so that it needs nothing but python3), `pip install`,
-//! and a real 3-node run: three `locafs mount` processes with peers on
-//! loopback, a Python process per node whose local ranks read through that
-//! node's mount with worker threads in the sampler's order, for 2 epochs.
+//! vector, `locafs.mount`'s supervision of stand-in binaries; unittest, so
+//! that it needs nothing but python3) and a real 3-node run: three `locafs
+//! mount` processes with peers on loopback, a Python process per node whose
+//! local ranks read through that node's mount with worker threads in the
+//! sampler's order, for 2 epochs. `pip install` of the package (the wheel,
+//! with the binary) is tests/python_wheel.rs.
 
 mod common;
 
@@ -47,72 +49,6 @@ fn python_unit_tests() {
             .any(|l| l.starts_with("test_every_case_of_the_shared_vector") && l.ends_with("... ok")),
         "the shared vector was not checked"
     );
-}
-
-#[test]
-fn pip_installs_the_package() {
-    let py = match python() {
-        Ok(p) => p,
-        Err(why) => skip!("{why}"),
-    };
-    let has = |m: &str| {
-        Command::new(&py)
-            .args(["-c", &format!("import {m}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !has("pip") {
-        skip!("pip is not installed for python3");
-    }
-    // Built from a copy: a build leaves build/ and *.egg-info behind.
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    let cp = Command::new("cp")
-        .arg("-r")
-        .arg(package().join("locafs"))
-        .arg(package().join("pyproject.toml"))
-        .arg(package().join("README.md"))
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(cp.success());
-    let target = tmp.path().join("site");
-    // With setuptools and wheel here, no network is needed; otherwise pip
-    // fetches the build backend, as it does for any user.
-    let offline = has("setuptools") && has("wheel");
-    let mut pip = Command::new(&py);
-    pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
-        .arg(&target)
-        .arg(&src);
-    if offline {
-        pip.args(["--no-build-isolation", "--no-index"]);
-    }
-    let out = pip.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success()
-        && !offline
-        && (err.contains("connection") || err.contains("Could not find a version"))
-    {
-        skip!("pip cannot fetch setuptools (no network, and setuptools+wheel are not installed): {err}");
-    }
-    assert!(out.status.success(), "pip install: {err}");
-    let out = Command::new(&py)
-        .args([
-            "-c",
-            "import locafs; print(locafs.__file__); print(locafs.LocalitySampler.__mro__[1])",
-        ])
-        .env("PYTHONPATH", &target)
-        .current_dir(tmp.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.starts_with(target.to_str().unwrap()), "{text}");
 }
 
 const LOCAL_RANKS: usize = 2;

@@ -61,6 +61,10 @@ fn stats_json_schema_and_watch() {
         "peer_failures",
         "peer_bad_requests",
         "peer_refused_connections",
+        "peer_members_unreached",
+        "peer_owner_waits",
+        "peer_owner_waits_met",
+        "peer_unreached_source_blocks",
         "source_stalls",
         "source_calls_refused",
         "source_timeouts",
@@ -93,6 +97,8 @@ fn stats_json_schema_and_watch() {
     }
     // null while the source answers.
     assert!(obj["source_stalled_since"].is_null(), "{v}");
+    // null without peers (no mesh to form).
+    assert!(obj["peer_mesh_formed_s"].is_null(), "{v}");
     assert!(obj["cache_writable"].is_boolean());
     assert!(obj["plan_active"].is_boolean());
     // The default --prefetch-jobs is auto; it starts at 4.
@@ -104,7 +110,7 @@ fn stats_json_schema_and_watch() {
     assert!(obj["uptime_s"].is_f64());
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 7,
+        strings.len() + counts.len() + 8,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();

@@ -36,6 +36,10 @@ pub fn mtu() -> Option<u32> {
 pub enum Net {
     Lab(netns::Lab),
     Loopback(Vec<u16>),
+    /// Node `i` on 127.34.0.(i+1):7070: loopback, with an address per node
+    /// (a node limits the connections from one host IP, so many nodes on
+    /// 127.0.0.1 would refuse each other past 32).
+    LoopbackHosts(usize),
 }
 
 impl Net {
@@ -64,6 +68,7 @@ impl Net {
         match self {
             Net::Lab(lab) => lab.len(),
             Net::Loopback(ports) => ports.len(),
+            Net::LoopbackHosts(n) => *n,
         }
     }
 
@@ -71,6 +76,7 @@ impl Net {
         match self {
             Net::Lab(lab) => SocketAddr::new(lab.addr(i).into(), PEER_PORT),
             Net::Loopback(ports) => SocketAddr::from(([127, 0, 0, 1], ports[i])),
+            Net::LoopbackHosts(_) => SocketAddr::from(([127, 34, 0, i as u8 + 1], PEER_PORT)),
         }
     }
 
@@ -89,6 +95,7 @@ impl Net {
                     .to_string()
             }
             Net::Loopback(_) => "loopback, NOT shaped (network namespaces unavailable)".to_string(),
+            Net::LoopbackHosts(_) => "loopback, one address per node, NOT shaped".to_string(),
         };
         links + &mtu
     }
@@ -104,7 +111,10 @@ pub struct Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("umount")
+            .arg(&self.mnt)
+            .stderr(Stdio::null())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut exited = false;
         while Instant::now() < deadline {
@@ -158,6 +168,18 @@ pub struct NodeSpec<'a> {
 
 /// Starts node `i` and waits until it answers `stats`.
 pub fn start(i: usize, spec: &NodeSpec) -> Node {
+    let node = spawn(i, spec);
+    common::wait_until(
+        &format!("node {i} to mount"),
+        Duration::from_secs(30),
+        || common::answers_stats(&node.mnt),
+    );
+    node
+}
+
+/// Starts node `i` without waiting for its mount (for nodes started all at
+/// once: each caller waits for its own).
+pub fn spawn(i: usize, spec: &NodeSpec) -> Node {
     let base = spec.work.join(format!("node{i}"));
     let mnt = base.join("mnt");
     let cache = Path::new("/dev/shm").join(format!(
@@ -178,8 +200,6 @@ pub fn start(i: usize, spec: &NodeSpec) -> Node {
         spec.cache_size.to_string(),
         "--log-file".into(),
         base.join("log").display().to_string(),
-        "--fuse-threads".into(),
-        "8".into(),
     ];
     args.extend(spec.extra.iter().map(|s| s.to_string()));
     if let Some(secret) = spec.secret {
@@ -218,12 +238,23 @@ pub fn start(i: usize, spec: &NodeSpec) -> Node {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    common::wait_until(
-        &format!("node {i} to mount"),
-        Duration::from_secs(30),
-        || common::answers_stats(&mnt),
-    );
     Node { child, mnt, cache }
+}
+
+/// The daemon's resident memory (bytes) and threads now, from /proc (the
+/// node's process is `locafs` itself: `sh` and `nsenter` exec it).
+pub fn rss_and_threads(node: &Node) -> (u64, u64) {
+    let pid = node.child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:") * 1024, field("Threads:"))
 }
 
 /// Waits until every node sees every peer up.
@@ -231,7 +262,7 @@ pub fn wait_for_peers(nodes: &[Node]) {
     let deadline = Instant::now() + Duration::from_secs(30);
     for n in nodes {
         while !locafs::cli::stats::fetch(&n.mnt)
-            .map(|s| s.peers.iter().all(|p| p.state != "down"))
+            .map(|s| s.peers.iter().all(|p| p.state == "up" || p.state == "self"))
             .unwrap_or(false)
         {
             assert!(Instant::now() < deadline, "peers did not come up");

@@ -145,6 +145,14 @@ fn update(s: &StatsSnapshot) {
     counter!("locafs_source_entries_skipped_total").absolute(s.source_entries_skipped);
     counter!("locafs_source_throttled_total").absolute(s.source_throttled_responses);
     gauge!("locafs_source_threads").set(s.source_threads as f64);
+    if !s.peers.is_empty() {
+        // NaN until every listed member has been reached once.
+        gauge!("locafs_peer_mesh_formed_seconds").set(s.peer_mesh_formed_s.unwrap_or(f64::NAN));
+        gauge!("locafs_peer_members_unreached").set(s.peer_members_unreached as f64);
+        counter!("locafs_peer_owner_waits_total").absolute(s.peer_owner_waits);
+        counter!("locafs_peer_unreached_source_blocks_total")
+            .absolute(s.peer_unreached_source_blocks);
+    }
     let errors = [
         ("source", s.source_errors),
         ("read", s.read_errors),
@@ -314,6 +322,23 @@ fn describe() {
     describe_gauge!(
         "locafs_source_threads",
         "Threads calling into the source now (bounded; a hung source holds some of them)."
+    );
+    describe_gauge!(
+        "locafs_peer_mesh_formed_seconds",
+        Unit::Seconds,
+        "Seconds from the mount's start until every listed peer had been reached once (NaN until then)."
+    );
+    describe_gauge!(
+        "locafs_peer_members_unreached",
+        "Listed peers not reached yet since the mount started."
+    );
+    describe_counter!(
+        "locafs_peer_owner_waits_total",
+        "Reads that waited (at most --peer-timeout) for a block's owner that was listed but not reached yet."
+    );
+    describe_counter!(
+        "locafs_peer_unreached_source_blocks_total",
+        "Blocks read from the source because their owner was listed but not reached yet."
     );
     describe_counter!("locafs_opens_total", "Files opened.");
     describe_counter!(

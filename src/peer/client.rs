@@ -5,7 +5,13 @@
 //! QUIC connection that membership keeps to each live member), then the next
 //! member in the block's ranking (the owner-to-be if the owner is gone),
 //! never more than [`MAX_ATTEMPTS`] members, each within `--peer-timeout`;
-//! after that the reader goes to the source. A member that answers `Busy`
+//! after that the reader goes to the source. An owner that is listed but
+//! not reached yet (the mesh still forming: `Member::is_expected`) is waited
+//! for, at most `--peer-timeout` (that wait is one of the attempts), and
+//! asked the moment it connects; if it does not come in time the block is
+//! read from the source at once and counted
+//! (`peer_unreached_source_blocks`): asking the next member instead would
+//! only make that member read the source. A member that answers `Busy`
 //! (short of reply memory: flow control from a live owner) is asked again
 //! after a short pause, within the same deadline, rather than passed over:
 //! the next member would read the block from its source, and the owner would
@@ -211,7 +217,20 @@ impl PeerClient {
                 continue;
             };
             if !m.is_up() {
-                continue;
+                if !m.is_expected() {
+                    continue;
+                }
+                // The owner is listed but not reached yet: wait for it.
+                attempts += 1;
+                self.stats.peer_owner_waits.fetch_add(1, Relaxed);
+                if !m.wait_up(self.timeout).await {
+                    self.stats
+                        .peer_unreached_source_blocks
+                        .fetch_add(1, Relaxed);
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "owner not reached within {:?}: reading the source", self.timeout);
+                    return None;
+                }
+                self.stats.peer_owner_waits_met.fetch_add(1, Relaxed);
             }
             attempts += 1;
             m.requests.fetch_add(1, Relaxed);

@@ -125,7 +125,10 @@ impl PeerNode {
             cfg.identity.leaf_is_fresh(),
             endpoint.clone(),
             cfg.timeout.max(Duration::from_secs(1)),
+            Arc::clone(&stats),
         );
+        // Placement follows the configured list from the first request.
+        membership.resolve_now(rt, cfg.timeout.max(Duration::from_secs(1)));
         rt.spawn(Arc::clone(&membership).run());
         let client = PeerClient::new(
             Arc::clone(&membership),

@@ -7,11 +7,19 @@
 //! Blobs) per directory gives its files with their size, last-modified time
 //! and ETag, so no HEAD is sent per open. A file's
 //! version is its size, its last-modified time (whole seconds: the only
-//! precision both a listing and a GET's headers carry) and a 64-bit hash of
-//! its ETag (in `ino`). Every ranged GET sends `If-Match` with the ETag when
-//! this source has seen it (a bounded table), and the answer's ETag and size
-//! are checked against the version in every case: a replaced object fails
-//! the read with [`SourceError::Changed`], never mixing old and new bytes.
+//! precision both a listing and a GET's headers carry) and, in `ino`, a
+//! 64-bit hash of its ETag, or of its time where the store's listings carry
+//! no ETag (s3s-fs; [`no_etag_ino`]). A GET's answer is compared with the
+//! version on what both carry ([`same_version`]): the size always, the ETag
+//! when both have one, else the time at whole seconds. The first GET of a
+//! version without an ETag remembers the one it got, and every ranged GET
+//! sends `If-Match` with the ETag this source knows for the version (a
+//! bounded table) and checks the answer's against it, so a store that
+//! ignores `If-Match` (s3s-fs) is still caught: a replaced object fails the
+//! read with [`SourceError::Changed`], never mixing old and new bytes.
+//! (What no store can tell: an object replaced by one of the same size in
+//! the same second, before the first GET of it, on a store whose listings
+//! carry no ETag.)
 //!
 //! The crate is async and needs a tokio runtime; the trait's synchronous
 //! methods are called from the source guard's plain threads. So this source
@@ -527,7 +535,15 @@ pub struct ObjectSource {
     skipped: AtomicU64,
     /// See [`ThrottleWatch`].
     throttled: Arc<AtomicU64>,
+    /// Whether the store's listings carry ETags: [`LISTINGS_UNKNOWN`] until a
+    /// listing showed an object. A HEAD's attributes follow the listings'
+    /// rule, so that both name a version alike.
+    listing_etags: std::sync::atomic::AtomicU8,
 }
+
+const LISTINGS_UNKNOWN: u8 = 0;
+const LISTINGS_HAVE_ETAGS: u8 = 1;
+const LISTINGS_LACK_ETAGS: u8 = 2;
 
 impl Drop for ObjectSource {
     fn drop(&mut self) {
@@ -543,14 +559,18 @@ impl Drop for ObjectSource {
 #[derive(Debug)]
 pub enum ProbeError {
     /// One line naming the problem (a missing bucket, refused credentials,
-    /// an unreachable endpoint).
+    /// a URL or client that cannot be built).
     Refused(String),
+    /// The store did not answer (no connection, no answer in time): a
+    /// mount that has a saved tree and cache may start from them
+    /// ([`ObjectSource::unprobed`]).
+    Unreachable(String),
 }
 
 impl std::fmt::Display for ProbeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ProbeError::Refused(s) => f.write_str(s),
+            ProbeError::Refused(s) | ProbeError::Unreachable(s) => f.write_str(s),
         }
     }
 }
@@ -560,6 +580,14 @@ impl ObjectSource {
     /// set's root, once, within `probe_timeout`: a bucket that does not
     /// exist, refused credentials or an endpoint that does not answer are
     /// found here, before anything is mounted.
+    /// The source without the probe, for a mount that starts from its saved
+    /// tree while the store does not answer.
+    pub fn unprobed(spec: &ObjectSpec, timeout: Duration) -> Result<ObjectSource, String> {
+        let built = spec.build(timeout)?;
+        ObjectSource::new(built, &spec.prefix, &spec.url())
+            .map_err(|e| format!("{}: {e}", spec.url()))
+    }
+
     pub fn open(
         spec: &ObjectSpec,
         timeout: Duration,
@@ -578,7 +606,8 @@ impl ObjectSource {
             match s.next().await {
                 // A key that cannot be a name is still an answer: the
                 // bucket is there and the credentials are taken.
-                None | Some(Ok(_)) | Some(Err(object_store::Error::InvalidPath { .. })) => Ok(()),
+                None | Some(Err(object_store::Error::InvalidPath { .. })) => Ok(None),
+                Some(Ok(m)) => Ok(Some(m.e_tag.is_some())),
                 Some(Err(e)) => Err(e),
             }
         };
@@ -593,8 +622,13 @@ impl ObjectSource {
             .map(|e| format!(" at {e}"))
             .unwrap_or_default();
         match r {
-            Ok(Ok(Ok(()))) => Ok(src),
-            Ok(Ok(Err(e))) => Err(ProbeError::Refused({
+            Ok(Ok(Ok(etags))) => {
+                if let Some(e) = etags {
+                    src.note_listing_etags(e);
+                }
+                Ok(src)
+            }
+            Ok(Ok(Err(e))) => Err({
                 let text = one_line(&e);
                 let missing = matches!(e, object_store::Error::NotFound { .. })
                     || [
@@ -621,27 +655,31 @@ impl ObjectSource {
                 .iter()
                 .any(|c| text.contains(c));
                 if missing {
-                    format!(
+                    ProbeError::Refused(format!(
                         "{}: {what} {:?} does not exist{where_}",
                         spec.url(),
                         spec.bucket
-                    )
+                    ))
                 } else if refused {
                     // The store's error code (Azure's AuthorizationFailure,
                     // S3's InvalidAccessKeyId) may sit past the cut.
                     let code = error_code(&text)
                         .map(|c| format!("{c}; "))
                         .unwrap_or_default();
-                    format!(
+                    ProbeError::Refused(format!(
                         "{}: the credentials were refused{where_} ({code}see docs/objstore.md): {}",
                         spec.url(),
                         short(&text)
-                    )
+                    ))
                 } else {
-                    format!("{}: cannot list{where_}: {}", spec.url(), short(&text))
+                    ProbeError::Unreachable(format!(
+                        "{}: cannot list{where_}: {}",
+                        spec.url(),
+                        short(&text)
+                    ))
                 }
-            })),
-            Ok(Err(_)) => Err(ProbeError::Refused(format!(
+            }),
+            Ok(Err(_)) => Err(ProbeError::Unreachable(format!(
                 "{}: the store{where_} did not answer within {}s",
                 spec.url(),
                 probe_timeout.as_secs_f64()
@@ -665,6 +703,7 @@ impl ObjectSource {
             label: label.to_owned(),
             rt: Some(rt),
             etags: moka::sync::Cache::new(ETAGS_KEPT),
+            listing_etags: std::sync::atomic::AtomicU8::new(LISTINGS_UNKNOWN),
             warned: parking_lot::Mutex::new(HashSet::new()),
             skipped: AtomicU64::new(0),
             throttled: built.throttled,
@@ -683,6 +722,35 @@ impl ObjectSource {
     }
 
     /// The key of a path of the data set.
+    /// Notes whether a listing showed an object with an ETag.
+    fn note_listing_etags(&self, has: bool) {
+        let v = if has {
+            LISTINGS_HAVE_ETAGS
+        } else {
+            LISTINGS_LACK_ETAGS
+        };
+        self.listing_etags.store(v, Relaxed);
+    }
+
+    /// A HEAD's attributes, named as a listing of the same object would
+    /// name them; the HEAD's ETag is remembered for the GETs' `If-Match`.
+    fn head_attr(&self, rel: &Path, m: &ObjectMeta) -> SourceAttr {
+        let lacking = self.listing_etags.load(Relaxed) == LISTINGS_LACK_ETAGS;
+        let a = if lacking {
+            file_attr(&ObjectMeta {
+                e_tag: None,
+                ..m.clone()
+            })
+        } else {
+            file_attr(m)
+        };
+        if let Some(e) = &m.e_tag {
+            self.etags
+                .insert((rel.to_owned(), a.ino), Arc::from(e.as_str()));
+        }
+        a
+    }
+
     fn key(&self, rel: &Path) -> io::Result<Key> {
         let s = key_prefix(&self.prefix, rel).unwrap_or_default();
         Key::parse(&s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
@@ -794,6 +862,7 @@ impl ObjectSource {
                 self.skip(k, "it is both an object and a prefix of other keys");
                 continue;
             }
+            self.note_listing_etags(f.e_tag.is_some());
             let a = file_attr(&f);
             if let Some(e) = &f.e_tag {
                 self.etags
@@ -884,13 +953,43 @@ pub fn etag_hash(etag: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(t.as_bytes())
 }
 
+/// The `ino` of a version whose listing carried no ETag (some stores):
+/// the size and time stand for the version, and this hash of the time
+/// (whole seconds, in ns) tells such a version from one named by its ETag.
+pub fn no_etag_ino(mtime_ns: i64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(&mtime_ns.to_le_bytes())
+}
+
+/// A time at whole seconds, in ns: the precision both a listing (ms or
+/// finer) and a GET's `Last-Modified` header (seconds) carry.
+fn whole_seconds_ns(t: &chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp() * 1_000_000_000
+}
+
+/// Whether a GET's answer (`meta`) is the object of `version`, on what both
+/// carry: the size always; the ETag when both have one (`known`: the ETag
+/// this source saw for the version, from its listing, a HEAD or the first
+/// GET; else the version's own `ino` when that is an ETag's hash); the
+/// time at whole seconds otherwise.
+pub fn same_version(version: &SourceVersion, known: Option<&str>, meta: &ObjectMeta) -> bool {
+    if meta.size != version.size {
+        return false;
+    }
+    let want = known
+        .map(etag_hash)
+        .or_else(|| (version.ino != no_etag_ino(version.mtime_ns)).then_some(version.ino));
+    match (want, meta.e_tag.as_deref()) {
+        (Some(w), Some(got)) => etag_hash(got) == w,
+        _ => whole_seconds_ns(&meta.last_modified) == version.mtime_ns,
+    }
+}
+
 fn file_attr(m: &ObjectMeta) -> SourceAttr {
     // Whole seconds: a GET's Last-Modified header has no more.
-    let mtime_ns = m.last_modified.timestamp() * 1_000_000_000;
+    let mtime_ns = whole_seconds_ns(&m.last_modified);
     let ino = match &m.e_tag {
         Some(e) => etag_hash(e),
-        // No ETag (some stores): the size and time stand for the version.
-        None => xxhash_rust::xxh3::xxh3_64(&mtime_ns.to_le_bytes()),
+        None => no_etag_ino(mtime_ns),
     };
     SourceAttr {
         kind: EntryKind::File,
@@ -982,7 +1081,9 @@ impl Source for ObjectSource {
                     other => other.transpose(),
                 }
             })?;
-            r.map_err(store_io)?;
+            if let Some(m) = r.map_err(store_io)? {
+                self.note_listing_etags(m.e_tag.is_some());
+            }
             return Ok(dir_attr(""));
         }
         let key = self.key(rel)?;
@@ -1003,14 +1104,7 @@ impl Source for ObjectSource {
             }
         })?;
         match r.map_err(store_io)? {
-            Some(m) => {
-                let a = file_attr(&m);
-                if let Some(e) = &m.e_tag {
-                    self.etags
-                        .insert((rel.to_owned(), a.ino), Arc::from(e.as_str()));
-                }
-                Ok(a)
-            }
+            Some(m) => Ok(self.head_attr(rel, &m)),
             None => Ok(dir_attr(prefix.as_deref().unwrap_or(""))),
         }
     }
@@ -1049,10 +1143,8 @@ impl Source for ObjectSource {
             return Ok(Bytes::new());
         }
         let key = self.key(rel).map_err(|e| SourceError::io(rel, e))?;
-        let if_match = self
-            .etags
-            .get(&(rel.to_owned(), version.ino))
-            .map(|e| e.to_string());
+        let known = self.etags.get(&(rel.to_owned(), version.ino));
+        let if_match = known.as_ref().map(|e| e.to_string());
         let store = Arc::clone(&self.store);
         let range = offset..offset + len as u64;
         let r = self
@@ -1076,10 +1168,17 @@ impl Source for ObjectSource {
             | Err(object_store::Error::NotFound { .. }) => return Err(changed()),
             Err(e) => return Err(SourceError::io(rel, store_io(e))),
         };
-        let etag_ok = meta.e_tag.as_deref().map(etag_hash) == Some(version.ino)
-            || (meta.e_tag.is_none() && file_attr(&meta).ino == version.ino);
-        if !etag_ok || meta.size != version.size || bytes.len() != len {
+        if !same_version(version, known.as_deref(), &meta) || bytes.len() != len {
             return Err(changed());
+        }
+        // The first GET of a version its listing named without an ETag:
+        // the ETag it got is the version's from now on (`If-Match` on the
+        // next GETs, and checked on their answers).
+        if known.is_none() {
+            if let Some(e) = &meta.e_tag {
+                self.etags
+                    .insert((rel.to_owned(), version.ino), Arc::from(e.as_str()));
+            }
         }
         Ok(bytes)
     }
@@ -1224,6 +1323,67 @@ mod tests {
         assert_eq!(error_code(t), Some("AuthorizationFailure"));
         assert_eq!(error_code("403 Forbidden"), None);
         assert_eq!(error_code("<Code></Code>"), None);
+    }
+
+    fn meta(size: u64, secs: i64, nanos: u32, etag: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            location: Key::from("k"),
+            last_modified: chrono::DateTime::from_timestamp(secs, nanos).unwrap(),
+            size,
+            e_tag: etag.map(str::to_owned),
+            version: None,
+        }
+    }
+
+    #[test]
+    fn a_get_is_compared_with_its_version_on_what_both_carry() {
+        // Listed without an ETag (s3s-fs), at ms precision; the GET has an
+        // ETag and whole seconds: the same object.
+        let listed = file_attr(&meta(10, 1_700_000_000, 250_000_000, None)).version();
+        let got = meta(10, 1_700_000_000, 0, Some("\"abc\""));
+        assert!(same_version(&listed, None, &got));
+        // Once its ETag is known (the first GET), another one is a change,
+        // whatever the time says.
+        assert!(same_version(&listed, Some("abc"), &got));
+        assert!(!same_version(
+            &listed,
+            Some("abc"),
+            &meta(10, 1_700_000_000, 0, Some("def"))
+        ));
+        // Without an ETag known, a later time or another size is a change.
+        assert!(!same_version(
+            &listed,
+            None,
+            &meta(10, 1_700_000_001, 0, Some("abc"))
+        ));
+        assert!(!same_version(
+            &listed,
+            None,
+            &meta(11, 1_700_000_000, 0, Some("abc"))
+        ));
+        // Listed with an ETag: the ETag decides, not the time.
+        let tagged = file_attr(&meta(10, 1_700_000_000, 0, Some("abc"))).version();
+        assert!(same_version(
+            &tagged,
+            None,
+            &meta(10, 1_700_000_000, 0, Some("abc"))
+        ));
+        assert!(!same_version(
+            &tagged,
+            None,
+            &meta(10, 1_700_000_000, 0, Some("abd"))
+        ));
+        // A GET without an ETag: the time at whole seconds.
+        assert!(same_version(
+            &tagged,
+            None,
+            &meta(10, 1_700_000_000, 900_000_000, None)
+        ));
+        assert!(!same_version(
+            &tagged,
+            None,
+            &meta(10, 1_700_000_002, 0, None)
+        ));
     }
 
     #[test]

@@ -26,6 +26,8 @@
 //! - [`server`]: what the storage servers share: a server process on a
 //!   free loopback port, killed on drop, and raw HTTP requests to it.
 //! - [`s3`]: a real S3 server (moto_server) and a client to fill its buckets.
+//! - [`s3s`]: another S3 server (s3s-fs: listings without ETags, GETs that
+//!   ignore `If-Match`), filled with the same client.
 //! - [`azurite`]: Azure Blob Storage's emulator (Azurite) and a client to
 //!   fill its containers.
 //! - [`gcs`]: a GCS emulator (fake-gcs-server) and a client to fill its
@@ -50,6 +52,7 @@ pub mod pki;
 pub mod prom;
 pub mod proxy;
 pub mod s3;
+pub mod s3s;
 pub mod server;
 pub mod skip;
 pub mod sys;

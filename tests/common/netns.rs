@@ -60,8 +60,11 @@ impl Lab {
         {
             return Err("nsenter is missing".into());
         }
+        // LOCAFS_NETNS_PREFIX names a run's namespaces (several people or
+        // runs sharing a machine tell theirs apart by it).
+        let prefix = std::env::var("LOCAFS_NETNS_PREFIX").unwrap_or_else(|_| "lcfs".into());
         let tag = format!(
-            "lcfs{}x{}",
+            "{prefix}{}x{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );

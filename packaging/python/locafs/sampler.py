@@ -23,7 +23,7 @@ import sys
 import threading
 import warnings
 
-from .mount import LocafsError, Mount
+from .control import LocafsError, Mount
 
 __all__ = [
     "LocalitySampler",

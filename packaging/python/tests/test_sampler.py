@@ -309,7 +309,7 @@ class PackedAnswer(unittest.TestCase):
         import base64
         import struct
 
-        from locafs import mount as M
+        from locafs import control as M
 
         raw = struct.pack("<4I", 0, 255, 0xFFFFFFFF, 70000)
         packed = {"owners_packed": base64.b64encode(raw).decode(), "unknown": 1}

@@ -1,9 +1,13 @@
-"""A locafs mount's control socket, from Python.
+"""A locafs mount from Python: :class:`Mount`, its control socket, and the
+errors of the package.
 
 The socket's path is the ``user.locafs.control`` extended attribute of the
 mount root (nothing is added to the data set's tree). One JSON request per
 line, one JSON answer per line, as ``locafs plan`` and ``locafs where`` use
-it (src/control.rs).
+it (src/control.rs). A :class:`Mount` made by :func:`locafs.mount` also
+owns the daemon behind it (``_daemon.py``) and unmounts on :meth:`close`;
+one made from a path attaches to a mount someone else made and never
+unmounts it.
 """
 
 import array
@@ -16,15 +20,43 @@ import time
 
 CONTROL_XATTR = "user.locafs.control"
 
-__all__ = ["Mount", "LocafsError", "NotALocafsMount", "CONTROL_XATTR"]
+__all__ = [
+    "Mount",
+    "LocafsError",
+    "MountError",
+    "NotALocafsMount",
+    "UsageError",
+    "CONTROL_XATTR",
+]
 
 
 class LocafsError(RuntimeError):
-    """The mount answered a request with an error."""
+    """Something locafs refused or could not do: the mount answered a
+    request with an error, or the binary is missing."""
 
 
 class NotALocafsMount(LocafsError):
     """The path is not the root of a locafs mount."""
+
+
+class MountError(LocafsError):
+    """``locafs mount`` failed. ``str(e)`` and ``e.message`` are the
+    command's one-line reason (what it printed after ``locafs: ``);
+    ``e.returncode`` its exit status (2: bad options or input, 1: the
+    system refused, e.g. no FUSE access); ``e.log`` the daemon's last log
+    lines; ``e.command`` the command line."""
+
+    def __init__(self, message, returncode=None, log=(), command=()):
+        super().__init__(message)
+        self.message = message
+        self.returncode = returncode
+        self.log = list(log)
+        self.command = list(command)
+
+
+class UsageError(MountError):
+    """``locafs mount`` refused its options or input (exit status 2): an
+    unknown option, a bad size, a missing source or mountpoint."""
 
 
 def _relative(path, root):
@@ -46,6 +78,10 @@ class Mount:
     ``--peers`` entry, sorted as strings), the same numbering on every node;
     without peers the mount is node 0 of 1.
     """
+
+    # The daemon this object started (locafs.mount), which close() stops;
+    # None for a mount attached by path.
+    _daemon = None
 
     def __init__(self, path, wait=30.0):
         self.path = os.path.abspath(os.fspath(path))
@@ -136,8 +172,45 @@ class Mount:
         answer = self._call({"op": "plan", "paths": [_relative(f, self.path) for f in files]})
         return int(answer.get("files", 0)), int(answer.get("unknown", 0))
 
+    @property
+    def pid(self):
+        """The process id of the daemon serving this mount if this object
+        started it (:func:`locafs.mount`), else None."""
+        return self._daemon.pid if self._daemon is not None else None
+
+    @property
+    def closed(self):
+        """True once :meth:`close` has unmounted what this object mounted."""
+        return self._daemon is not None and self._daemon.stopped
+
+    def close(self, timeout=60.0):
+        """Unmounts, if this object mounted (:func:`locafs.mount`), and
+        waits up to ``timeout`` seconds for the daemon to finish: the
+        daemon unmounts (detaching lazily while files are still open, as
+        ``umount -l``; through ``fusermount3 -u`` for a user), saves its
+        state and exits. A mount attached by path is left as it is. Safe
+        to call twice; a forked child (a DataLoader worker) never unmounts
+        its parent's mount."""
+        if self._daemon is not None:
+            self._daemon.stop(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def __repr__(self):
-        return "locafs.Mount(%r, node %d of %d)" % (self.path, self._node_index, self._num_nodes)
+        owner = ", pid %d" % self.pid if self.pid is not None else ""
+        state = " (closed)" if self.closed else ""
+        return "locafs.Mount(%r, node %d of %d%s)%s" % (
+            self.path,
+            self._node_index,
+            self._num_nodes,
+            owner,
+            state,
+        )
 
 
 def _unpack_owners(answer):
