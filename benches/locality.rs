@@ -267,7 +267,7 @@ fn query_figure(work: &Path) {
         rels
     });
     let secret = work.join("query-secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     let port = common::free_udp_port();
     let members: Vec<String> = (0..peers)
         .map(|i| match i {
@@ -411,7 +411,7 @@ fn main() {
     // and per-file overhead.
     let cache_size = total * 6 / 10 + (4 << 20) + files.len() as u64 * 8192;
     let secret = work.path().join("secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     let net = Net::new(NODES);
     println!(
         "locality bench: {NODES} nodes x {LEARNERS} learners x {WORKERS_PER_LEARNER} workers, batch {BATCH}, \

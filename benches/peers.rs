@@ -208,7 +208,7 @@ fn main() {
     // Half the data set per node, plus the cache's fixed and per-file overhead.
     let cache_size = total / 2 + (4 << 20) + FILES as u64 * 8192;
     let secret = work.path().join("secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     println!(
         "peers bench: {NODES} nodes, data set {:.0} MiB in {FILES} files, cache {:.0} MiB per node, \
          source capped at {} MB/s for the cluster (blkio cgroup on {disk}), caches on tmpfs",
@@ -326,7 +326,7 @@ fn startup(work: &Path) {
         total += len as u64;
     }
     let secret = work.join("startup-secret");
-    std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     println!(
         "\n4. nodes started together, loaders at once (defaults: read-ahead on, --peer-timeout 2s), \
          2 epochs of DistributedSampler shares, data set {:.1} MiB in {STARTUP_FILES} files",

@@ -13,8 +13,10 @@
 #     replaces it;
 #   other signals (SIGHUP, SIGQUIT, SIGUSR1, ...) are ignored: a first
 #     process gets only the signals it handles.
-# Exit status 2: a configuration error (bad option, missing source); 1: the
-# mount failed (e.g. no /dev/fuse or no CAP_SYS_ADMIN, checked below first).
+# Exit status 2: what a restart will not mend: a configuration error (a bad
+# option, a missing source) or a container that cannot mount (no /dev/fuse,
+# no CAP_SYS_ADMIN: checked below first, naming the flag); 1: the mount
+# failed otherwise.
 set -eu
 
 : "${LOCAFS_SOURCE:=/data}"
@@ -26,16 +28,19 @@ set -eu
 # such file or directory": the fusermount fallback is not in the image).
 if [ ! -c /dev/fuse ]; then
     echo "locafs: /dev/fuse is missing in the container: run it with --device /dev/fuse (Kubernetes: privileged, or a device plugin)" >&2
-    exit 1
+    exit 2
 fi
 cap_eff=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status 2>/dev/null || true)
 if [ -n "$cap_eff" ] && [ $(( (0x$cap_eff >> 21) & 1 )) -eq 0 ] \
     && ! command -v fusermount3 >/dev/null 2>&1 && ! command -v fusermount >/dev/null 2>&1; then
     echo "locafs: mounting needs CAP_SYS_ADMIN: run the container with --cap-add SYS_ADMIN (and, where AppArmor runs, --security-opt apparmor=unconfined), or privileged" >&2
-    exit 1
+    exit 2
 fi
 
-mkdir -p "$LOCAFS_MOUNTPOINT" "$LOCAFS_CACHE_DIR"
+mkdir -p "$LOCAFS_MOUNTPOINT"
+# The cache holds copies of files others may not read: owner-only (locafs
+# makes an existing one so at start, or refuses one others may write).
+mkdir -p -m 0700 "$LOCAFS_CACHE_DIR"
 
 # A previous container of this pod may have died and left a dead mount on the
 # shared volume; locafs detaches a dead locafs mount by itself before mounting.

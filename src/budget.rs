@@ -16,15 +16,20 @@
 //! after it; its bytes stay booked as being deleted until they are off the
 //! disk, so that nobody takes the wait for room another program took), and
 //! never run on a FUSE thread: the mount calls it from a thread of its
-//! own, every 250 ms. [`plan`] is pure.
+//! own, every 250 ms. [`plan`] is pure. Everything in the cache directory
+//! is reached through its checked handle (`private_dir`): no symlink is
+//! followed, a data set directory another user owns is left alone, and
+//! what this writes is owner-only.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rustix::fs::{FileType, OFlags};
 use serde::{Deserialize, Serialize};
+
+use crate::private_dir::PrivateDir;
 
 /// The ledger's file name in the cache directory.
 pub const LEDGER: &str = "budget.json";
@@ -94,8 +99,8 @@ pub struct Disk {
 }
 
 impl Disk {
-    pub fn of(dir: &Path) -> io::Result<Disk> {
-        let st = rustix::fs::statvfs(dir)?;
+    pub fn of(dir: &PrivateDir) -> io::Result<Disk> {
+        let st = dir.statvfs()?;
         Ok(Disk {
             total: st.f_blocks * st.f_frsize,
             free: st.f_bavail * st.f_frsize,
@@ -289,12 +294,8 @@ pub struct LedgerLock {
 
 impl LedgerLock {
     /// Waits for the lock (held only for a read and a write of the ledger).
-    pub fn acquire(cache_dir: &Path) -> io::Result<LedgerLock> {
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(cache_dir.join(LEDGER_LOCK))?;
+    pub fn acquire(cache_dir: &PrivateDir) -> io::Result<LedgerLock> {
+        let f = cache_dir.open_file(LEDGER_LOCK, OFlags::WRONLY | OFlags::CREATE)?;
         rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)?;
         Ok(LedgerLock { _file: f })
     }
@@ -304,10 +305,10 @@ impl Ledger {
     /// The ledger of `cache_dir` (empty if there is none). A ledger that
     /// cannot be read is set aside as `budget.json.bad` with a warning, and
     /// the mounts book themselves again in a new one.
-    pub fn load(cache_dir: &Path, _lock: &LedgerLock) -> io::Result<Ledger> {
-        let path = cache_dir.join(LEDGER);
+    pub fn load(cache_dir: &PrivateDir, _lock: &LedgerLock) -> io::Result<Ledger> {
+        let path = cache_dir.display(LEDGER);
         let mut text = String::new();
-        match File::open(&path) {
+        match cache_dir.open_read(LEDGER) {
             Ok(mut f) => {
                 f.read_to_string(&mut text)?;
             }
@@ -321,7 +322,7 @@ impl Ledger {
                     "cache budget {}: unreadable ({e}); set aside as {LEDGER}.bad, starting a new one",
                     path.display()
                 );
-                let _ = fs::rename(&path, cache_dir.join(format!("{LEDGER}.bad")));
+                let _ = cache_dir.rename(LEDGER, format!("{LEDGER}.bad"));
                 Ok(Ledger::default())
             }
         }
@@ -333,11 +334,11 @@ impl Ledger {
     /// ledger lost to a power cut is set aside and rebuilt from the data
     /// sets on disk (the next mount's --cache-size, or the derived default,
     /// sets the budget again).
-    pub fn store(&self, cache_dir: &Path, _lock: &LedgerLock) -> io::Result<()> {
-        let tmp = cache_dir.join(format!("{LEDGER}.tmp"));
-        let mut f = File::create(&tmp)?;
+    pub fn store(&self, cache_dir: &PrivateDir, _lock: &LedgerLock) -> io::Result<()> {
+        let tmp = format!("{LEDGER}.tmp");
+        let mut f = cache_dir.create_file(&tmp)?;
         f.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
-        fs::rename(&tmp, cache_dir.join(LEDGER))
+        cache_dir.rename(&tmp, LEDGER)
     }
 
     /// Sets the limit: an admin's `--cache-size` (which replaces the one in
@@ -381,9 +382,8 @@ impl Ledger {
 
 /// Whether the data set cache in `dataset_dir` is held by a running mount:
 /// the pid in its lock file when it is.
-pub fn mounted_by(dataset_dir: &Path) -> Option<u32> {
-    let path = dataset_dir.join("lock");
-    let mut f = File::open(&path).ok()?;
+pub fn mounted_by(dataset_dir: &PrivateDir) -> Option<u32> {
+    let mut f = dataset_dir.open_read(crate::lock::LOCK_FILE).ok()?;
     // A shared lock is refused while a mount holds the exclusive one. It
     // is dropped at once; a mount starting in that instant retries
     // (`DatasetLock::acquire`).
@@ -397,18 +397,19 @@ pub fn mounted_by(dataset_dir: &Path) -> Option<u32> {
     }
 }
 
-/// Bytes on disk (allocated blocks) and files under `dir`.
-pub fn disk_usage(dir: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
+/// Bytes on disk (allocated blocks) and files under `dir`
+/// (`dir` names a directory below `under`; no symlink is followed).
+pub fn disk_usage(under: &PrivateDir, dir: &str) -> (u64, u64) {
     let (mut bytes, mut files) = (0u64, 0u64);
-    let mut stack = vec![dir.to_path_buf()];
+    let mut stack = vec![std::path::PathBuf::from(dir)];
     while let Some(d) = stack.pop() {
-        let Ok(it) = fs::read_dir(&d) else { continue };
-        for e in it.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            bytes += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
+        let Ok(it) = under.entries(&d) else { continue };
+        for e in it {
+            let rel = d.join(&e.name);
+            let Ok(m) = under.stat(&rel) else { continue };
+            bytes += m.st_blocks as u64 * 512;
+            if e.kind == FileType::Directory {
+                stack.push(rel);
             } else {
                 files += 1;
             }
@@ -418,18 +419,22 @@ pub fn disk_usage(dir: &Path) -> (u64, u64) {
 }
 
 /// The data set directories under `cache_dir` (every subdirectory but the
-/// trash of a deletion under way).
-pub fn dataset_dirs(cache_dir: &Path) -> io::Result<Vec<String>> {
+/// trash of a deletion under way; a symlink is not one).
+pub fn dataset_dirs(cache_dir: &PrivateDir) -> io::Result<Vec<String>> {
     let mut v = Vec::new();
-    for e in fs::read_dir(cache_dir)? {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        if e.file_type()?.is_dir() && !name.starts_with('.') {
+    for e in cache_dir.entries("")? {
+        let name = e.name.to_string_lossy().into_owned();
+        if e.kind == FileType::Directory && !name.starts_with('.') {
             v.push(name);
         }
     }
     v.sort();
     Ok(v)
+}
+
+/// Data set `id`'s directory, checked (None: gone, or not ours: left alone).
+fn dataset(cache_dir: &PrivateDir, id: &str) -> Option<PrivateDir> {
+    cache_dir.subdir(id, false).ok()
 }
 
 /// Why a data set's cache was not removed.
@@ -446,46 +451,45 @@ pub enum RemoveError {
 /// Removes the cache of data set `id`, refused while a mount holds it:
 /// takes the data set's lock, renames its directory away and books it out
 /// of the ledger under the ledger lock, then deletes it. The bytes freed.
-pub fn remove_dataset(cache_dir: &Path, id: &str) -> Result<u64, RemoveError> {
+pub fn remove_dataset(cache_dir: &PrivateDir, id: &str) -> Result<u64, RemoveError> {
     let io_err = |source| RemoveError::Io {
         id: id.to_owned(),
         source,
     };
-    let dir = cache_dir.join(id);
-    if id.is_empty() || id.contains('/') || id.starts_with('.') || !dir.is_dir() {
+    if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(RemoveError::Missing(id.to_owned()));
     }
+    let dir = match cache_dir.subdir(id, false) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(RemoveError::Missing(id.to_owned()))
+        }
+        Err(e) => return Err(io_err(e)),
+    };
     let trash = {
-        let lock = crate::lock::DatasetLock::acquire(&dir).map_err(|_| RemoveError::Mounted {
-            id: id.to_owned(),
-            pid: mounted_by(&dir).unwrap_or(0),
+        let lock = crate::lock::DatasetLock::acquire(&dir).map_err(|e| match e {
+            crate::lock::LockError::Held { .. } => RemoveError::Mounted {
+                id: id.to_owned(),
+                pid: mounted_by(&dir).unwrap_or(0),
+            },
+            crate::lock::LockError::Io { source, .. } => io_err(source),
         })?;
-        let trash = cache_dir.join(format!(
-            "{TRASH_PREFIX}{id}-{}-{}",
-            std::process::id(),
-            now()
-        ));
+        let trash = format!("{TRASH_PREFIX}{id}-{}-{}", std::process::id(), now());
         let ledger_lock = LedgerLock::acquire(cache_dir).map_err(io_err)?;
-        fs::rename(&dir, &trash).map_err(io_err)?;
+        cache_dir.rename(id, &trash).map_err(io_err)?;
         let mut ledger = Ledger::load(cache_dir, &ledger_lock).map_err(io_err)?;
         if let Some(r) = ledger.datasets.remove(id) {
-            ledger.deleting.insert(file_name(&trash), r.used);
+            ledger.deleting.insert(trash.clone(), r.used);
             ledger.store(cache_dir, &ledger_lock).map_err(io_err)?;
         }
         drop(lock);
         trash
     };
-    let (bytes, _) = disk_usage(&trash);
-    let removed = fs::remove_dir_all(&trash);
-    let _ = done_deleting(cache_dir, &[file_name(&trash)]);
+    let (bytes, _) = disk_usage(cache_dir, &trash);
+    let removed = cache_dir.remove_tree(&trash);
+    let _ = done_deleting(cache_dir, std::slice::from_ref(&trash));
     removed.map_err(io_err)?;
     Ok(bytes)
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// The pid in a trash directory's name (`.trash-ID-PID-TIME`): the process
@@ -500,14 +504,14 @@ fn trash_pid(name: &str) -> Option<u32> {
 
 /// Whether the deletion of trash directory `name` is still under way: the
 /// directory is there and the process that renamed it runs.
-fn deleting_now(cache_dir: &Path, name: &str) -> bool {
-    cache_dir.join(name).is_dir()
-        && trash_pid(name).is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+fn deleting_now(cache_dir: &PrivateDir, name: &str) -> bool {
+    cache_dir.is_dir(name)
+        && trash_pid(name).is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
 }
 
 /// Books out deletions that are done (`names`: trash directories, deleted
 /// or given up on). Should it fail, the next booking drops what is gone.
-fn done_deleting(cache_dir: &Path, names: &[String]) -> io::Result<()> {
+fn done_deleting(cache_dir: &PrivateDir, names: &[String]) -> io::Result<()> {
     let lock = LedgerLock::acquire(cache_dir)?;
     let mut ledger = Ledger::load(cache_dir, &lock)?;
     let before = ledger.deleting.len();
@@ -522,19 +526,20 @@ fn done_deleting(cache_dir: &Path, names: &[String]) -> io::Result<()> {
 
 /// Deletes what an interrupted removal left (`.trash-*`), if nobody else
 /// is deleting it now (the trash names the pid that renamed it).
-pub fn sweep_trash(cache_dir: &Path) {
-    let Ok(it) = fs::read_dir(cache_dir) else {
+pub fn sweep_trash(cache_dir: &PrivateDir) {
+    let Ok(it) = cache_dir.entries("") else {
         return;
     };
-    for e in it.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
+    for e in it {
+        let name = e.name.to_string_lossy().into_owned();
         if !name.starts_with(TRASH_PREFIX) {
             continue;
         }
-        let alive = trash_pid(&name)
-            .is_some_and(|p| p != std::process::id() && Path::new(&format!("/proc/{p}")).exists());
+        let alive = trash_pid(&name).is_some_and(|p| {
+            p != std::process::id() && std::path::Path::new(&format!("/proc/{p}")).exists()
+        });
         if !alive {
-            let _ = fs::remove_dir_all(e.path());
+            let _ = cache_dir.remove_tree(&e.name);
         }
     }
 }
@@ -554,29 +559,38 @@ pub struct DatasetInfo {
 
 /// Every data set under `cache_dir`, with the ledger's figures, measured on
 /// disk for data sets the ledger does not know (caches made before it).
-pub fn list(cache_dir: &Path) -> io::Result<(Ledger, Vec<DatasetInfo>)> {
+pub fn list(cache_dir: &PrivateDir) -> io::Result<(Ledger, Vec<DatasetInfo>)> {
     let ledger = {
         let lock = LedgerLock::acquire(cache_dir)?;
         Ledger::load(cache_dir, &lock)?
     };
     let mut out = Vec::new();
     for id in dataset_dirs(cache_dir)? {
-        let dir = cache_dir.join(&id);
+        let Some(dir) = dataset(cache_dir, &id) else {
+            tracing::warn!(
+                "{}: not listed: {}",
+                cache_dir.display(&id).display(),
+                cache_dir
+                    .subdir(&id, false)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            );
+            continue;
+        };
         let pid = mounted_by(&dir);
         let rec = ledger.datasets.get(&id).cloned();
         let (used, files) = match &rec {
             Some(r) => (r.used, r.files),
-            None => disk_usage(&dir),
+            None => disk_usage(cache_dir, &id),
         };
         let mut r = rec.unwrap_or_default();
         if r.last_mount == 0 {
             // A cache the ledger has not seen mounted: its lock file is
             // rewritten at each mount.
-            r.last_mount = fs::metadata(dir.join("lock"))
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs());
+            r.last_mount = dir
+                .stat(crate::lock::LOCK_FILE)
+                .map_or(0, |m| m.st_mtime.max(0) as u64);
         }
         out.push(DatasetInfo {
             id,
@@ -618,7 +632,7 @@ pub fn gc_victims(
 
 /// The booking of one mount in its cache directory's ledger.
 pub struct Booking {
-    pub cache_dir: PathBuf,
+    pub cache_dir: PrivateDir,
     pub id: String,
     pub source: String,
     /// `--cache-size`, if given: the budget of the whole directory.
@@ -691,8 +705,11 @@ impl Booking {
             // Data sets the ledger does not know yet (made before it, or
             // its ledger set aside): measured once.
             for id in dataset_dirs(&self.cache_dir)? {
-                if !ledger.datasets.contains_key(&id) && id != self.id {
-                    let (used, files) = disk_usage(&self.cache_dir.join(&id));
+                if !ledger.datasets.contains_key(&id)
+                    && id != self.id
+                    && dataset(&self.cache_dir, &id).is_some()
+                {
+                    let (used, files) = disk_usage(&self.cache_dir, &id);
                     ledger.datasets.insert(
                         id,
                         Record {
@@ -703,9 +720,7 @@ impl Booking {
                     );
                 }
             }
-            ledger
-                .datasets
-                .retain(|id, _| self.cache_dir.join(id).is_dir());
+            ledger.datasets.retain(|id, _| self.cache_dir.is_dir(id));
             // A deleter that died leaves its trash uncounted (and the
             // next mount's sweep deletes it).
             ledger
@@ -729,21 +744,26 @@ impl Booking {
             let live: std::collections::BTreeSet<String> = ledger
                 .datasets
                 .keys()
-                .filter(|id| **id == self.id || mounted_by(&self.cache_dir.join(id)).is_some())
+                .filter(|id| {
+                    **id == self.id
+                        || dataset(&self.cache_dir, id).is_some_and(|d| mounted_by(&d).is_some())
+                })
                 .cloned()
                 .collect();
             let mounted = |id: &str| live.contains(id);
             let p = plan(&ledger, &self.id, &mounted, disk);
             let mut deleted = Vec::new();
             for id in &p.delete {
-                let ds = self.cache_dir.join(id);
-                // Taken only if still unmounted; renamed away at once.
+                // Only a data set directory of ours, taken only if still
+                // unmounted; renamed away at once.
+                let Some(ds) = dataset(&self.cache_dir, id) else {
+                    continue;
+                };
                 let Ok(l) = crate::lock::DatasetLock::try_acquire(&ds) else {
                     continue;
                 };
                 let name = format!("{TRASH_PREFIX}{id}-{}-{t}", std::process::id());
-                let to = self.cache_dir.join(&name);
-                if fs::rename(&ds, &to).is_ok() {
+                if self.cache_dir.rename(id, &name).is_ok() {
                     if let Some(r) = ledger.datasets.remove(id) {
                         ledger.deleting.insert(name.clone(), r.used);
                     }
@@ -792,7 +812,7 @@ impl Booking {
         };
         if !trash.is_empty() {
             for t in &trash {
-                let _ = fs::remove_dir_all(self.cache_dir.join(t));
+                let _ = self.cache_dir.remove_tree(t);
             }
             if let Err(e) = done_deleting(&self.cache_dir, &trash) {
                 tracing::debug!("cache budget: booking a deletion out: {e}");
@@ -817,7 +837,7 @@ impl Booking {
 }
 
 /// The mount's side of the budget: a thread that books the cache's use
-/// every 250 ms and applies the grant it gets (the cache shrinks to it, or
+/// every [`BOOKING_INTERVAL`] and applies the grant it gets (the cache shrinks to it, or
 /// may grow to it). Dropping it stops the thread and books the mount out.
 pub struct BudgetKeeper {
     stop: std::sync::Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,
@@ -873,7 +893,7 @@ impl BudgetKeeper {
                                 // retries.
                                 tracing::warn!(
                                     "cache budget {}: {}",
-                                    booking.cache_dir.join(LEDGER).display(),
+                                    booking.cache_dir.display(LEDGER).display(),
                                     crate::logging::short_io(&e)
                                 );
                                 failing = true;
@@ -911,7 +931,7 @@ fn log_share(b: &Booking, s: &Share) {
     for d in &s.deleted {
         tracing::info!(
             "cache budget: removed data set {d:?} (not mounted) from {} to make room",
-            b.cache_dir.display()
+            b.cache_dir.path().display()
         );
     }
 }
@@ -929,6 +949,7 @@ impl Drop for BudgetKeeper {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     const G: u64 = 1 << 30;
 
@@ -1223,46 +1244,58 @@ mod tests {
 
     #[test]
     fn ledger_round_trips_and_a_bad_one_is_set_aside() {
-        let dir = tempfile::tempdir().unwrap();
-        let lock = LedgerLock::acquire(dir.path()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = PrivateDir::open(tmp.path()).unwrap();
+        let lock = LedgerLock::acquire(&dir).unwrap();
         let l = ledger(7 * G, &[("a", rec(1, 2, 3, 4, 5))]);
-        l.store(dir.path(), &lock).unwrap();
-        assert_eq!(Ledger::load(dir.path(), &lock).unwrap(), l);
-        fs::write(dir.path().join(LEDGER), b"{not json").unwrap();
-        assert_eq!(Ledger::load(dir.path(), &lock).unwrap(), Ledger::default());
-        assert!(dir.path().join(format!("{LEDGER}.bad")).exists());
+        l.store(&dir, &lock).unwrap();
+        assert_eq!(Ledger::load(&dir, &lock).unwrap(), l);
+        {
+            use std::os::unix::fs::MetadataExt;
+            let mode = fs::metadata(tmp.path().join(LEDGER)).unwrap().mode();
+            assert_eq!(
+                mode & 0o777,
+                0o600,
+                "the ledger names the sources: owner-only"
+            );
+        }
+        fs::write(tmp.path().join(LEDGER), b"{not json").unwrap();
+        assert_eq!(Ledger::load(&dir, &lock).unwrap(), Ledger::default());
+        assert!(tmp.path().join(format!("{LEDGER}.bad")).exists());
     }
 
     #[test]
     fn remove_is_refused_while_mounted_and_books_the_data_set_out() {
-        let dir = tempfile::tempdir().unwrap();
-        let ds = dir.path().join("imagenet");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = PrivateDir::open(tmp.path()).unwrap();
+        let ds = tmp.path().join("imagenet");
         fs::create_dir_all(ds.join("blocks")).unwrap();
         fs::write(ds.join("blocks/x.data"), vec![1u8; 10000]).unwrap();
         {
-            let lock = LedgerLock::acquire(dir.path()).unwrap();
+            let lock = LedgerLock::acquire(&dir).unwrap();
             ledger(G, &[("imagenet", rec(12288, 0, 0, 0, 1))])
-                .store(dir.path(), &lock)
+                .store(&dir, &lock)
                 .unwrap();
         }
-        let held = crate::lock::DatasetLock::acquire(&ds).unwrap();
-        assert_eq!(mounted_by(&ds), Some(std::process::id()));
-        let e = remove_dataset(dir.path(), "imagenet").unwrap_err();
+        let ds_dir = dir.subdir("imagenet", false).unwrap();
+        let held = crate::lock::DatasetLock::acquire(&ds_dir).unwrap();
+        assert_eq!(mounted_by(&ds_dir), Some(std::process::id()));
+        let e = remove_dataset(&dir, "imagenet").unwrap_err();
         assert!(matches!(e, RemoveError::Mounted { .. }), "{e}");
         assert!(ds.join("blocks/x.data").exists());
         drop(held);
-        assert_eq!(mounted_by(&ds), None);
-        let freed = remove_dataset(dir.path(), "imagenet").unwrap();
+        assert_eq!(mounted_by(&ds_dir), None);
+        let freed = remove_dataset(&dir, "imagenet").unwrap();
         assert!(freed >= 10000, "{freed}");
         assert!(!ds.exists());
-        let lock = LedgerLock::acquire(dir.path()).unwrap();
-        assert!(Ledger::load(dir.path(), &lock).unwrap().datasets.is_empty());
+        let lock = LedgerLock::acquire(&dir).unwrap();
+        assert!(Ledger::load(&dir, &lock).unwrap().datasets.is_empty());
         assert!(matches!(
-            remove_dataset(dir.path(), "imagenet"),
+            remove_dataset(&dir, "imagenet"),
             Err(RemoveError::Missing(_))
         ));
         assert!(matches!(
-            remove_dataset(dir.path(), "../etc"),
+            remove_dataset(&dir, "../etc"),
             Err(RemoveError::Missing(_))
         ));
     }
@@ -1272,19 +1305,19 @@ mod tests {
         use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
         use std::sync::Arc;
         const M: u64 = 1 << 20;
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = PrivateDir::open(tmp.path()).unwrap();
         // An unmounted data set holding about 3 MiB.
-        let old = dir.path().join("old");
+        let old = tmp.path().join("old");
         fs::create_dir_all(&old).unwrap();
         fs::write(old.join("x.data"), vec![7u8; 3 << 20]).unwrap();
         let start = |id: &str, want: u64| {
-            let ds = dir.path().join(id);
-            fs::create_dir_all(&ds).unwrap();
+            let ds = dir.subdir(id, true).unwrap();
             let lock = crate::lock::DatasetLock::acquire(&ds).unwrap();
             let used = Arc::new(AtomicU64::new(0));
             let grant = Arc::new(AtomicU64::new(0));
             let booking = Booking {
-                cache_dir: dir.path().to_owned(),
+                cache_dir: dir.clone(),
                 id: id.into(),
                 source: format!("/data/{id}"),
                 asked: Some(8 * M),
@@ -1324,7 +1357,7 @@ mod tests {
         );
         // Filling at once, they end with fair shares.
         assert_eq!((a.3.load(Relaxed), b.3.load(Relaxed)), (4 * M, 4 * M));
-        let (list_ledger, list) = list(dir.path()).unwrap();
+        let (list_ledger, list) = list(&dir).unwrap();
         assert_eq!(list_ledger.limit, 8 * M);
         assert_eq!(
             list.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
@@ -1340,7 +1373,7 @@ mod tests {
         let (lock, keeper, _, _) = a;
         drop(keeper);
         drop(lock);
-        let (_, list) = super::list(dir.path()).unwrap();
+        let (_, list) = super::list(&dir).unwrap();
         let a = list.iter().find(|d| d.id == "a").unwrap();
         assert!(!a.mounted && a.used == 4 * M && a.grant == 0, "{a:?}");
     }

@@ -29,11 +29,14 @@ pub struct MountRequest {
     pub mountpoint: Option<PathBuf>,
     #[command(flatten)]
     pub flags: MountFlags,
-    /// Read options from this TOML file.
+    /// Read options from this TOML file (keys as the long options above,
+    /// and source and mountpoint); -o config=FILE says the same.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// fstab-style options, comma separated (cache_dir=DIR,cache_size=SIZE,...).
-    /// Standard mount options (ro, _netdev, nofail, x-systemd.*, ...) are accepted.
+    /// fstab-style options, comma separated: every option above with `_`
+    /// for `-` (cache_dir=DIR,cache_size=SIZE,immutable,...), and
+    /// config=FILE for --config. Standard mount options (ro, _netdev,
+    /// nofail, x-systemd.*, ...) are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub o: Vec<String>,
 }
@@ -47,7 +50,8 @@ pub struct MountFlags {
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Most disk space the caches under --cache-dir may use together,
-    /// counting everything they write (e.g. 500G, 64MiB, 1.5T): one budget
+    /// counting everything they write but their index (e.g. 500G, 64MiB,
+    /// 1.5T; G is GiB): one budget
     /// that every mount of that directory shares, kept in it. [default: set
     /// at the directory's first mount to 80% of (free space + what its caches
     /// hold), then kept]
@@ -55,7 +59,8 @@ pub struct MountFlags {
     pub cache_size: Option<Size>,
     /// Free space kept on the cache disk, in percent of its size, whatever
     /// --cache-size says: when other programs fill the disk, the caches give
-    /// space back. [default: 5]
+    /// space back. Kept in the cache directory, as the budget is. [default:
+    /// the directory's; 5 at its first mount]
     #[arg(long, value_name = "PERCENT")]
     pub cache_free_floor: Option<f64>,
     /// Cache block size: the unit of caching, checksumming and fetching.
@@ -72,11 +77,14 @@ pub struct MountFlags {
     /// [default: 60s]
     #[arg(long, value_name = "DURATION")]
     pub revalidate: Option<Span>,
-    /// Trust the source never to change (no revalidation, longest kernel caching).
+    /// Trust the source never to change (no revalidation, longest kernel
+    /// caching). [default: off]
     #[arg(long)]
     #[serde(default)]
     pub immutable: bool,
     /// Never use FUSE passthrough (serve every read through the daemon).
+    /// [default: off: passthrough for fully cached files where the kernel
+    /// and the privileges allow]
     #[arg(long)]
     #[serde(default)]
     pub no_passthrough: bool,
@@ -112,6 +120,7 @@ pub struct MountFlags {
     #[arg(long, value_name = "NAME")]
     pub dataset_id: Option<String>,
     /// Turn read-ahead off (within files and across the epoch's files).
+    /// [default: off]
     #[arg(long)]
     #[serde(default)]
     pub no_readahead: bool,
@@ -139,10 +148,11 @@ pub struct MountFlags {
     /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
     #[arg(long, value_name = "SIZE")]
     pub prefetch_bandwidth: Option<Size>,
-    /// Log format on stderr (or in --log-file).
+    /// Log format on stderr (or in --log-file). [default: text]
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Write logs to this file (with --daemon, logs are otherwise dropped).
+    /// [default: stderr]
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
     /// Serve Prometheus metrics (locafs_*) over HTTP on this address, e.g.
@@ -151,7 +161,7 @@ pub struct MountFlags {
     pub metrics: Option<String>,
     /// Serve and ask other nodes of the job on this UDP address (QUIC), e.g.
     /// 0.0.0.0:7070. Needs --peers, and --cluster-secret-file or
-    /// --peer-ca/--peer-cert/--peer-key.
+    /// --peer-ca/--peer-cert/--peer-key. [default: off]
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The nodes of the job, comma separated host:port entries (IPs or DNS
@@ -161,7 +171,7 @@ pub struct MountFlags {
     #[arg(long, value_name = "LIST")]
     pub peers: Option<String>,
     /// File holding the cluster secret shared by all nodes of the job
-    /// (make one with `locafs secret > FILE`: nothing else is accepted);
+    /// (make one with `locafs secret --out FILE`: nothing else is accepted);
     /// nodes without it get nothing.
     /// Alternative: --peer-ca, --peer-cert and --peer-key.
     #[arg(long, value_name = "FILE")]
@@ -193,11 +203,11 @@ pub struct MountFlags {
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// s3:// only: the bucket's region. [default: AWS_REGION or
-    /// AWS_DEFAULT_REGION, else us-east-1]
+    /// AWS_DEFAULT_REGION, else the --profile's region, else us-east-1]
     #[arg(long, value_name = "REGION")]
     pub region: Option<String>,
     /// Object stores: send requests unsigned (public buckets); no
-    /// credentials are looked up.
+    /// credentials are looked up. [default: off]
     #[arg(long)]
     #[serde(default)]
     pub no_sign_request: bool,
@@ -256,6 +266,17 @@ pub struct MountConfig {
     pub mountpoint: PathBuf,
     pub cache_dir: PathBuf,
     pub dataset_dir: PathBuf,
+    /// The cache directory and the data set's directory in it, open and
+    /// checked (`private_dir`): everything the mount keeps there is reached
+    /// through these handles.
+    pub cache: crate::private_dir::PrivateDir,
+    pub dataset: crate::private_dir::PrivateDir,
+    /// What resolving changed on disk, for the log (e.g. a cache of an
+    /// older locafs made owner-only).
+    pub notes: Vec<String>,
+    /// Whether `resolve` made `dataset_dir` (a mount that then fails
+    /// removes it again).
+    pub dataset_dir_created: bool,
     pub cache_size: Option<u64>,
     /// --cache-free-floor, if given (percent of the cache disk).
     pub cache_free_floor: Option<f64>,
@@ -355,13 +376,31 @@ fn ignored_mount_option(k: &str) -> bool {
         || k.starts_with("comment=")
 }
 
-/// Parses `-o a=b,c` options into flags.
+/// The `config=FILE` of `-o` options, if any (the last one wins).
+fn o_config(options: &[String]) -> Option<PathBuf> {
+    options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter_map(|o| o.trim().strip_prefix("config="))
+        .next_back()
+        .map(PathBuf::from)
+}
+
+impl MountRequest {
+    /// The TOML file to read: `--config`, else `-o config=FILE`.
+    pub fn config_file(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(|| o_config(&self.o))
+    }
+}
+
+/// Parses `-o a=b,c` options into flags (`config=FILE` is not a flag:
+/// [`MountRequest::config_file`]).
 pub fn parse_o(options: &[String]) -> Result<MountFlags, UsageError> {
     let mut table = toml::Table::new();
     let mut last_key = String::new();
     for opt in options.iter().flat_map(|o| o.split(',')) {
         let opt = opt.trim();
-        if opt.is_empty() || ignored_mount_option(opt) {
+        if opt.is_empty() || ignored_mount_option(opt) || opt.starts_with("config=") {
             continue;
         }
         // peers=a:7070,b:7070: the entries after the first have no '='.
@@ -507,7 +546,9 @@ pub fn default_cache_dir() -> PathBuf {
     }
     match std::env::var_os("HOME") {
         Some(h) => PathBuf::from(h).join(".cache/locafs"),
-        None => std::env::temp_dir().join("locafs-cache"),
+        // (Another user may have made this first: then it is refused, as
+        // a cache directory that is not ours; `private_dir`.)
+        None => std::env::temp_dir().join(format!("locafs-cache-{}", crate::private_dir::me())),
     }
 }
 
@@ -589,7 +630,7 @@ fn apply_profile(
 
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
-    let file = match &args.config {
+    let file = match &args.config_file() {
         Some(p) => read_config(p)?,
         None => ConfigFile::default(),
     };
@@ -626,19 +667,24 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
              sources (s3://, gs://, az://)",
         ));
     }
+    let source_timeout = f.source_timeout.map_or(Duration::from_secs(120), |s| s.0);
+    if source_timeout.is_zero() {
+        return Err(usage("--source-timeout: must be more than 0"));
+    }
+    // The default never exceeds --source-timeout: a short source timeout
+    // shortens it.
+    let metadata_timeout = f
+        .metadata_timeout
+        .map_or(DEFAULT_METADATA_TIMEOUT.min(source_timeout), |s| s.0);
+    if metadata_timeout.is_zero() || metadata_timeout > source_timeout {
+        return Err(usage(format!(
+            "--metadata-timeout: must be more than 0 and at most --source-timeout ({}s)",
+            source_timeout.as_secs_f64()
+        )));
+    }
     let source = match &object {
         Some(spec) => PathBuf::from(spec.url()),
-        None => {
-            let source = std::fs::canonicalize(&source_arg)
-                .map_err(|e| usage(format!("source {}: {}", source_arg.display(), short_io(&e))))?;
-            if !source.is_dir() {
-                return Err(usage(format!(
-                    "source {}: not a directory",
-                    source_arg.display()
-                )));
-            }
-            source
-        }
+        None => source_dir(&source_arg, metadata_timeout)?,
     };
     let mountpoint = std::fs::canonicalize(mp)
         .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
@@ -702,21 +748,6 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let write_wait = budget / 8;
     let revalidate = f.revalidate.map_or(Duration::from_secs(60), |s| s.0);
     let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
-    let source_timeout = f.source_timeout.map_or(Duration::from_secs(120), |s| s.0);
-    if source_timeout.is_zero() {
-        return Err(usage("--source-timeout: must be more than 0"));
-    }
-    // The default never exceeds --source-timeout: a short source timeout
-    // shortens it.
-    let metadata_timeout = f
-        .metadata_timeout
-        .map_or(DEFAULT_METADATA_TIMEOUT.min(source_timeout), |s| s.0);
-    if metadata_timeout.is_zero() || metadata_timeout > source_timeout {
-        return Err(usage(format!(
-            "--metadata-timeout: must be more than 0 and at most --source-timeout ({}s)",
-            source_timeout.as_secs_f64()
-        )));
-    }
     let metrics = f
         .metrics
         .as_deref()
@@ -762,44 +793,11 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
-    std::fs::create_dir_all(&cache_dir).map_err(|e| {
-        usage(format!(
-            "cache dir {}: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    let cache_dir = std::fs::canonicalize(&cache_dir).map_err(|e| {
-        usage(format!(
-            "cache dir {}: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    if cache_dir.starts_with(&mountpoint) {
-        return Err(usage(format!(
-            "cache dir {} is inside the mountpoint",
-            cache_dir.display()
-        )));
-    }
-    let id_for_peers = id.clone();
-    let dataset_dir = cache_dir.join(id);
-    std::fs::create_dir_all(&dataset_dir).map_err(|e| {
-        usage(format!(
-            "cache dir {}: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    let probe = dataset_dir.join(".write-test");
-    std::fs::write(&probe, b"").map_err(|e| {
-        usage(format!(
-            "cache dir {}: not writable: {}",
-            cache_dir.display(),
-            short_io(&e)
-        ))
-    })?;
-    let _ = std::fs::remove_file(&probe);
+    let dataset_dir_created = std::fs::symlink_metadata(cache_dir.join(&id)).is_err();
+    let (cache, dataset, notes) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
+    let cache_dir = cache.path().to_owned();
+    let dataset_dir = dataset.path().to_owned();
+    let id_for_peers = id;
 
     let mut peer = resolve_peer(&f)?;
     if let Some(p) = &mut peer {
@@ -814,6 +812,7 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     }
 
     Ok(MountConfig {
+        dataset_dir_created,
         dataset_name: id_for_peers,
         peer,
         source,
@@ -821,6 +820,9 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         mountpoint,
         cache_dir,
         dataset_dir,
+        cache,
+        dataset,
+        notes,
         cache_size,
         cache_free_floor: f.cache_free_floor,
         block_size,
@@ -839,6 +841,148 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         log_file: f.log_file,
         metrics,
     })
+}
+
+/// The source directory, canonical, or why not. Like every other call into
+/// the source it waits at most `--metadata-timeout`: a source on a hung
+/// network file system would put the caller in uninterruptible sleep, so
+/// the kernel is asked from a child process that is left behind if it
+/// does not answer (`sys::canonical_dir_within`).
+fn source_dir(arg: &Path, timeout: Duration) -> Result<PathBuf, UsageError> {
+    use crate::sys::ProbeError;
+    // Relative to where we are, without asking the source anything.
+    let abs = std::path::absolute(arg)
+        .map_err(|e| usage(format!("source {}: {}", arg.display(), short_io(&e))))?;
+    crate::sys::canonical_dir_within(&abs, timeout).map_err(|e| {
+        usage(match e {
+            ProbeError::Timeout => format!(
+                "source {}: did not answer within --metadata-timeout ({}s): is its file \
+                 system (NFS server, FUSE daemon) hung?",
+                arg.display(),
+                timeout.as_secs_f64()
+            ),
+            ProbeError::Io(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                format!("source {}: not a directory", arg.display())
+            }
+            ProbeError::Io(e) => format!("source {}: {}", arg.display(), short_io(&e)),
+        })
+    })
+}
+
+/// Marks a data set directory whose every entry was made owner-only (see
+/// [`open_cache_dirs`]).
+pub const OWNER_ONLY_MARK: &str = "owner-only";
+
+/// Opens the cache directory (created 0700 if missing) and the data set's
+/// directory in it, each checked (`private_dir`: ours, nobody else may
+/// write, made owner-only), and makes sure the data set's directory is
+/// writable. The first time a data set directory is seen by this version
+/// (no [`OWNER_ONLY_MARK`] in it: a cache of an older locafs, whose
+/// directories were 0755 and files 0644), everything in it is made
+/// owner-only once; the files at the top of the cache directory (the
+/// ledger) are at every start. Also what it changed, in words.
+#[allow(clippy::type_complexity)]
+pub fn open_cache_dirs(
+    cache_dir: &Path,
+    mountpoint: &Path,
+    id: &str,
+) -> Result<
+    (
+        crate::private_dir::PrivateDir,
+        crate::private_dir::PrivateDir,
+        Vec<String>,
+    ),
+    UsageError,
+> {
+    use crate::private_dir::PrivateDir;
+    use std::os::unix::fs::DirBuilderExt;
+    let fail = |e: std::io::Error| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    };
+    if let Some(parent) = cache_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    match std::fs::DirBuilder::new()
+        .mode(crate::private_dir::DIR_MODE)
+        .create(cache_dir)
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(fail(e)),
+        _ => {}
+    }
+    // The path the admin gave may pass through symlinks (a link to the
+    // cache disk); below it, nothing is followed.
+    let cache_dir = std::fs::canonicalize(cache_dir).map_err(fail)?;
+    if cache_dir.starts_with(mountpoint) {
+        return Err(usage(format!(
+            "cache dir {} is inside the mountpoint",
+            cache_dir.display()
+        )));
+    }
+    let fail = |e: std::io::Error| {
+        usage(format!(
+            "cache dir {}: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    };
+    let cache = PrivateDir::open(&cache_dir).map_err(fail)?;
+    private_top_files(&cache);
+    let dataset = cache.subdir(id, true).map_err(fail)?;
+    let mut notes = Vec::new();
+    for d in [&cache, &dataset] {
+        if let Some(was) = d.made_private_from() {
+            notes.push(format!(
+                "{}: made owner-only (it was {was:04o})",
+                d.path().display()
+            ));
+        }
+    }
+    match dataset.make_private_once(OWNER_ONLY_MARK) {
+        Ok(Some(w)) if w.fixed + w.symlinks > 0 => notes.push(format!(
+            "cache {}: made {} of {} entries owner-only and removed {} symlinks (once: a \
+             cache of an older locafs)",
+            dataset.path().display(),
+            w.fixed,
+            w.entries,
+            w.symlinks
+        )),
+        Ok(_) => {}
+        Err(e) => return Err(fail(e)),
+    }
+    let probe = ".write-test";
+    dataset.create_file(probe).map_err(|e| {
+        usage(format!(
+            "cache dir {}: not writable: {}",
+            cache_dir.display(),
+            short_io(&e)
+        ))
+    })?;
+    let _ = dataset.remove_file(probe);
+    Ok((cache, dataset, notes))
+}
+
+/// Takes the group's and others' bits away from the files at the top of
+/// the cache directory (the ledger and its lock, as an older locafs left
+/// them: they name every data set's source).
+fn private_top_files(cache: &crate::private_dir::PrivateDir) {
+    let me = crate::private_dir::me();
+    for e in cache.entries("").into_iter().flatten() {
+        if e.kind != rustix::fs::FileType::RegularFile {
+            continue;
+        }
+        let Ok(st) = cache.stat(&e.name) else {
+            continue;
+        };
+        if st.st_uid == me && st.st_mode & 0o077 != 0 {
+            if let Ok(f) = cache.open_file(&e.name, rustix::fs::OFlags::RDONLY) {
+                let _ = rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(st.st_mode & 0o700));
+            }
+        }
+    }
 }
 
 /// Splits a --peers list into host:port entries, checking their syntax.
@@ -918,12 +1062,15 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
         &f.peer_key,
     ) {
         (Some(secret_file), ..) => {
-            let secret = std::fs::read(secret_file).map_err(|e| {
-                usage(format!(
-                    "--cluster-secret-file {}: {}",
-                    secret_file.display(),
-                    short_io(&e)
-                ))
+            let secret = read_private(secret_file, "--cluster-secret-file").map_err(|e| {
+                if std::fs::symlink_metadata(secret_file).is_err() {
+                    usage(format!(
+                        "{} (run `locafs secret --out FILE` once and copy the file to every node)",
+                        e.0
+                    ))
+                } else {
+                    e
+                }
             })?;
             crate::peer::tls::ClusterIdentity::from_secret(&secret).map_err(|e| {
                 usage(format!(
@@ -952,6 +1099,29 @@ fn resolve_peer(f: &MountFlags) -> Result<Option<crate::peer::PeerConfig>, Usage
         // Set by resolve() from --prefetch-memory.
         reply_memory: 0,
     }))
+}
+
+/// The content of a file that must be its owner's alone (the cluster
+/// secret, the node's private key), refused as ssh refuses a private key:
+/// whoever reads it can join the cluster and read every cached block from
+/// any node (docs/security.md).
+fn read_private(path: &Path, option: &str) -> Result<Vec<u8>, UsageError> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let fail = |e: std::io::Error| usage(format!("{option} {}: {}", path.display(), short_io(&e)));
+    let mut f = std::fs::File::open(path).map_err(fail)?;
+    let mode = f.metadata().map_err(fail)?.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(usage(format!(
+            "{option} {}: the group or others may read it (mode {mode:04o}), and whoever reads \
+             it can join the cluster and read every cached block; run: chmod 600 {}",
+            path.display(),
+            path.display()
+        )));
+    }
+    let mut v = Vec::new();
+    f.read_to_end(&mut v).map_err(fail)?;
+    Ok(v)
 }
 
 /// A read asks at most two peers (`peer::client::MAX_ATTEMPTS`), each for up
@@ -985,6 +1155,9 @@ fn peer_identity_from_pem(
     };
     let read = |file: PemFile| {
         let path = path_of(file);
+        if file == PemFile::Key {
+            return read_private(path, file.option());
+        }
         std::fs::read(path).map_err(|e| {
             usage(format!(
                 "{} {}: {}",
@@ -1101,7 +1274,7 @@ mod tests {
         }
         let d = tempfile::tempdir().unwrap();
         let weak = d.path().join("weak");
-        std::fs::write(&weak, "hunter2\n").unwrap();
+        write_private(&weak, "hunter2\n");
         let mut f = MountFlags {
             listen: Some("127.0.0.1:7070".into()),
             peers: Some("127.0.0.1:7070".into()),
@@ -1109,12 +1282,25 @@ mod tests {
             ..Default::default()
         };
         let e = resolve_peer(&f).unwrap_err().0;
-        assert!(e.contains("run `locafs secret > FILE`"), "{e}");
+        assert!(e.contains("run `locafs secret --out FILE`"), "{e}");
         assert!(e.starts_with("--cluster-secret-file "), "{e}");
         f.cluster_secret_file = Some(d.path().join("missing"));
         assert!(resolve_peer(&f).is_err());
-        std::fs::write(&weak, crate::peer::tls::generate_secret().unwrap()).unwrap();
-        f.cluster_secret_file = Some(weak);
+        write_private(&weak, &crate::peer::tls::generate_secret().unwrap());
+        f.cluster_secret_file = Some(weak.clone());
+        assert!(resolve_peer(&f).unwrap().is_some());
+        // Readable by others: refused, with the chmod to run.
+        use std::os::unix::fs::PermissionsExt;
+        for mode in [0o640, 0o604, 0o644, 0o620] {
+            std::fs::set_permissions(&weak, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = resolve_peer(&f).unwrap_err().0;
+            assert!(
+                e.contains("the group or others may read it")
+                    && e.ends_with(&format!("run: chmod 600 {}", weak.display())),
+                "{mode:o}: {e}"
+            );
+        }
+        std::fs::set_permissions(&weak, std::fs::Permissions::from_mode(0o400)).unwrap();
         assert!(resolve_peer(&f).unwrap().is_some());
         f.listen = Some("nowhere:7070".into());
         assert!(resolve_peer(&f).unwrap_err().0.contains("--listen"));
@@ -1251,6 +1437,50 @@ mod tests {
     }
 
     #[test]
+    fn o_config_names_the_file_as_the_flag_does() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
+        for p in [&src, &mnt] {
+            std::fs::create_dir(p).unwrap();
+        }
+        let file = d.path().join("x.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "source = \"{}\"\nmountpoint = \"{}\"\nblock-size = \"64KiB\"\nfuse-threads = 3\n",
+                src.display(),
+                mnt.display()
+            ),
+        )
+        .unwrap();
+        let other = d.path().join("y.toml");
+        std::fs::write(&other, "block-size = \"128KiB\"\n").unwrap();
+        let req = |config: Option<&Path>, o: &str| MountRequest {
+            config: config.map(Path::to_owned),
+            o: vec![format!("cache_dir={},{o}", cache.display())],
+            ..Default::default()
+        };
+        // -o config=FILE: the file's keys, its source and mountpoint too.
+        let o_file = format!("config={}", file.display());
+        let c = resolve(&req(None, &o_file)).unwrap();
+        assert_eq!((c.block_size, c.fuse_threads), (64 << 10, 3));
+        assert_eq!(c.mountpoint, std::fs::canonicalize(&mnt).unwrap());
+        // The other -o options win over the file's keys.
+        let c = resolve(&req(None, &format!("{o_file},fuse_threads=5"))).unwrap();
+        assert_eq!(c.fuse_threads, 5);
+        // --config wins over -o config=.
+        let mut r = req(Some(&other), &o_file);
+        r.source = Some(src.clone());
+        r.mountpoint = Some(mnt.clone());
+        assert_eq!(resolve(&r).unwrap().block_size, 128 << 10);
+        // A missing file is the same error either way.
+        let e = resolve(&req(None, "config=/nonexistent.toml"))
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("config file /nonexistent.toml"), "{e}");
+    }
+
+    #[test]
     fn metadata_timeout_defaults_to_5s_and_never_exceeds_the_source_timeout() {
         let d = tempfile::tempdir().unwrap();
         let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
@@ -1286,7 +1516,7 @@ mod tests {
             std::fs::create_dir(p).unwrap();
         }
         let secret = d.path().join("secret");
-        std::fs::write(&secret, crate::peer::tls::generate_secret().unwrap()).unwrap();
+        write_private(&secret, &crate::peer::tls::generate_secret().unwrap());
         let args = |peer_timeout: Option<&str>, source_timeout: Option<&str>, peers: bool| {
             let mut opts = MountFlags {
                 cache_dir: Some(cache.clone()),
@@ -1330,6 +1560,13 @@ mod tests {
     }
 
     /// A CA and a node certificate and key signed by it, as PEM files in `d`.
+    /// Writes a file only its owner may read (a secret, a key).
+    fn write_private(p: &Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(p, text).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
     fn write_test_pki(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
         use crate::peer::tls::test_pki::{node_cert, test_ca};
         let ca = test_ca("test CA");
@@ -1337,7 +1574,7 @@ mod tests {
         let paths = (d.join("ca.pem"), d.join("node.pem"), d.join("node.key"));
         std::fs::write(&paths.0, &ca.pem).unwrap();
         std::fs::write(&paths.1, cert).unwrap();
-        std::fs::write(&paths.2, key).unwrap();
+        write_private(&paths.2, &key);
         paths
     }
 
@@ -1420,15 +1657,31 @@ mod tests {
             e.starts_with(&format!("--peer-ca {}: ", missing.display())),
             "{e}"
         );
+        // The certificate is public: readable by all, refused as a key.
         let e = resolve_peer(&MountFlags {
             peer_key: Some(cert.clone()),
             ..from_file.clone()
         })
         .unwrap_err()
         .0;
+        assert!(
+            e.starts_with(&format!(
+                "--peer-key {}: the group or others may read it",
+                cert.display()
+            )),
+            "{e}"
+        );
+        let not_key = d.path().join("not-a-key.pem");
+        write_private(&not_key, &std::fs::read_to_string(&cert).unwrap());
+        let e = resolve_peer(&MountFlags {
+            peer_key: Some(not_key.clone()),
+            ..from_file.clone()
+        })
+        .unwrap_err()
+        .0;
         assert_eq!(
             e.split(" (").next().unwrap(),
-            format!("--peer-key {}: no private key found", cert.display())
+            format!("--peer-key {}: no private key found", not_key.display())
         );
         let e = resolve_peer(&MountFlags {
             peer_ca: Some(cert.clone()),

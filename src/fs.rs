@@ -611,23 +611,79 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         });
     }
 
-    /// The value of extended attribute `name` of `ino`: only the root has
-    /// any (`stats` as JSON, the control socket's path); ENODATA otherwise.
-    pub fn getxattr(&self, ino: u64, name: &OsStr) -> io::Result<Vec<u8>> {
+    /// The value of extended attribute `name` of `ino`: the root's
+    /// `stats` (as JSON) and the control socket's path, and every entry's
+    /// POSIX ACLs as the source has them (`system.posix_acl_access`,
+    /// `system.posix_acl_default`: the kernel reads them to check access,
+    /// see [`FsCore::acls`]); ENODATA otherwise.
+    pub fn getxattr(
+        &self,
+        ino: u64,
+        name: &OsStr,
+        reply: impl FnOnce(io::Result<Vec<u8>>) + Send + 'static,
+    ) {
+        use crate::source::{ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR};
         match name.to_str() {
-            Some(STATS_XATTR) if ino == ROOT => Ok(self.stats_json()),
+            Some(STATS_XATTR) if ino == ROOT => reply(Ok(self.stats_json())),
             Some(crate::control::CONTROL_XATTR) if ino == ROOT => {
-                Ok(self.opts.control_socket.clone().into_bytes())
+                reply(Ok(self.opts.control_socket.clone().into_bytes()))
             }
-            _ => Err(err(libc::ENODATA)),
+            Some(n @ (ACL_ACCESS_XATTR | ACL_DEFAULT_XATTR)) => {
+                let access = n == ACL_ACCESS_XATTR;
+                self.acls(ino, move |r| {
+                    reply(r.and_then(|a| {
+                        let v = if access { &a.access } else { &a.default };
+                        v.as_deref()
+                            .map(<[u8]>::to_vec)
+                            .ok_or_else(|| err(libc::ENODATA))
+                    }))
+                })
+            }
+            _ => reply(Err(err(libc::ENODATA))),
         }
     }
 
-    /// The names of `ino`'s extended attributes, NUL-separated: none. The
-    /// root's attributes are not listed, so copies (cp -a, rsync -X) do not
-    /// pick them up.
-    pub fn listxattr(&self, _ino: u64) -> Vec<u8> {
-        Vec::new()
+    /// The names of `ino`'s extended attributes, NUL-separated: its POSIX
+    /// ACLs, if it has any. The root's own attributes are not listed, so
+    /// copies (cp -a, rsync -X) do not pick them up.
+    pub fn listxattr(&self, ino: u64, reply: impl FnOnce(io::Result<Vec<u8>>) + Send + 'static) {
+        use crate::source::{ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR};
+        self.acls(ino, move |r| {
+            reply(r.map(|a| {
+                let mut names = Vec::new();
+                for (has, name) in [
+                    (a.access.is_some(), ACL_ACCESS_XATTR),
+                    (a.default.is_some(), ACL_DEFAULT_XATTR),
+                ] {
+                    if has {
+                        names.extend_from_slice(name.as_bytes());
+                        names.push(0);
+                    }
+                }
+                names
+            }))
+        })
+    }
+
+    /// The POSIX ACLs of `ino` from the namespace, read from the source
+    /// when it holds none read since the attributes were (within
+    /// `--metadata-timeout`, answered by the metadata worker that read
+    /// them, as a lookup's stat is): the kernel asks for them when it
+    /// checks a user's access (FUSE_POSIX_ACL), and caches them as long as
+    /// the attributes.
+    fn acls(
+        &self,
+        ino: u64,
+        reply: impl FnOnce(io::Result<Arc<crate::source::Acls>>) + Send + 'static,
+    ) {
+        match self.ns.acls_local(ino) {
+            Step::Done(r) => reply(r),
+            Step::Ask(ask) => {
+                let ns = Arc::clone(&self.ns);
+                self.ns
+                    .acls_then(ask, move |ask, r| reply(ns.acls_answer(ino, ask, r)));
+            }
+        }
     }
 
     /// The answer to every request that would change the tree: the file

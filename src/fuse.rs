@@ -22,7 +22,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::cache::CompleteFiles;
 use crate::fs::{DirPlusReply, DirReply, FsCore, FsOptions, OpenReply, Opened};
@@ -50,6 +50,9 @@ pub struct FuseOptions {
     pub mount_label: String,
     /// Path of the control socket (the `user.locafs.control` attribute).
     pub control_socket: String,
+    /// Ask the kernel to enforce the source's POSIX ACLs (a source whose
+    /// entries can carry them).
+    pub posix_acl: bool,
 }
 
 /// The mounted file system: the core, and the adapter's settings.
@@ -212,6 +215,19 @@ impl Filesystem for LocaFs {
             | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
         for flag in wanted.iter() {
             let _ = config.add_capabilities(flag);
+        }
+        // POSIX ACLs: the kernel checks every access against the ACL of
+        // the entry (the source's `system.posix_acl_access`, which it asks
+        // for with GETXATTR and caches as long as the attributes), not the
+        // mode bits alone. It implies default_permissions (which the mount
+        // has anyway). Without it, a file the source's ACL keeps from a
+        // user would be readable through the mount by its mode bits.
+        if self.opts.posix_acl {
+            if config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok() {
+                debug!("POSIX ACLs of the source enforced by the kernel");
+            } else {
+                warn!("this kernel cannot enforce POSIX ACLs on a FUSE mount: access through the mount is checked against the mode bits only, which an ACL at the source may narrow (see docs/security.md)");
+            }
         }
         // Loader reads in flight (each may hold a block) stay within 32.
         let _ = config.set_max_background(32);
@@ -384,16 +400,18 @@ impl Filesystem for LocaFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         metrics::fuse_op(FuseOp::Getxattr);
-        let value = match self.fs.getxattr(ino.0, name) {
-            Ok(v) => v,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        xattr_reply(&value, size, reply);
+        self.fs.getxattr(ino.0, name, move |r| match r {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         metrics::fuse_op(FuseOp::Listxattr);
-        xattr_reply(&self.fs.listxattr(ino.0), size, reply);
+        self.fs.listxattr(ino.0, move |r| match r {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     // Every way of changing the tree: read-only.

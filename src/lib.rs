@@ -7,6 +7,7 @@ pub mod cli;
 pub mod concurrency;
 pub mod config;
 pub mod control;
+pub mod dead_mount;
 pub mod epoch;
 pub mod fs;
 pub mod fuse;
@@ -21,6 +22,7 @@ pub mod mount;
 pub mod namespace;
 pub mod peer;
 pub mod prefetch;
+pub mod private_dir;
 pub mod reader;
 pub mod source;
 pub mod source_guard;
@@ -28,3 +30,10 @@ pub mod stats;
 pub mod sys;
 pub mod units;
 pub mod writeback;
+
+/// How a unit test skips (the SKIPPED line, or a failure in strict mode):
+/// the test kit's own file, compiled into the unit tests only (nothing of
+/// it ships; unit tests cannot import tests/common).
+#[cfg(test)]
+#[path = "../tests/common/strict.rs"]
+mod test_skip;

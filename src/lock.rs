@@ -1,28 +1,45 @@
 //! One mount per data-set cache directory: an exclusive `flock` on
 //! `<dataset dir>/lock`, held for the life of the mount, so two daemons never
 //! write the same cache files. It never blocks: a held lock is an error that
-//! names the holder.
+//! names the holder. The lock file is opened through the data set's checked
+//! directory handle (`private_dir`), never through a symlink.
 
 use std::fs::File;
-use std::io::Read;
-use std::path::Path;
+use std::io::{Read, Write};
+
+use rustix::fs::OFlags;
+
+use crate::private_dir::PrivateDir;
+
+/// The lock file's name in a data set's directory.
+pub const LOCK_FILE: &str = "lock";
 
 /// The held lock; released when dropped (or when the process dies).
 pub struct DatasetLock {
     _file: File,
 }
 
+/// Why the lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// A mount holds it.
+    #[error("cache dir {dir} is in use by another locafs mount (pid {pid})")]
+    Held { dir: String, pid: String },
+    /// The lock file cannot be opened (a symlink in its place, say).
+    #[error("cache dir {dir}: {source}")]
+    Io { dir: String, source: std::io::Error },
+}
+
 impl DatasetLock {
     /// Takes the lock, waiting at most 200 ms (`locafs cache ls` and the
     /// budget probe it with a shared lock for an instant); an error that
     /// names the holder if a mount holds it.
-    pub fn acquire(dir: &Path) -> Result<Self, String> {
+    pub fn acquire(dir: &PrivateDir) -> Result<Self, LockError> {
         let t = std::time::Instant::now();
         loop {
             match Self::try_acquire(dir) {
-                Err(e)
-                    if e.contains("in use")
-                        && t.elapsed() < std::time::Duration::from_millis(200) =>
+                Err(LockError::Held { .. })
+                    if t.elapsed() < std::time::Duration::from_millis(200) =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
@@ -32,25 +49,32 @@ impl DatasetLock {
     }
 
     /// One attempt at the lock, never waiting.
-    pub fn try_acquire(dir: &Path) -> Result<Self, String> {
-        let path = dir.join("lock");
-        if !path.exists() {
-            std::fs::write(&path, b"").map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
-        }
+    pub fn try_acquire(dir: &PrivateDir) -> Result<Self, LockError> {
+        let fail = |source| LockError::Io {
+            dir: dir.path().display().to_string(),
+            source,
+        };
         // Held through a read-only descriptor, so that the cache disk can
-        // still be remounted read-only under a running mount.
-        let mut f = File::open(&path).map_err(|e| format!("cache dir {}: {e}", dir.display()))?;
+        // still be remounted read-only under a running mount (created 0600
+        // if missing).
+        let mut f = match dir.open_file(LOCK_FILE, OFlags::RDONLY) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => dir
+                .open_file(LOCK_FILE, OFlags::RDONLY | OFlags::CREATE)
+                .map_err(fail)?,
+            r => r.map_err(fail)?,
+        };
         if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             let mut holder = String::new();
             let _ = f.read_to_string(&mut holder);
-            return Err(format!(
-                "cache dir {} is in use by another locafs mount (pid {})",
-                dir.display(),
-                holder.trim()
-            ));
+            return Err(LockError::Held {
+                dir: dir.path().display().to_string(),
+                pid: holder.trim().to_owned(),
+            });
         }
         // Who holds it, for the message above (best effort).
-        let _ = std::fs::write(&path, std::process::id().to_string());
+        if let Ok(mut w) = dir.open_file(LOCK_FILE, OFlags::WRONLY | OFlags::TRUNC) {
+            let _ = w.write_all(std::process::id().to_string().as_bytes());
+        }
         Ok(DatasetLock { _file: f })
     }
 }
@@ -61,19 +85,37 @@ mod tests {
 
     #[test]
     fn a_second_lock_is_refused_with_the_holder_until_the_first_is_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = DatasetLock::acquire(dir.path()).unwrap();
-        let e = DatasetLock::acquire(dir.path()).err().expect("refused");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = PrivateDir::create(&tmp.path().join("ds")).unwrap();
+        let first = DatasetLock::acquire(&dir).unwrap();
+        let e = DatasetLock::acquire(&dir)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(
             e.contains("in use by another locafs mount")
                 && e.contains(&format!("(pid {})", std::process::id())),
             "{e}"
         );
         drop(first);
-        DatasetLock::acquire(dir.path()).expect("free again");
-        let e = DatasetLock::acquire(&dir.path().join("missing"))
+        DatasetLock::acquire(&dir).expect("free again");
+    }
+
+    #[test]
+    fn a_symlinked_lock_file_is_refused_and_its_target_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let dir = PrivateDir::create(&tmp.path().join("ds")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.display(LOCK_FILE)).unwrap();
+        let e = DatasetLock::acquire(&dir)
             .err()
-            .expect("no such dir");
-        assert!(e.starts_with("cache dir "), "{e}");
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.starts_with("cache dir ") && e.contains("is a symlink"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 }

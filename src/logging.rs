@@ -2,7 +2,10 @@
 //! or JSON lines, to stderr or a file. One line per notable event (mount,
 //! unmount, recovery, corruption, disk trouble); nothing per read at the
 //! default level. Also how an I/O error reads in a one-line message
-//! ([`short_io`]). A leaf: imports nothing from the crate.
+//! ([`short_io`]), and the one line on stderr of a command ([`say`]). A leaf: imports nothing from the crate. A log file is
+//! owner-only (it names files of the data set): created 0600 whatever the
+//! umask, an existing one of ours made so, and a symlink in its place is
+//! not followed.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +32,14 @@ pub fn short_io(e: &std::io::Error) -> String {
     }
 }
 
+/// Prints `locafs: LINE` on stderr, as every message of the command line
+/// reads; a closed stderr is ignored (`eprintln!` would panic on it, and a
+/// reader that went away is no reason for a mount to fail).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "locafs: {line}");
+}
+
 static TO_FILE: AtomicBool = AtomicBool::new(false);
 
 /// Whether logs go to a file (so a daemon keeps its stderr open).
@@ -36,11 +47,16 @@ pub fn logs_to_file() -> bool {
     TO_FILE.load(Ordering::Relaxed)
 }
 
+/// The log filter without `RUST_LOG`. The metrics listener logs every
+/// client that hangs up mid-scrape at warn, and object_store every retry
+/// at info (ten lines before a dead endpoint's one error): neither is a
+/// notable event (locafs counts and reports retries itself).
+pub const DEFAULT_FILTER: &str =
+    "info,fuser=error,metrics_exporter_prometheus=error,object_store=warn";
+
 pub fn init(format: LogFormat, file: Option<&Path>) {
-    // The metrics listener logs every client that hangs up mid-scrape at
-    // warn: not a notable event.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,fuser=error,metrics_exporter_prometheus=error"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     // Colours only for a person at a terminal: never in files or journals
     // (turned off below when logging to a file).
     let mut ansi_ok = {
@@ -48,11 +64,7 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
         std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal()
     };
     let writer = match file {
-        Some(p) => match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-        {
+        Some(p) => match open_log(p) {
             Ok(f) => {
                 TO_FILE.store(true, Ordering::Relaxed);
                 ansi_ok = false;
@@ -77,6 +89,24 @@ pub fn init(format: LogFormat, file: Option<&Path>) {
         LogFormat::Json => base.with(lines.json()).try_init(),
         LogFormat::Text => base.with(lines.with_target(false)).try_init(),
     };
+}
+
+/// Opens (or creates, 0600) the log file `p` for appending; a symlink in
+/// its place is refused, and an existing file of ours that the group or
+/// others may read is made owner-only.
+fn open_log(p: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)?;
+    let m = f.metadata()?;
+    if m.uid() == rustix::process::geteuid().as_raw() && m.mode() & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o700))?;
+    }
+    Ok(f)
 }
 
 /// Holds back fuser's "Failed to send FUSE reply: No such file or

@@ -21,6 +21,7 @@ use crate::fuse::{FuseOptions, LocaFs};
 use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
+use crate::private_dir::PrivateDir;
 use crate::reader::{Reader, ReaderConfig};
 use crate::source::object::ObjectSource;
 use crate::source::{DirSource, Source};
@@ -35,11 +36,14 @@ const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 /// `locafs mount` (`daemon`: return once the mount is live, see
 /// [`daemonize`]).
 pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
-    clear_dead_mount(&args);
+    if let Err(e) = clear_dead_mount(&args) {
+        crate::logging::say(&e.to_string());
+        return ExitCode::from(2);
+    }
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: {e}");
+            crate::logging::say(&e.to_string());
             return ExitCode::from(2);
         }
     };
@@ -48,65 +52,59 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
         return ExitCode::from(1);
     }
     if daemon {
-        return daemonize();
+        // (The daemon resolves again and finds nothing left to change: what
+        // this one changed is told here.)
+        for n in &cfg.notes {
+            eprintln!("locafs: {n}");
+        }
+        let code = daemonize();
+        if code != 0 {
+            forget_new_dataset_dir(&cfg);
+        }
+        return ExitCode::from(code);
     }
     crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
-    match run(cfg) {
+    match run(cfg.clone()) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            error!("{msg}");
-            eprintln!("locafs: {msg}");
+            // One line: on stderr the log line would say it twice.
+            if crate::logging::logs_to_file() {
+                error!("{msg}");
+            }
+            crate::logging::say(&msg);
+            forget_new_dataset_dir(&cfg);
             ExitCode::from(code)
         }
     }
 }
 
-/// If the mountpoint is a dead locafs mount (its daemon died: every access
-/// fails with "Transport endpoint is not connected"), detaches it so that a
-/// restart (systemd Restart=on-failure, a remount) can mount again over the
-/// same cache. Only mounts of type fuse.locafs are touched.
-fn clear_dead_mount(args: &MountRequest) {
-    let mp = match (&args.mountpoint, &args.config) {
+/// A mount that failed leaves nothing behind: the data set's cache
+/// directory, if this attempt made it, goes (with its booking in the
+/// budget), unless a mount holds it now.
+fn forget_new_dataset_dir(cfg: &MountConfig) {
+    if cfg.dataset_dir_created {
+        let _ = crate::budget::remove_dataset(&cfg.cache, &cfg.dataset_name);
+    }
+}
+
+/// If the mountpoint holds a dead locafs mount (its daemon died: every
+/// access fails with "Transport endpoint is not connected"), detaches it so
+/// that a restart (systemd Restart=on-failure, a remount) mounts again over
+/// the same cache (`dead_mount`). An error if a locafs mount there does not
+/// answer.
+fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
+    let mp = match (&args.mountpoint, args.config_file()) {
         (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(c) {
+        (None, Some(c)) => match crate::config::read_config(&c) {
             Ok(crate::config::ConfigFile {
                 mountpoint: Some(m),
                 ..
             }) => m,
-            _ => return,
+            _ => return Ok(()),
         },
-        _ => return,
+        _ => return Ok(()),
     };
-    match std::fs::metadata(&mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
-        _ => return,
-    }
-    let abs = match (mp.parent(), mp.file_name()) {
-        (Some(parent), Some(name)) => {
-            match std::fs::canonicalize(if parent.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                parent
-            }) {
-                Ok(p) => p.join(name),
-                Err(_) => return,
-            }
-        }
-        _ => return,
-    };
-    if crate::sys::mount_fstype(&abs).as_deref() != Some("fuse.locafs") {
-        return;
-    }
-    match crate::sys::lazy_unmount(&abs) {
-        Ok(()) => eprintln!(
-            "locafs: {}: detached a dead locafs mount left by a daemon that died",
-            abs.display()
-        ),
-        Err(e) => eprintln!(
-            "locafs: {}: dead locafs mount, cannot detach it: {e}",
-            abs.display()
-        ),
-    }
+    crate::dead_mount::clear(&mp).map(|_| ())
 }
 
 /// Whether this process can mount at all, and if not, the one line that
@@ -140,12 +138,12 @@ fn check_fuse_access() -> Result<(), String> {
 
 /// Starts this same command without --daemon in a new session and waits
 /// until it says READY (exit 0) or dies (its exit status and message).
-fn daemonize() -> ExitCode {
+fn daemonize() -> u8 {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("locafs: cannot find own executable: {e}");
-            return ExitCode::from(1);
+            crate::logging::say(&format!("cannot find own executable: {e}"));
+            return 1;
         }
     };
     let args: Vec<_> = std::env::args_os()
@@ -169,28 +167,34 @@ fn daemonize() -> ExitCode {
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("locafs: cannot start the daemon: {e}");
-            return ExitCode::from(1);
+            crate::logging::say(&format!("cannot start the daemon: {e}"));
+            return 1;
         }
     };
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
     }
+    // (A closed stdout or stderr is no reason to fail a mount that is live.)
     if let Some(summary) = line.trim_end().strip_prefix("READY") {
-        println!("locafs: {}", summary.trim());
-        return ExitCode::SUCCESS;
+        let _ = writeln!(std::io::stdout(), "locafs: {}", summary.trim());
+        return 0;
     }
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
     let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
-    eprint!("{err}");
+    let mut stderr = std::io::stderr();
+    let _ = write!(stderr, "{err}");
     if err.is_empty() {
-        eprintln!("locafs: the daemon exited before the mount was ready");
+        crate::logging::say("the daemon exited before the mount was ready");
     }
-    ExitCode::from(if status == 0 { 1 } else { status as u8 })
+    if status == 0 {
+        1
+    } else {
+        status as u8
+    }
 }
 
 /// Mounts and serves until unmounted or signalled.
@@ -228,7 +232,6 @@ pub struct Mount {
     saver: Arc<ManifestSaver>,
     peer_node: Option<Arc<crate::peer::PeerNode>>,
     mountpoint: PathBuf,
-    control_socket: PathBuf,
     session: Option<fuser::BackgroundSession>,
     readahead: Arc<ReadAhead>,
     stats: Arc<Stats>,
@@ -241,7 +244,7 @@ pub struct Mount {
 }
 
 /// Books the cache in its directory's shared budget and keeps it booked:
-/// the grant is applied before this returns, then once a second.
+/// the grant is applied before this returns, then every 250 ms (`budget::BOOKING_INTERVAL`).
 fn start_budget(
     cfg: &MountConfig,
     disk: &Arc<DiskCache>,
@@ -249,7 +252,7 @@ fn start_budget(
 ) -> Result<crate::budget::BudgetKeeper, (u8, String)> {
     use crate::budget::{Booking, BudgetKeeper, Usage};
     let booking = Booking {
-        cache_dir: cfg.cache_dir.clone(),
+        cache_dir: cfg.cache.clone(),
         id: cfg.dataset_name.clone(),
         source: cfg.source.display().to_string(),
         asked: cfg.cache_size,
@@ -309,6 +312,9 @@ impl Mount {
     /// is a parameter so that tests and benchmarks can put a slow or failing
     /// source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
+        for n in &cfg.notes {
+            info!("{n}");
+        }
         crate::sys::raise_nofile_limit();
         crate::sys::tune_allocator(cfg.block_size);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -328,7 +334,8 @@ impl Mount {
             .build()
             .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
 
-        let lock = crate::lock::DatasetLock::acquire(&cfg.dataset_dir).map_err(|e| (2, e))?;
+        let lock =
+            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
         let stats = Arc::new(Stats::default());
         // Every call into the source from here on has a deadline and runs
         // on the guard's bounded threads (a hung NFS server holds those,
@@ -347,24 +354,26 @@ impl Mount {
             stats
                 .source_throttled
                 .set(Arc::new(move || s.throttled_responses()));
+            let s = Arc::clone(&source);
+            stats
+                .source_bad_replies
+                .set(Arc::new(move || s.bad_replies()));
         }
         // The cache's books and the namespace's manifest load at once, on
         // two threads: each is about half of a remount's time (500 k files,
         // page cache dropped: 0.34 s and 0.25 s, one after the other
         // before; docs/benchmarks.md, ninth scale pass).
-        let manifest = cfg.dataset_dir.join("manifest");
         let (opened, restored) = std::thread::scope(|scope| {
             let restoring = std::thread::Builder::new()
                 .name("locafs-manifest".into())
-                .spawn_scoped(scope, || load_namespace(cfg, &manifest, &source));
+                .spawn_scoped(scope, || load_namespace(cfg, &source));
             // Unbounded until the shared budget of the cache directory gives
             // this mount its grant (below, before anything is served).
-            let opened =
-                DiskCache::open(&cfg.dataset_dir, None, cfg.block_size, Arc::clone(&stats));
+            let opened = DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
             let restored = match restoring {
                 Ok(t) => t.join().ok().flatten(),
                 // No thread: loaded here, after the cache.
-                Err(_) => load_namespace(cfg, &manifest, &source),
+                Err(_) => load_namespace(cfg, &source),
             };
             (opened, restored)
         });
@@ -387,7 +396,7 @@ impl Mount {
                 rec.other_block_size
             );
         }
-        let ns = match restore_namespace(restored, &manifest, &cache) {
+        let ns = match restore_namespace(restored, &cfg.dataset, &cache) {
             Some(ns) => ns,
             None => Namespace::new(
                 Arc::clone(&source),
@@ -410,6 +419,13 @@ impl Mount {
         let disk = Arc::new(cache);
         let budget = start_budget(cfg, &disk, &stats)?;
         let share = budget.share();
+        // What the other data sets hold: not this one's own use.
+        let others: u64 = share
+            .datasets
+            .iter()
+            .filter(|(id, ..)| *id != cfg.dataset_name)
+            .map(|(_, used, _)| used)
+            .sum();
         info!(
             "cache {}: may hold {} of the budget {} that {} shares with {} other data sets (they hold {}){}",
             cfg.dataset_dir.display(),
@@ -417,7 +433,7 @@ impl Mount {
             format_size(share.limit),
             cfg.cache_dir.display(),
             share.datasets.len().saturating_sub(1),
-            format_size(share.used_all),
+            format_size(others),
             if cfg.cache_size.is_none() {
                 "; set --cache-size to change the budget"
             } else {
@@ -497,15 +513,11 @@ impl Mount {
             )
             .map_err(|e| (2, e))?;
         }
-        let control_socket = crate::control::socket_path(&cfg.dataset_dir);
-        crate::control::serve(&control_socket, Arc::clone(&readahead), rt.handle()).map_err(
-            |e| {
-                (
-                    1,
-                    format!("control socket {}: {e}", control_socket.display()),
-                )
-            },
-        )?;
+        // (A file a locafs before the abstract socket may have left.)
+        let _ = cfg.dataset.remove_file("control.sock");
+        let control_socket =
+            crate::control::serve(&cfg.mountpoint, Arc::clone(&readahead), rt.handle())
+                .map_err(|e| (1, format!("control socket: {e}")))?;
         let ttl = match cfg.revalidate {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,
@@ -522,7 +534,8 @@ impl Mount {
                 kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
-                control_socket: control_socket.display().to_string(),
+                control_socket,
+                posix_acl: ns.has_acls(),
             },
             Arc::clone(&readahead),
         );
@@ -543,24 +556,8 @@ impl Mount {
         }
         fuse_cfg.n_threads = Some(cfg.fuse_threads);
         fuse_cfg.clone_fd = true;
-        // A user's mount goes through fusermount3, whose refusal (several
-        // lines on its stderr) becomes the error: said on one line.
-        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg).map_err(|e| {
-            let why = e.to_string();
-            let why: Vec<&str> = why
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect();
-            (
-                1,
-                format!(
-                    "mount on {} failed: {}",
-                    cfg.mountpoint.display(),
-                    why.join("; ")
-                ),
-            )
-        })?;
+        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg)
+            .map_err(|e| mount_failed(&cfg.mountpoint, &e))?;
         // Larger kernel read-ahead: bigger reads reach the daemon (its
         // 128 KiB default caps a sequential read served by the daemon at
         // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).
@@ -588,7 +585,7 @@ impl Mount {
         let saver = ManifestSaver {
             ns: Arc::clone(&ns),
             disk,
-            path: manifest,
+            dir: cfg.dataset.clone(),
             source: cfg.source.as_os_str().as_encoded_bytes().to_vec(),
             saved_at: parking_lot::Mutex::new(u64::MAX),
         };
@@ -608,7 +605,6 @@ impl Mount {
             saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
-            control_socket,
             session: Some(session),
             readahead,
             stats,
@@ -697,7 +693,6 @@ impl Mount {
         if let Some(node) = &self.peer_node {
             node.close();
         }
-        let _ = std::fs::remove_file(&self.control_socket);
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
         }
@@ -707,6 +702,45 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
+    }
+}
+
+/// The exit status and message of a failed mount(2): a refusal for lack of
+/// privilege is the setup's problem (exit 2: a restart will not help), with
+/// what it takes; anything else exit 1. A user's mount goes through
+/// fusermount3, whose refusal (several lines on its stderr) is said on one
+/// line.
+fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
+    if e.raw_os_error().is_none() {
+        let why = e.to_string();
+        let why: Vec<&str> = why
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        return (
+            1,
+            format!(
+                "mount on {} failed: {}",
+                mountpoint.display(),
+                why.join("; ")
+            ),
+        );
+    }
+    match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => (
+            2,
+            format!(
+                "mount on {} failed: {}: mounting needs root or CAP_SYS_ADMIN (or, for a \
+                 user, fusermount3 and a /dev/fuse the user may open)",
+                mountpoint.display(),
+                short_io(e)
+            ),
+        ),
+        _ => (
+            1,
+            format!("mount on {} failed: {}", mountpoint.display(), short_io(e)),
+        ),
     }
 }
 
@@ -738,12 +772,8 @@ const MANIFEST_EVERY: Duration = Duration::from_secs(300);
 /// Loads the namespace from the manifest a previous mount left, if usable,
 /// with the manifest's size; its known bytes go to a sink of its own until
 /// [`restore_namespace`] hands them to the cache.
-fn load_namespace(
-    cfg: &MountConfig,
-    path: &Path,
-    source: &Arc<dyn Source>,
-) -> Option<(Namespace, u64)> {
-    let data = std::fs::read(path).ok()?;
+fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>) -> Option<(Namespace, u64)> {
+    let data = cfg.dataset.read(MANIFEST).ok()?;
     let data_len = data.len() as u64;
     let m = crate::manifest::decode(data)?;
     if m.source != cfg.source.as_os_str().as_encoded_bytes() {
@@ -768,23 +798,27 @@ fn load_namespace(
 /// manifest removed, if there was none or there is no room for it.
 fn restore_namespace(
     loaded: Option<(Namespace, u64)>,
-    path: &Path,
+    dir: &PrivateDir,
     cache: &DiskCache,
 ) -> Option<Namespace> {
     let usable = loaded.filter(|(_, len)| cache.reserve_aux(*len));
     let Some((ns, _)) = usable else {
-        let _ = std::fs::remove_file(path);
+        let _ = dir.remove_file(MANIFEST);
         return None;
     };
     ns.set_known_sink(cache.dataset_bytes_handle());
     Some(ns)
 }
 
+/// The namespace manifest's name in the data set's directory.
+const MANIFEST: &str = "manifest";
+
 /// Saves the namespace manifest beside the cache, within its size bound.
 struct ManifestSaver {
     ns: Arc<Namespace>,
     disk: Arc<DiskCache>,
-    path: PathBuf,
+    /// The data set's directory.
+    dir: PrivateDir,
     source: Vec<u8>,
     /// The namespace's change counter at the last save.
     saved_at: parking_lot::Mutex<u64>,
@@ -804,7 +838,11 @@ impl ManifestSaver {
         // Entries that left the tree and that the kernel does not hold lose
         // their names first.
         self.ns.sweep();
-        let old = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let old = self
+            .dir
+            .stat(MANIFEST)
+            .map(|m| m.st_size as u64)
+            .unwrap_or(0);
         // Old and new exist side by side until the rename. (The tree may
         // grow a little between this count and the save: booked again
         // with the size written.)
@@ -815,18 +853,20 @@ impl ManifestSaver {
         }
         // Streamed from the namespace to the file: no copy of the tree in
         // memory.
-        let tmp = self.path.with_extension("tmp");
-        let written = std::fs::File::create(&tmp)
+        let tmp = "manifest.tmp";
+        let written = self
+            .dir
+            .create_file(tmp)
             .and_then(|f| self.ns.save_to(f, &self.source, now))
             .and_then(|(f, n)| f.sync_data().map(|()| n))
-            .and_then(|n| std::fs::rename(&tmp, &self.path).map(|()| n));
+            .and_then(|n| self.dir.rename(tmp, MANIFEST).map(|()| n));
         match written {
             Ok(n) => {
                 self.disk.reserve_aux(n);
                 *saved_at = changes;
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
+                let _ = self.dir.remove_file(tmp);
                 self.disk.reserve_aux(old);
                 debug!("manifest not saved: {e}");
             }

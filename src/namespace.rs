@@ -8,6 +8,12 @@
 //! request for up to 1,000 entries instead of one each, and every listing
 //! of a directory is shared by all that wait on it (single flight).
 //!
+//! It also holds each entry's POSIX ACLs (a directory source's; the kernel
+//! checks users who do not own an entry against them): read from the
+//! source when the kernel first asks after the attributes were read, held
+//! until the attributes are read again, and costing memory only for the
+//! entries that have one (three flag bits otherwise).
+//!
 //! Inode numbers are stable for the life of the mount (a renamed or replaced
 //! entry gets a new one) and never reused. This module never reads file data,
 //! adds no entry of its own to the tree (no control files), and does no source
@@ -34,13 +40,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
-use crate::source::{DirName, EntryKind, Source, SourceAttr, SourceVersion};
+use crate::source::{Acls, DirName, EntryKind, Source, SourceAttr, SourceVersion};
 use crate::source_guard::{is_timeout, timed_out};
 use crate::stats::Stats;
 
@@ -66,6 +72,16 @@ const AHEAD: u8 = 4;
 /// instead of a table of versions by inode in the open-file table: 24
 /// bytes plus a hash table's slack for every file ever opened.
 const OPENED: u8 = 8;
+/// `Node::flags`: the entry's POSIX ACLs were read from the source (none,
+/// unless `ACL_SOME`): kept, like the attributes, as the last known answer.
+const ACL_KNOWN: u8 = 16;
+/// `Node::flags`: the ACLs were read since the attributes last were (a
+/// fresh read of the attributes clears it): they are answered without
+/// asking the source while the attributes are fresh.
+const ACL_FRESH: u8 = 32;
+/// `Node::flags`: the entry has an ACL, held in `Inner::acls` (the only
+/// memory an ACL costs; an entry without one costs these bits).
+const ACL_SOME: u8 = 64;
 /// `Node::checked` counts ticks of this many ms since the namespace started
 /// (u32: 2.2 years). Rounded down, so an entry is revalidated up to one tick
 /// early, never late.
@@ -100,7 +116,8 @@ struct Node {
     blocks: u8,
     name_len: u8,
     kind: u8,
-    /// `GONE`, `UNKNOWN`, `AHEAD`, `OPENED`.
+    /// `GONE`, `UNKNOWN`, `AHEAD`, `OPENED`, `ACL_KNOWN`, `ACL_FRESH`,
+    /// `ACL_SOME`.
     flags: u8,
 }
 
@@ -381,6 +398,16 @@ struct Inner {
     /// Child entries moved by inserts into, and merges of, directory runs
     /// (tests check that lookups are not quadratic).
     moves: u64,
+    /// The POSIX ACLs of the entries that have one (`ACL_SOME`), by inode:
+    /// one map entry per such entry, the values shared.
+    acls: HashMap<u32, Arc<Acls>>,
+    /// Every distinct ACL value held, each once (files under one default
+    /// ACL all carry the same): pruned of values no entry holds when it
+    /// has doubled since the last prune.
+    acl_values: HashSet<Arc<Acls>>,
+    acl_values_pruned: usize,
+    /// The answer for an entry without ACLs.
+    no_acls: Arc<Acls>,
 }
 
 fn too_many() -> io::Error {
@@ -406,7 +433,47 @@ impl Inner {
             known_sink,
             changes: 0,
             moves: 0,
+            acls: HashMap::new(),
+            acl_values: HashSet::new(),
+            acl_values_pruned: 0,
+            no_acls: Arc::default(),
         }
+    }
+
+    /// The ACLs the namespace holds for `ino` (none if it holds none).
+    fn acls_of(&self, ino: u64) -> Arc<Acls> {
+        let some = self.node(ino).is_some_and(|n| n.flags & ACL_SOME != 0);
+        let held = some.then(|| self.acls.get(&(ino as u32))).flatten();
+        held.map_or_else(|| Arc::clone(&self.no_acls), Arc::clone)
+    }
+
+    /// Stores `acls`, just read from the source, as `ino`'s.
+    fn set_acls(&mut self, ino: u64, acls: Acls) -> Arc<Acls> {
+        let Some(n) = self.node_mut(ino) else {
+            return Arc::new(acls);
+        };
+        n.flags |= ACL_KNOWN | ACL_FRESH;
+        if acls.is_empty() {
+            n.flags &= !ACL_SOME;
+            self.acls.remove(&(ino as u32));
+            return Arc::clone(&self.no_acls);
+        }
+        n.flags |= ACL_SOME;
+        let value = match self.acl_values.get(&acls) {
+            Some(v) => Arc::clone(v),
+            None => {
+                if self.acl_values.len() >= 2 * self.acl_values_pruned.max(32) {
+                    // (held by the set alone: no entry has it any more)
+                    self.acl_values.retain(|v| Arc::strong_count(v) > 1);
+                    self.acl_values_pruned = self.acl_values.len();
+                }
+                let v = Arc::new(acls);
+                self.acl_values.insert(Arc::clone(&v));
+                v
+            }
+        };
+        self.acls.insert(ino as u32, Arc::clone(&value));
+        value
     }
 
     /// The node of `ino`; None if there is none or it is gone.
@@ -510,7 +577,9 @@ impl Inner {
         n.src_ino = a.ino;
         n.class = class;
         n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
-        n.flags &= !(UNKNOWN | AHEAD);
+        // The ACLs are read again after the attributes (the last known
+        // ones stay, for when the source does not answer).
+        n.flags &= !(UNKNOWN | AHEAD | ACL_FRESH);
         // (a listed kind is the stat's but where d_type lied; never
         // between directory and not: callers replace such an entry)
         if n.is_dir() == (a.kind == EntryKind::Dir) {
@@ -887,6 +956,10 @@ impl Inner {
             return;
         };
         node.flags |= GONE;
+        if node.flags & ACL_SOME != 0 {
+            node.flags &= !ACL_SOME;
+            self.acls.remove(&(ino as u32));
+        }
         self.dead_names += node.name_len as usize;
         node.name_len = 0;
         let d = node.dir();
@@ -1013,6 +1086,9 @@ pub struct Namespace {
     /// Listings in flight, by directory inode (each shared by every
     /// caller waiting on it).
     relists: Mutex<HashMap<u64, Arc<Flight>>>,
+    /// Whether the source's entries can carry POSIX ACLs (else every
+    /// entry has none, and the source is never asked).
+    acls_on: bool,
 }
 
 #[derive(Default)]
@@ -1042,6 +1118,7 @@ impl Namespace {
         }
         let ns = Namespace {
             listing_attrs: source.listing_carries_attrs(),
+            acls_on: source.has_acls(),
             source,
             revalidate,
             started: Instant::now(),
@@ -1109,6 +1186,7 @@ impl Namespace {
         inner.changes = 0;
         Some(Namespace {
             listing_attrs: source.listing_carries_attrs(),
+            acls_on: source.has_acls(),
             source,
             revalidate,
             started,
@@ -1998,6 +2076,88 @@ impl Namespace {
         }
     }
 
+    /// Whether entries can carry POSIX ACLs (the source's can): the mount
+    /// then has the kernel enforce them.
+    pub fn has_acls(&self) -> bool {
+        self.acls_on
+    }
+
+    /// The POSIX ACLs of `ino` if the namespace holds them read since its
+    /// attributes were last read; else the question for the source. A
+    /// source without ACLs is never asked.
+    ///
+    /// Whether the attributes themselves are stale is not asked here: the
+    /// kernel keeps an ACL as long as the attributes it got with it, and
+    /// asks for the attributes again (which reads them again here if they
+    /// are stale, and so marks the ACL to be read again) before it asks
+    /// for the ACL again. Asking the source whenever the record is stale
+    /// made every check of an entry whose attributes the kernel still held
+    /// a source call: the mount's root, whose ACL the kernel asks for at
+    /// every path walk that crosses it, cost one per open of any file once
+    /// `--revalidate` had passed (seen in `cargo bench --bench acl`).
+    pub fn acls_local(&self, ino: u64) -> Step<Arc<Acls>> {
+        let inner = self.inner.read();
+        let Some(n) = inner.node(ino) else {
+            return Step::Done(Err(enoent()));
+        };
+        if !self.acls_on {
+            return Step::Done(Ok(Arc::clone(&inner.no_acls)));
+        }
+        let fresh = n.flags & ACL_FRESH != 0 && n.known();
+        if fresh {
+            return Step::Done(Ok(inner.acls_of(ino)));
+        }
+        let known = n.flags & ACL_KNOWN != 0;
+        let Some(path) = inner.path(ino) else {
+            return Step::Done(Err(enoent()));
+        };
+        if known && self.source.stalled() {
+            let acls = inner.acls_of(ino);
+            drop(inner);
+            self.stale_answer("acls", &path);
+            return Step::Done(Ok(acls));
+        }
+        drop(inner);
+        self.ask(path)
+    }
+
+    /// Applies the source's answer `r` to [`Namespace::acls_local`]'s
+    /// question: the ACLs are held from now on (revalidated with the
+    /// attributes). When the source did not answer in time, the last
+    /// known ACLs; with none known, the error (the kernel then refuses the
+    /// access: an ACL is never guessed).
+    pub fn acls_answer(&self, ino: u64, ask: Ask, r: io::Result<Acls>) -> io::Result<Arc<Acls>> {
+        match r {
+            Ok(a) => Ok(self.inner.write().set_acls(ino, a)),
+            Err(e) if is_timeout(&e) => {
+                let inner = self.inner.read();
+                let known = inner.node(ino).is_some_and(|n| n.flags & ACL_KNOWN != 0);
+                if !known {
+                    return Err(e);
+                }
+                let acls = inner.acls_of(ino);
+                drop(inner);
+                self.stale_answer("acls", &ask.path);
+                Ok(acls)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Asks the source for the POSIX ACLs of `ask`'s entry and hands
+    /// `answer` them (or the error) on whatever thread has them, holding
+    /// none: with the mount's guard, the metadata worker that read them,
+    /// or its deadline thread (as [`Namespace::stat_then`]).
+    pub fn acls_then(&self, ask: Ask, answer: impl FnOnce(Ask, io::Result<Acls>) + Send + 'static) {
+        let path = ask.path.clone();
+        Arc::clone(&self.source).acls_then(path, Box::new(move |r| answer(ask, r)));
+    }
+
+    /// Entries holding an ACL now (for tests and memory reporting).
+    pub fn entries_with_acls(&self) -> usize {
+        self.inner.read().acls.len()
+    }
+
     /// `statvfs` of the source; the last one if it does not answer in time.
     pub fn statfs(&self) -> io::Result<libc::statvfs> {
         match self.source.statvfs() {
@@ -2134,6 +2294,64 @@ mod tests {
     fn run(inner: &Inner, ino: u64) -> Vec<u32> {
         let d = inner.dir_of(ino).unwrap();
         (0..d.len()).map(|i| d.get(i).unwrap()).collect()
+    }
+
+    #[test]
+    fn only_entries_with_an_acl_hold_one_and_equal_acls_are_held_once() {
+        let mut inner = Inner::new(Arc::default(), 0);
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let files: Vec<u64> = (0..100u64)
+            .map(|i| {
+                let name = format!("f{i}");
+                inner
+                    .push(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i), 0)
+                    .unwrap()
+            })
+            .collect();
+        let acl = |b: u8| Acls {
+            access: Some(vec![2, 0, 0, 0, b].into_boxed_slice()),
+            default: None,
+        };
+        // Files without an ACL hold nothing but their flag bits.
+        for &f in &files[..50] {
+            assert!(inner.set_acls(f, Acls::default()).is_empty());
+        }
+        assert!(inner.acls.is_empty() && inner.acl_values.is_empty());
+        // Fifty files under one default ACL: fifty map entries, one value.
+        for &f in &files[50..] {
+            inner.set_acls(f, acl(1));
+        }
+        assert_eq!((inner.acls.len(), inner.acl_values.len()), (50, 1));
+        assert!(Arc::ptr_eq(
+            &inner.acls_of(files[50]),
+            &inner.acls_of(files[99])
+        ));
+        assert!(inner.acls_of(files[0]).is_empty());
+        // An ACL removed at the source, an entry gone: their entries go.
+        inner.set_acls(files[50], Acls::default());
+        assert!(inner.acls_of(files[50]).is_empty());
+        inner.mark_gone(files[51]);
+        assert_eq!(inner.acls.len(), 48);
+        // A fresh read of the attributes keeps the last known ACL (for
+        // when the source does not answer) but marks it to be read again.
+        let n = |inner: &Inner, f: u64| inner.node(f).unwrap().flags;
+        assert_ne!(n(&inner, files[52]) & ACL_FRESH, 0);
+        inner.set_attr(files[52], &attr(EntryKind::File, 62), 100);
+        assert_eq!(n(&inner, files[52]) & (ACL_FRESH | ACL_KNOWN), ACL_KNOWN);
+        assert_eq!(
+            inner.acls_of(files[52]).access.as_deref(),
+            Some(&[2, 0, 0, 0, 1][..])
+        );
+        // Values no entry holds are pruned as new ones come.
+        for (i, &f) in files[52..].iter().enumerate() {
+            inner.set_acls(f, acl(2 + i as u8));
+        }
+        assert_eq!(inner.acls.len(), 48);
+        assert!(
+            inner.acl_values.len() <= 2 * 48,
+            "{}",
+            inner.acl_values.len()
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The source guard: the one way the mount calls into the source. Every call
 //! runs on a bounded pool of worker threads owned by the guard, and its
 //! caller waits at most a deadline: `--metadata-timeout` for `stat`, `list`,
-//! `read_link` and `statvfs`, `--source-timeout` for data. Async callers (the
-//! reader) hold no thread at all while they wait. A listing reports its
+//! `read_link`, `statvfs` and the POSIX ACLs (`acls`), `--source-timeout`
+//! for data. Async callers (the reader) hold no thread at all while they
+//! wait. A listing reports its
 //! progress entry by entry, and its deadline runs from its last progress:
 //! a directory of a million entries lists however long that takes, while a
 //! listing that stops advancing times out a deadline after it stopped (and
@@ -42,7 +43,7 @@ use futures::future::BoxFuture;
 use parking_lot::{Condvar, Mutex};
 use tracing::{info, warn};
 
-use crate::source::{DirName, Source, SourceAttr, SourceError, SourceVersion};
+use crate::source::{Acls, DirName, Source, SourceAttr, SourceError, SourceVersion};
 use crate::stats::Stats;
 
 /// Deadlines and thread bounds of the guard.
@@ -400,16 +401,40 @@ impl Progress {
 /// answer or ETIMEDOUT, on whatever thread has it.
 pub type StatAnswer = Box<dyn FnOnce(io::Result<SourceAttr>) + Send>;
 
-/// One handed-over answer: taken (and called) by whoever answers first.
-struct Once(Mutex<Option<StatAnswer>>);
+/// What a caller of a handed-over call is given (a stat's attributes, an
+/// entry's ACLs): the source's answer or ETIMEDOUT.
+pub type Answer<T> = Box<dyn FnOnce(io::Result<T>) + Send>;
 
-impl Once {
-    fn take(&self) -> Option<StatAnswer> {
+/// One handed-over answer: taken (and called) by whoever answers first.
+struct Once<T>(Mutex<Option<Answer<T>>>);
+
+impl<T> Once<T> {
+    fn take(&self) -> Option<Answer<T>> {
         self.0.lock().take()
     }
+}
 
+/// A handed-over answer as the deadline thread sees it, whatever it
+/// carries.
+trait Handed: Send + Sync {
+    fn answered(&self) -> bool;
+    /// Answers ETIMEDOUT unless answered; whether it did.
+    fn time_out(&self) -> bool;
+}
+
+impl<T: 'static> Handed for Once<T> {
     fn answered(&self) -> bool {
         self.0.lock().is_none()
+    }
+
+    fn time_out(&self) -> bool {
+        match self.take() {
+            Some(done) => {
+                done(Err(timed_out()));
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -425,7 +450,7 @@ struct Deadlines {
 
 #[derive(Default)]
 struct DeadlineState {
-    queue: VecDeque<(Instant, Arc<Once>)>,
+    queue: VecDeque<(Instant, Arc<dyn Handed>)>,
     /// The deadline thread runs.
     running: bool,
     closed: bool,
@@ -442,7 +467,7 @@ impl Deadlines {
 
     /// Answers `once` with ETIMEDOUT at `at` unless it was answered. False
     /// if no deadline thread can run (the caller then must not hand over).
-    fn push(self: &Arc<Self>, at: Instant, once: Arc<Once>) -> bool {
+    fn push(self: &Arc<Self>, at: Instant, once: Arc<dyn Handed>) -> bool {
         let mut st = self.state.lock();
         if st.closed {
             return false;
@@ -485,9 +510,7 @@ impl Deadlines {
                 st.running = false;
                 drop(st);
                 for (_, once) in left {
-                    if let Some(done) = once.take() {
-                        done(Err(timed_out()));
-                    }
+                    once.time_out();
                 }
                 return;
             }
@@ -501,9 +524,8 @@ impl Deadlines {
                         continue;
                     };
                     drop(st);
-                    if let Some(done) = once.take() {
+                    if once.time_out() {
                         self.stats.source_timeouts.fetch_add(1, Relaxed);
-                        done(Err(timed_out()));
                     }
                     st = self.state.lock();
                 }
@@ -664,16 +686,31 @@ impl SourceGuard {
     /// passed (at once if the source is stalled). `done` is called exactly
     /// once.
     fn stat_handed(&self, rel: PathBuf, done: StatAnswer) {
+        self.handed("stat", rel, |s, rel| s.stat(rel), done)
+    }
+
+    /// The metadata call `f` of `rel` (named `what`) on a metadata worker,
+    /// its answer handed to `done` as [`SourceGuard::stat_handed`] does.
+    fn handed<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        rel: PathBuf,
+        f: fn(&dyn Source, &Path) -> io::Result<T>,
+        done: Answer<T>,
+    ) {
         if let Err(e) = self.admit() {
             return done(Err(e));
         }
         let once = Arc::new(Once(Mutex::new(Some(done))));
         let at = Instant::now() + self.cfg.metadata_timeout;
-        if !self.deadlines.push(at, Arc::clone(&once)) {
+        if !self
+            .deadlines
+            .push(at, Arc::clone(&once) as Arc<dyn Handed>)
+        {
             // No deadline thread: answered through the runtime-free
             // blocking call instead, on this thread, with its deadline.
             if let Some(done) = once.take() {
-                done(Source::stat(self, &rel));
+                done(self.meta(what, move |s, _| f(s, &rel)));
             }
             return;
         }
@@ -687,8 +724,8 @@ impl SourceGuard {
             if once.answered() {
                 return;
             }
-            let id = health.begin("stat");
-            let r = inner.stat(&rel);
+            let id = health.begin(what);
+            let r = f(&*inner, &rel);
             health.end(id);
             if let Some(done) = once.take() {
                 done(r);
@@ -826,6 +863,19 @@ impl Source for SourceGuard {
         self.stat_handed(rel, done)
     }
 
+    fn has_acls(&self) -> bool {
+        self.inner.has_acls()
+    }
+
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        let rel = rel.to_owned();
+        self.meta("acls", move |s, _| s.acls(&rel))
+    }
+
+    fn acls_then(self: Arc<Self>, rel: PathBuf, done: Answer<Acls>) {
+        self.handed("acls", rel, |s, rel| s.acls(rel), done)
+    }
+
     fn stalled(&self) -> bool {
         self.is_stalled()
     }
@@ -840,6 +890,10 @@ impl Source for SourceGuard {
 
     fn throttled_responses(&self) -> u64 {
         self.inner.throttled_responses()
+    }
+
+    fn bad_replies(&self) -> u64 {
+        self.inner.bad_replies()
     }
 }
 

@@ -57,6 +57,9 @@ pub struct Stats {
     pub peer_bad_requests: AtomicU64,
     /// Incoming peer connections refused at the handshake.
     pub peer_refused_connections: AtomicU64,
+    /// Incoming QUIC connection attempts sent a Retry (address validation)
+    /// because many handshakes were in progress.
+    pub peer_handshakes_retried: AtomicU64,
     /// When every listed member had been reached once, in ms after
     /// `started` (0: not yet).
     pub peer_mesh_formed_ms: AtomicU64,
@@ -100,6 +103,10 @@ pub struct Stats {
     /// Answers of the source asking to slow down (503 SlowDown, 429), each
     /// retried by the source itself; read-ahead cuts its concurrency on them.
     pub source_throttled: ViewSlot<u64>,
+    /// Answers of the source refused as malformed (an object store's body
+    /// longer or shorter than the range asked, a listing page past its
+    /// bound or repeating its continuation token); each failed its call.
+    pub source_bad_replies: ViewSlot<u64>,
 }
 
 /// The budget that every mount of one cache directory shares (filled from
@@ -245,6 +252,7 @@ impl Default for Stats {
             peer_failures: AtomicU64::new(0),
             peer_bad_requests: AtomicU64::new(0),
             peer_refused_connections: AtomicU64::new(0),
+            peer_handshakes_retried: AtomicU64::new(0),
             peer_mesh_formed_ms: AtomicU64::new(0),
             peer_members_unreached: AtomicU64::new(0),
             peer_owner_waits: AtomicU64::new(0),
@@ -264,6 +272,7 @@ impl Default for Stats {
             budget: ViewSlot::default(),
             source_skipped: ViewSlot::default(),
             source_throttled: ViewSlot::default(),
+            source_bad_replies: ViewSlot::default(),
         }
     }
 }
@@ -313,6 +322,10 @@ pub struct StatsSnapshot {
     pub peer_bad_requests: u64,
     #[serde(default)]
     pub peer_refused_connections: u64,
+    /// Connection attempts sent a QUIC Retry (their address had to be
+    /// proven: many handshakes were in progress).
+    #[serde(default)]
+    pub peer_handshakes_retried: u64,
     /// Seconds from the mount's start until every listed member had been
     /// reached once (None: not yet, or no peers).
     #[serde(default)]
@@ -359,6 +372,11 @@ pub struct StatsSnapshot {
     /// SlowDown or 429), each retried with backoff.
     #[serde(default)]
     pub source_throttled_responses: u64,
+    /// Answers of the source refused as malformed (a body longer or
+    /// shorter than the range asked, a listing that repeats its
+    /// continuation token or passes its bounds); each failed only its call.
+    #[serde(default)]
+    pub source_bad_replies: u64,
     /// Empty without --peers.
     #[serde(default)]
     pub peers: Vec<PeerSnapshot>,
@@ -410,6 +428,7 @@ impl Stats {
             peer_failures: self.peer_failures.load(Relaxed),
             peer_bad_requests: self.peer_bad_requests.load(Relaxed),
             peer_refused_connections: self.peer_refused_connections.load(Relaxed),
+            peer_handshakes_retried: self.peer_handshakes_retried.load(Relaxed),
             peer_mesh_formed_s: match self.peer_mesh_formed_ms.load(Relaxed) {
                 0 => None,
                 ms => Some(ms as f64 / 1000.0),
@@ -430,6 +449,7 @@ impl Stats {
             source_threads_peak: self.source_threads_peak.load(Relaxed),
             source_entries_skipped: self.source_skipped.get(),
             source_throttled_responses: self.source_throttled.get(),
+            source_bad_replies: self.source_bad_replies.get(),
             peers: self.peers.get(),
             read_ahead: self.read_ahead.get(),
             budget: self.budget.get(),
@@ -604,6 +624,16 @@ impl StatsSnapshot {
                 ),
             ));
         }
+        if self.source_bad_replies > 0 {
+            rows.push((
+                "source bad replies",
+                format!(
+                    "{} answers refused as malformed (a body not the length asked, a listing \
+                     that repeats itself or passes its bounds); each failed its own call",
+                    self.source_bad_replies
+                ),
+            ));
+        }
         if self.source_entries_skipped > 0 {
             rows.push((
                 "entries skipped",
@@ -638,13 +668,15 @@ impl StatsSnapshot {
                 "peer traffic",
                 format!(
                     "{} served to peers, {} bad blocks caught, {} failed requests, \
-                     {} busy answers waited out, {} malformed requests, {} refused connections",
+                     {} busy answers waited out, {} malformed requests, {} refused connections, \
+                     {} handshakes retried",
                     format_size(self.peer_served_bytes),
                     self.peer_bad_blocks,
                     self.peer_failures,
                     self.peer_busy,
                     self.peer_bad_requests,
-                    self.peer_refused_connections
+                    self.peer_refused_connections,
+                    self.peer_handshakes_retried
                 ),
             ));
             let formed = match self.peer_mesh_formed_s {

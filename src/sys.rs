@@ -46,6 +46,39 @@ pub fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// `lgetxattr(2)` of `name` (no symlink followed): None where the entry
+/// has no such attribute (ENODATA) or its file system keeps none of that
+/// kind (EOPNOTSUPP: an NFSv4 mount has no `system.posix_acl_*`). Values
+/// up to the kernel's 64 KiB limit.
+pub fn lgetxattr_opt(p: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let absent = |e: &rustix::io::Errno| {
+        *e == rustix::io::Errno::NODATA || *e == rustix::io::Errno::OPNOTSUPP
+    };
+    // Most values (an ACL of a few entries) fit the first buffer.
+    let mut buf = vec![0u8; 512];
+    loop {
+        match rustix::fs::lgetxattr(p, name, &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Err(e) if absent(&e) => return Ok(None),
+            Err(rustix::io::Errno::RANGE) if buf.len() < XATTR_SIZE_MAX => {
+                let want = match rustix::fs::lgetxattr_query(p, name) {
+                    Ok(n) => n,
+                    Err(e) if absent(&e) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                buf = vec![0u8; want.clamp(buf.len() * 2, XATTR_SIZE_MAX)];
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The largest value of an extended attribute Linux keeps.
+const XATTR_SIZE_MAX: usize = 64 * 1024;
+
 /// `fgetxattr(2)` into `buf`; the value's length (ERANGE if it is longer).
 pub fn fgetxattr(f: &std::fs::File, name: &str, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::fs::fgetxattr(f, name, buf)?)
@@ -85,14 +118,21 @@ pub fn fstat_fresh(f: &std::fs::File) -> io::Result<(u64, i64, u64)> {
         AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC,
         StatxFlags::SIZE | StatxFlags::MTIME | StatxFlags::INO,
     )?;
-    // As `SourceAttr::from_metadata` computes it, without a panic on an
-    // absurd time.
-    let mtime_ns = st
-        .stx_mtime
-        .tv_sec
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(st.stx_mtime.tv_nsec as i64);
+    // As `SourceAttr::from_metadata` computes it (the versions compare).
+    let mtime_ns = unix_ns(st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec as i64);
     Ok((st.stx_size, mtime_ns, st.stx_ino))
+}
+
+/// A time of `secs` seconds and `nanos` nanoseconds since 1970 in
+/// nanoseconds, as the namespace keeps times (i64): saturated at the ends
+/// of that range (years 1677 and 2262), never wrapped. A source may hold
+/// later times (ext4 and xfs go to 2446, an object store's Last-Modified
+/// is whatever its server says); such a time shows as 2262 through the
+/// mount. An object's version still tells its contents apart (its ETag is
+/// part of it); a file rewritten in place at the same size with both its
+/// times past 2262 is not seen as changed.
+pub fn unix_ns(secs: i64, nanos: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
 /// Detaches a mount even if it is busy (`umount -l`); a user's own FUSE
@@ -470,9 +510,223 @@ pub fn tune_allocator(block_size: u64) {
     let _ = block_size;
 }
 
+/// The supplementary groups of the process at the other end of a Unix
+/// socket, as the kernel recorded them when it connected (`SO_PEERGROUPS`,
+/// Linux 4.13).
+pub fn peer_groups(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * 4) as libc::socklen_t;
+        // SAFETY: the buffer holds `len` bytes; the kernel writes at most
+        // that and says how many it wrote (or needs, with ERANGE).
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            groups.truncate(len as usize / 4);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ERANGE) && groups.len() < 65536 {
+            groups.resize((len as usize / 4).max(groups.len() * 2), 0);
+            continue;
+        }
+        return Err(e);
+    }
+}
+
+/// Runs `f` on a thread of its own that is user `uid`, group `gid` with
+/// supplementary `groups` (real, effective, saved and file-system ids), so
+/// that the kernel checks everything `f` does as it would check it for that
+/// user. Only that thread changes (the system calls, not the C library's
+/// wrappers, which would change every thread of the process), and it ends
+/// with `f`. Needs root (CAP_SETUID and CAP_SETGID).
+pub fn as_user<T: Send + 'static>(
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<T> {
+    use rustix::process::{Gid, Uid};
+    let t = std::thread::Builder::new()
+        .name("locafs-as-user".into())
+        .spawn(move || -> io::Result<T> {
+            let groups: Vec<Gid> = groups.into_iter().map(Gid::from_raw).collect();
+            rustix::thread::set_thread_groups(&groups)?;
+            let g = Gid::from_raw(gid);
+            rustix::thread::set_thread_res_gid(g, g, g)?;
+            let u = Uid::from_raw(uid);
+            rustix::thread::set_thread_res_uid(u, u, u)?;
+            Ok(f())
+        })?;
+    t.join()
+        .map_err(|_| io::Error::other("a check as another user panicked"))?
+}
+
+/// Why [`canonical_dir_within`] found no directory.
+#[derive(Debug)]
+pub enum ProbeError {
+    /// No answer within the deadline (a hung network file system).
+    Timeout,
+    Io(io::Error),
+}
+
+/// The canonical path of the directory `path` (symlinks resolved), asked in
+/// a child process and waited for at most `deadline`: a source on a hung
+/// network file system (NFS `hard`, a stopped FUSE server) puts the asker
+/// in uninterruptible sleep, and that must be a child that is left behind,
+/// never this process. The child also asks the file system for the
+/// directory's attributes afresh (`statx` with `AT_STATX_FORCE_SYNC`), so
+/// that a server that does not answer is found here. Nothing in the child
+/// allocates or takes a lock (it may be forked from a process with many
+/// threads); its standard streams are /dev/null and it holds no descriptor
+/// of ours but the pipe it answers on, so a caller waiting for our output
+/// (`--daemon`) is never kept waiting by it.
+pub fn canonical_dir_within(
+    path: &Path,
+    deadline: std::time::Duration,
+) -> Result<PathBuf, ProbeError> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| ProbeError::Io(io::Error::other(e)))?;
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills the two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(ProbeError::Io(io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just made and are ours alone.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    const HELD: libc::c_int = 4;
+    let link = c"/proc/self/fd/4";
+    let mut buf = [0u8; 4096];
+    // SAFETY: the child calls only async-signal-safe system calls on memory
+    // prepared before the fork, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(ProbeError::Io(io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: see above; every pointer is to memory of this frame.
+        unsafe {
+            let answer = |buf: &[u8]| {
+                libc::write(3, buf.as_ptr().cast(), buf.len());
+                libc::_exit(0)
+            };
+            // The answer goes on descriptor 3, the standard streams to
+            // /dev/null, and every other descriptor is closed.
+            libc::dup2(wr.as_raw_fd(), 3);
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                for i in 0..3 {
+                    libc::dup2(null, i);
+                }
+            }
+            if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+                // (Before Linux 5.9.)
+                for fd in 4..4096 {
+                    libc::close(fd);
+                }
+            }
+            let fd = libc::open(
+                c_path.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            let errno = |code: u8| {
+                let e = *libc::__errno_location();
+                let b = e.to_le_bytes();
+                answer(&[code, b[0], b[1], b[2], b[3]])
+            };
+            if fd < 0 {
+                errno(1);
+            }
+            if fd != HELD {
+                libc::dup2(fd, HELD);
+            }
+            let mut stx: libc::statx = std::mem::zeroed();
+            if libc::statx(
+                HELD,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH | libc::AT_STATX_FORCE_SYNC,
+                libc::STATX_TYPE,
+                &mut stx,
+            ) != 0
+                && *libc::__errno_location() != libc::ENOSYS
+            {
+                errno(1);
+            }
+            buf[0] = 0;
+            let n = libc::readlink(link.as_ptr(), buf[1..].as_mut_ptr().cast(), buf.len() - 1);
+            if n <= 0 {
+                errno(1);
+            }
+            answer(&buf[..1 + n as usize]);
+        }
+    }
+    drop(wr);
+    let reap = move || {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    };
+    let mut out = Vec::new();
+    let end = std::time::Instant::now() + deadline;
+    let timed_out = loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: rd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one pollfd, ours.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        if r <= 0 {
+            break true;
+        }
+        let mut chunk = [0u8; 4096];
+        match rustix::io::read(&rd, &mut chunk) {
+            Ok(0) => break false,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(Errno::INTR) | Err(Errno::AGAIN) => {}
+            Err(e) => return Err(ProbeError::Io(e.into())),
+        }
+    };
+    if timed_out {
+        // SAFETY: our own child. It may not die while the file system holds
+        // it: a thread reaps it whenever it does.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = std::thread::Builder::new()
+            .name("locafs-reap".into())
+            .spawn(reap);
+        return Err(ProbeError::Timeout);
+    }
+    reap();
+    match out.split_first() {
+        Some((0, p)) if !p.is_empty() => Ok(PathBuf::from(std::ffi::OsStr::from_bytes(p))),
+        Some((1, e)) if e.len() == 4 => Err(ProbeError::Io(io::Error::from_raw_os_error(
+            i32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+        ))),
+        _ => Err(ProbeError::Io(io::Error::other(
+            "the directory could not be examined",
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_skip::skipped;
 
     #[test]
     fn read_vec_at_reads_exactly_and_reports_a_short_file() {
@@ -502,7 +756,7 @@ mod tests {
         {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("SKIPPED: /var/tmp refuses O_DIRECT ({e})");
+                skipped(module_path!(), &format!("/var/tmp refuses O_DIRECT ({e})"));
                 return;
             }
         };
@@ -528,11 +782,19 @@ mod tests {
         f.write_all(&vec![7u8; 64 << 10]).unwrap();
         f.sync_all().unwrap();
         let f = std::fs::File::open(&p).unwrap();
-        // Just written: in the page cache.
-        if !is_cached(&f, 0, 64 << 10) {
-            eprintln!("SKIPPED: cachestat(2) not available here");
+        // Whether the kernel has cachestat(2) (Linux 6.5), asked of the
+        // kernel itself with a bad descriptor and bad flags: a kernel that
+        // has it refuses them (EBADF, EINVAL), one that does not answers
+        // ENOSYS. Not from `is_cached`, the code under test: a bug making
+        // it always false must fail here, not skip.
+        // SAFETY: the call is refused before anything is read or written.
+        let r = unsafe { libc::syscall(SYS_CACHESTAT, -1, 0usize, 0usize, 1u32) };
+        if r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            skipped(module_path!(), "cachestat(2) not available in this kernel");
             return;
         }
+        // Just written: in the page cache.
+        assert!(is_cached(&f, 0, 64 << 10), "a range just written");
         // Dropped from the page cache (clean, so DONTNEED evicts it).
         rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
         assert!(!is_cached(&f, 0, 64 << 10));
@@ -570,7 +832,7 @@ mod tests {
         let f = std::fs::File::open(&p).unwrap();
         match fsetxattr(&f, "user.locafs.test", b"value \xff") {
             Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => {
-                eprintln!("SKIPPED: no user xattrs in /var/tmp");
+                skipped(module_path!(), "no user xattrs in /var/tmp");
                 return;
             }
             r => r.unwrap(),
@@ -624,10 +886,10 @@ mod tests {
         std::fs::write(&p, vec![1u8; 12345]).unwrap();
         let f = std::fs::File::open(&p).unwrap();
         let m = f.metadata().unwrap();
-        let want = (m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec(), m.ino());
+        let want = (m.len(), unix_ns(m.mtime(), m.mtime_nsec()), m.ino());
         match fstat_fresh(&f) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                eprintln!("SKIPPED: no statx(2) here");
+                skipped(module_path!(), "no statx(2) here");
             }
             r => assert_eq!(r.unwrap(), want),
         }
@@ -650,7 +912,7 @@ mod tests {
         let flags = fd_flags(&f);
         assert_eq!(flags & libc::O_DIRECT, 0);
         if let Err(e) = set_direct(&f, true) {
-            eprintln!("SKIPPED: /var/tmp refuses O_DIRECT ({e})");
+            skipped(module_path!(), &format!("/var/tmp refuses O_DIRECT ({e})"));
             return;
         }
         assert_eq!(fd_flags(&f), flags | libc::O_DIRECT);
@@ -681,7 +943,7 @@ mod tests {
             std::fs::create_dir(&mnt).unwrap();
             let flags = rustix::mount::MountFlags::empty();
             if let Err(e) = rustix::mount::mount("tmpfs", &mnt, "tmpfs", flags, c"size=1m") {
-                eprintln!("SKIPPED: cannot mount a tmpfs here ({e})");
+                skipped(module_path!(), &format!("cannot mount a tmpfs here ({e})"));
                 return;
             }
             assert!(is_mountpoint(&mnt));
@@ -689,6 +951,55 @@ mod tests {
             f(&mnt).unwrap();
             assert!(!is_mountpoint(&mnt));
         }
+    }
+
+    #[test]
+    fn canonical_dir_within_resolves_links_and_says_what_is_wrong() {
+        let d = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(d.path()).unwrap();
+        std::fs::create_dir(real.join("dir")).unwrap();
+        std::os::unix::fs::symlink("dir", real.join("link")).unwrap();
+        std::fs::write(real.join("file"), b"x").unwrap();
+        let t = std::time::Duration::from_secs(10);
+        assert_eq!(
+            canonical_dir_within(&real.join("link"), t).unwrap(),
+            real.join("dir")
+        );
+        let code = |p: &str| match canonical_dir_within(&real.join(p), t) {
+            Err(ProbeError::Io(e)) => e.raw_os_error(),
+            other => panic!("{p}: {other:?}"),
+        };
+        assert_eq!(code("file"), Some(libc::ENOTDIR));
+        assert_eq!(code("missing"), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn as_user_checks_as_that_user_on_its_own_thread() {
+        if rustix::process::geteuid().as_raw() != 0 {
+            eprintln!("SKIPPED: sys::tests::as_user: needs root");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let private = d.path().join("private");
+        std::fs::write(&private, b"x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let p = private.clone();
+        let read = as_user(65534, 65534, vec![], move || std::fs::read(&p).is_ok()).unwrap();
+        assert!(!read, "nobody read a 0600 file of root's");
+        let p = private.clone();
+        let (uid, read) = as_user(65534, 65534, vec![], move || {
+            (
+                rustix::process::geteuid().as_raw(),
+                std::fs::metadata(&p).is_ok(),
+            )
+        })
+        .unwrap();
+        assert_eq!((uid, read), (65534, true));
+        // This thread (and the process) is still root.
+        assert_eq!(rustix::process::geteuid().as_raw(), 0);
+        assert!(std::fs::read(&private).is_ok());
     }
 
     #[test]

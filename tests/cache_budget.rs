@@ -72,10 +72,13 @@ fn used_of(ls: &Value, id: &str) -> Option<u64> {
         .and_then(|d| d["used"].as_u64())
 }
 
-/// Watches a file system's free space until stopped: the least seen.
+/// Watches a file system's free space until stopped: the least seen. A
+/// statvfs that fails ends the watch with a panic, which fails the test at
+/// [`FreeWatch::least`] (a watch that saw nothing must not say "never full").
 struct FreeWatch {
     stop: Arc<AtomicBool>,
     least: Arc<AtomicU64>,
+    samples: Arc<AtomicU64>,
     /// (ms since start, bytes used on the file system), every 250 ms.
     series: Arc<parking_lot::Mutex<Vec<(u64, u64)>>>,
     t: Option<std::thread::JoinHandle<()>>,
@@ -85,20 +88,28 @@ impl FreeWatch {
     fn start(p: &Path) -> FreeWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let least = Arc::new(AtomicU64::new(u64::MAX));
+        let samples = Arc::new(AtomicU64::new(0));
         let series = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let (s, l, p, v) = (stop.clone(), least.clone(), p.to_owned(), series.clone());
+        let (s, l, n, p, v) = (
+            stop.clone(),
+            least.clone(),
+            samples.clone(),
+            p.to_owned(),
+            series.clone(),
+        );
         let t = std::thread::spawn(move || {
             let t0 = std::time::Instant::now();
             let mut next = 0;
             while !s.load(Relaxed) {
-                if let Ok(st) = rustix::fs::statvfs(&p) {
-                    l.fetch_min(st.f_bavail * st.f_frsize, Relaxed);
-                    let ms = t0.elapsed().as_millis() as u64;
-                    if ms >= next {
-                        v.lock()
-                            .push((ms, (st.f_blocks - st.f_bfree) * st.f_frsize));
-                        next = ms + 250;
-                    }
+                let st = rustix::fs::statvfs(&p)
+                    .unwrap_or_else(|e| panic!("statvfs of the cache disk {p:?}: {e}"));
+                l.fetch_min(st.f_bavail * st.f_frsize, Relaxed);
+                n.fetch_add(1, Relaxed);
+                let ms = t0.elapsed().as_millis() as u64;
+                if ms >= next {
+                    v.lock()
+                        .push((ms, (st.f_blocks - st.f_bfree) * st.f_frsize));
+                    next = ms + 250;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -106,6 +117,7 @@ impl FreeWatch {
         FreeWatch {
             stop,
             least,
+            samples,
             series,
             t: Some(t),
         }
@@ -127,9 +139,15 @@ impl FreeWatch {
             .join(", ")
     }
 
+    /// The least free space seen; fails the test if the watch failed or
+    /// saw nothing.
     fn least(mut self) -> u64 {
         self.stop.store(true, Relaxed);
-        let _ = self.t.take().map(|t| t.join());
+        if let Some(t) = self.t.take() {
+            t.join().expect("the free-space watch failed");
+        }
+        let n = self.samples.load(Relaxed);
+        assert!(n > 0, "the free-space watch took no sample");
         self.least.load(Relaxed)
     }
 }
@@ -192,6 +210,11 @@ fn three_data_sets_filling_one_small_disk_at_once_never_fill_it() {
     // Every mount cached something and reports the shared figures.
     for m in &mounts {
         let st = m.stats();
+        assert!(
+            st["files_cached"].as_u64() > Some(0),
+            "cached nothing: {st}"
+        );
+        assert!(st["cache_used_bytes"].as_u64() > Some(0), "{st}");
         assert_eq!(st["cache_budget_bytes"].as_u64(), Some(budget), "{st}");
         assert_eq!(st["cache_shares"].as_array().map(Vec::len), Some(3), "{st}");
         assert_eq!(st["read_errors"].as_u64(), Some(0), "{st}");
@@ -423,8 +446,16 @@ fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
         String::from_utf8_lossy(&out.stdout).contains(&format!("removed {a_id}")),
         "{out:?}"
     );
+    // What is left is what `cache ls` shows, and it says why it stays.
     let ls = cache_ls(&s.cache);
     assert_eq!(ls["datasets"].as_array().unwrap().len(), 1, "{ls}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let left = used_of(&ls, &b_id).unwrap();
+    assert!(
+        err.contains(&format!("still {} held", locafs::units::format_size(left)))
+            && err.contains(&format!("mounted now, and never removed: {b_id}")),
+        "{err} (cache ls: {ls})"
+    );
     assert!(s.cache.join(&b_id).is_dir() && !s.cache.join(&a_id).exists());
     assert_eq!(b.stat("read_errors"), 0);
     read_all(&mb, &files_b);
@@ -445,6 +476,60 @@ fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
         String::from_utf8_lossy(&out.stderr).contains("no data set"),
         "{out:?}"
     );
+}
+
+/// The start-up line counts only the other data sets' use, and `cache gc`
+/// over a directory where nothing is mounted leaves nothing and says
+/// nothing is left (it once subtracted what removal freed on disk from
+/// what the ledger booked, and claimed the difference was mounted).
+#[test]
+fn gc_with_nothing_mounted_empties_the_directory_and_says_nothing_is_left() {
+    require_fuse!();
+    let s = Scratch::new();
+    let (src_a, files_a) = data_set(&s.src, "a", 6, 200 << 10);
+    let ma = s.path().join("ma");
+    fs::create_dir_all(&ma).unwrap();
+    let log = s.path().join("a.log");
+    for _ in 0..2 {
+        let mut a = Mount::start_logged(&src_a, &ma, &s.cache, &[], &log);
+        read_all(&ma, &files_a);
+        a.unmount();
+    }
+    // The second mount's start-up line (the log holds that mount's):
+    // alone in the directory, the other data sets hold nothing (not its
+    // own 1.2 MiB).
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("recovered 6 files"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("other data sets"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("shares with 0 other data sets (they hold 0 B)"),
+        "{line}"
+    );
+    assert!(used_of(&cache_ls(&s.cache), &dataset_id_of(&s.cache)).unwrap() > 0);
+    let out = run_locafs(&[
+        "cache".as_ref(),
+        "gc".as_ref(),
+        "--to".as_ref(),
+        "1MiB".as_ref(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("still"), "{err}");
+    let ls = cache_ls(&s.cache);
+    assert_eq!(ls["datasets"].as_array().unwrap().len(), 0, "{ls}");
+}
+
+/// The one data set directory under `cache`.
+fn dataset_id_of(cache: &Path) -> String {
+    cache_ls(cache)["datasets"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 #[test]

@@ -326,16 +326,17 @@ fn the_entrypoint_says_what_the_container_lacks_and_exits_non_zero() {
         "nodev",
         &["--cap-add", "SYS_ADMIN", "-v", &src, &images.locafs],
     );
-    assert_eq!(code, 1, "{logs}");
+    assert_eq!(code, 2, "{logs}");
     assert!(logs.contains("--device /dev/fuse"), "{logs}");
     // No CAP_SYS_ADMIN.
     let (code, logs) = run_to_exit(
         "nocap",
         &["--device", "/dev/fuse", "-v", &src, &images.locafs],
     );
-    assert_eq!(code, 1, "{logs}");
+    assert_eq!(code, 2, "{logs}");
     assert!(logs.contains("--cap-add SYS_ADMIN"), "{logs}");
-    // A bad option, a missing source: configuration errors, exit 2.
+    // A bad option, a missing source: configuration errors, exit 2 too
+    // (what a restart will not mend).
     let mut bad = FUSE_CAPS.to_vec();
     bad.extend(["-v", &src, &images.locafs, "--cache-size", "lots"]);
     let (code, logs) = run_to_exit("badopt", &bad);

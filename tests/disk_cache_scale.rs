@@ -149,7 +149,8 @@ fn books_per_entry() {
                 table: 0,
             }
         });
-        drop(Index::create(&dir, 1 << 20, puts).unwrap());
+        let handle = locafs::private_dir::PrivateDir::create(&dir).unwrap();
+        drop(Index::create(&handle, 1 << 20, puts).unwrap());
         for round in ["first", "second"] {
             common::drop_page_cache();
             let before = rss();

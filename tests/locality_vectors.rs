@@ -2,7 +2,9 @@
 //! is what `locafs::locality` gives for a handful of small layouts. The Python
 //! sampler (packaging/python) is checked against the same file, so the two
 //! implementations agree bit for bit. Regenerate it, after a deliberate change
-//! of the algorithm, with `LOCAFS_WRITE_VECTORS=1 cargo test --test locality_vectors`.
+//! of the algorithm, with `LOCAFS_WRITE_VECTORS=1 cargo test --test locality_vectors`
+//! (the regenerating run writes the file and fails: it checked nothing; run
+//! it again without the variable).
 
 use locafs::locality::{epoch_batches, rank_indices, Layout, SplitMix64};
 use serde_json::{json, Value};
@@ -60,9 +62,15 @@ fn compute() -> Value {
 fn the_shared_vector_is_what_the_algorithm_gives() {
     let now = compute();
     if std::env::var_os("LOCAFS_WRITE_VECTORS").is_some() {
+        // A regeneration checks nothing (the file would be compared with
+        // itself): it writes the file and fails, so that it never counts
+        // as a pass.
         let text = serde_json::to_string(&now).unwrap() + "\n";
         std::fs::write(VECTORS, text).unwrap();
-        eprintln!("wrote {VECTORS}");
+        panic!(
+            "wrote {VECTORS} and checked nothing (LOCAFS_WRITE_VECTORS is set): review its \
+             diff, then run the test again without LOCAFS_WRITE_VECTORS"
+        );
     }
     let text = std::fs::read_to_string(VECTORS)
         .unwrap_or_else(|e| panic!("{VECTORS}: {e} (write it with LOCAFS_WRITE_VECTORS=1)"));

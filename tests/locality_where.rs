@@ -46,6 +46,29 @@ fn without_peers_every_file_is_node_0_of_1() {
     );
     assert_eq!(all["owners"], serde_json::json!([0, 0, 0]));
     assert_eq!(all["cached"], serde_json::json!([false, false, false]));
+    // Exactly the keys docs/locality.md documents (no warm counters that
+    // are always 0 here).
+    let mut keys: Vec<&str> = all
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "cached",
+            "files",
+            "members",
+            "node_index",
+            "num_nodes",
+            "ok",
+            "owners",
+            "paths",
+            "unknown"
+        ]
+    );
 
     // Cached here once read; a path that is not a file is reported, not
     // fatal.

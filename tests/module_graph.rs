@@ -18,6 +18,7 @@ const LEAVES: &[&str] = &[
     "src/epoch.rs",
     "src/concurrency.rs",
     "src/logging.rs",
+    "src/private_dir.rs",
 ];
 
 /// Modules that may import only these (observability knows the engine only

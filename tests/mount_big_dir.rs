@@ -93,7 +93,9 @@ fn a_listing_longer_than_the_deadline_that_advances_succeeds() {
     assert!(source.seen.load(SeqCst) >= ENTRIES);
     assert_eq!(got.len(), names.len());
     assert!(got == names, "the listing differs from the source's");
-    // The listing took several deadlines, and nothing counted it a stall.
+    // The listing took longer than the deadline (20k entries at 100 us
+    // each: 2 s at least), and nothing counted it a stall.
+    assert!(took > DEADLINE, "{took:?}: the listing proved nothing");
     let s = snapshot(&d.mnt);
     assert!(s.source_stalled_since.is_none(), "{s:?}");
     assert_eq!(s.source_stalls, 0, "{s:?}");
@@ -121,8 +123,10 @@ fn a_listing_whose_source_stops_midway_times_out_and_serves_nothing_of_it() {
     let after = stopped.elapsed();
     assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
     eprintln!("the listing failed {after:?} after the source stopped");
+    // About a deadline after it stopped (1 s); the bound is far from it,
+    // and far from never.
     assert!(after >= DEADLINE / 2, "{after:?}");
-    assert!(after < 3 * DEADLINE + Duration::from_secs(2), "{after:?}");
+    assert!(after < 20 * DEADLINE, "{after:?}");
     // The source is stalled, and what was listed is not the directory.
     let s = snapshot(&d.mnt);
     assert!(s.source_stalled_since.is_some(), "{s:?}");

@@ -12,7 +12,7 @@ use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -108,39 +108,82 @@ fn cache_survives_kill_9_during_a_cold_read() {
     let mut rng = Rng(seed);
     let s = Scratch::new();
     let files = make_files(&s.src, "k", 80, |i| (i * 37 * KIB) % (900 * KIB) + 3);
+    let mut sizes: Vec<u64> = files
+        .iter()
+        .map(|f| fs::metadata(s.src.join(f)).unwrap().len())
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    sizes.sort();
+    // Files whole in the cache when the daemon was killed (as its stats
+    // said just before), and what each start-up recovered.
+    let mut cached_at_kill = Vec::new();
+    let mut recovered = Vec::new();
     for round in 0..2 {
         let mut m = s.mount(&["--block-size", "64KiB"]);
-        let stop = Arc::new(AtomicBool::new(false));
+        recovered.push(m.stat("files_cached"));
+        // Where this start-up left the index journal: round 1 cuts it
+        // after this point, so what round 0 left stays whole.
+        let journal_at_start = index_journals(&s.cache)
+            .last()
+            .map(|j| (j.clone(), fs::metadata(j).unwrap().len()));
+        // A cold pass in order: after `first` files it waits until the
+        // cache has written something of it, then goes on; the kill lands
+        // as it goes on, with most of the pass still to read.
+        let first = 5 + rng.below(20) as usize;
+        let (at_first, wait_first) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
         let t = {
-            let (mnt, files, stop) = (s.mnt.clone(), files.clone(), Arc::clone(&stop));
+            let (mnt, files) = (s.mnt.clone(), files.clone());
+            let (at_first, wait_first) = (Arc::clone(&at_first), Arc::clone(&wait_first));
             std::thread::spawn(move || {
-                // Errors are expected once the daemon is dead.
-                for f in &files {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
+                // Reads fail once the daemon is dead: counted, not errors.
+                let (mut read, mut failed) = (0, 0);
+                for (i, f) in files.iter().enumerate() {
+                    if i == first {
+                        at_first.wait();
+                        wait_first.wait();
                     }
-                    let _ = fs::read(mnt.join(f));
+                    match fs::read(mnt.join(f)) {
+                        Ok(_) => read += 1,
+                        Err(_) => failed += 1,
+                    }
                 }
+                (read, failed)
             })
         };
-        std::thread::sleep(Duration::from_millis(20 + rng.below(400)));
+        at_first.wait();
+        wait_until(
+            "a file of this pass cached",
+            Duration::from_secs(60),
+            || m.stat("files_cached") > recovered[round],
+        );
+        cached_at_kill.push(m.stat("files_cached"));
+        wait_first.wait();
+        std::thread::sleep(Duration::from_millis(rng.below(30)));
         eprintln!(
-            "round {round}: kill -9 after {:?}",
+            "round {round}: kill -9 after {first}+ files, {} files cached, {:?} source bytes",
+            cached_at_kill[round],
             m.stats()["source_bytes"]
         );
         m.kill9_and_detach();
-        stop.store(true, Ordering::Relaxed);
-        t.join().unwrap();
+        let (read, failed) = t.join().unwrap();
+        eprintln!("round {round}: {read} files read before the kill, {failed} failed after it");
+        assert!(read >= first, "round {round}: {read} files read");
+        assert!(failed > 0, "round {round}: the pass ended before the kill");
         // The cache's index: the journal a kill -9 leaves is what the next
-        // start-up reads (round 1 also cuts it at a random byte, a torn
-        // write: a prefix is kept, the rest of the cache is a miss).
+        // start-up reads (round 1 also cuts it at a random byte past where
+        // its start-up left it, a torn write: the records before the cut
+        // are kept, the blocks of the rest are a miss).
         let journals = index_journals(&s.cache);
         assert!(!journals.is_empty(), "no index journal under {:?}", s.cache);
         if round == 1 {
             let j = journals.last().unwrap();
             let len = fs::metadata(j).unwrap().len();
-            let cut = rng.below(len + 1);
-            eprintln!("round {round}: journal {j:?} cut from {len} to {cut} bytes");
+            let from = match &journal_at_start {
+                Some((p, at)) if p == j => *at,
+                _ => 0,
+            };
+            let cut = from + rng.below(len - from + 1);
+            eprintln!("round {round}: journal {j:?} cut from {len} to {cut} bytes (kept {from})");
             OpenOptions::new()
                 .write(true)
                 .open(j)
@@ -149,12 +192,42 @@ fn cache_survives_kill_9_during_a_cold_read() {
                 .unwrap();
         }
     }
-    let m = s.mount(&["--no-passthrough"]);
+    // (The same block size: a cache written with another is discarded.)
+    let m = s.mount(&["--block-size", "64KiB", "--no-passthrough"]);
+    recovered.push(m.stat("files_cached"));
+    eprintln!(
+        "files recovered at each start: {recovered:?}, cached at each kill: {cached_at_kill:?} (of {})",
+        files.len()
+    );
+    // Every file the cache held whole at the first kill was recovered by
+    // the next start (at least one: the kill waited for it), and the cut
+    // journal kept what that start found.
+    assert_eq!(recovered[0], 0);
+    assert!(
+        recovered[1] >= cached_at_kill[0] && cached_at_kill[0] > 0,
+        "the kill lost cached files: {recovered:?} recovered, {cached_at_kill:?} cached"
+    );
+    assert!(
+        recovered[2] >= recovered[1],
+        "the torn journal lost what the start before it had: {recovered:?}"
+    );
     read_all_equal(&s.src, &s.mnt, &files);
+    // What was recovered is read from the cache, not the source: at least
+    // the smallest `recovered[2]` files' bytes were not fetched again.
+    let st = m.stats();
+    let kept: u64 = sizes[..recovered[2] as usize].iter().sum();
+    let source = st["source_bytes"].as_u64().unwrap();
+    assert!(
+        source <= total - kept,
+        "{source} bytes read from the source, of {total}; {} files recovered hold at least {kept}: {st}",
+        recovered[2]
+    );
+    assert!(st["cache_hit_bytes"].as_u64().unwrap() >= kept, "{st}");
     drop_page_cache();
     read_all_equal(&s.src, &s.mnt, &files);
     let st = m.stats();
     assert_eq!(st["read_errors"], 0, "{st}");
+    assert_eq!(st["corrupt_blocks"], 0, "{st}");
 }
 
 /// The cache index's journals (`index/journal.<gen>`), oldest first.
@@ -563,8 +636,18 @@ fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
     require_fuse!();
     let s = Scratch::new();
     let a = make_files(&s.src, "a", 1, |_| 2 * MIB + 5);
-    make_files(&s.src, "f", 12, |i| 4 * MIB + i);
-    let m = s.mount(&["--cache-size", "24M", "--revalidate", "1s"]);
+    let f = make_files(&s.src, "f", 12, |i| 4 * MIB + i);
+    // No read-ahead: the cache is filled by the reads below and nothing
+    // writes meanwhile. (With background prefetch filling it, a prefetch
+    // write retried on a loaded machine took the room that a.'s eviction
+    // freed for its new version, which then could not be cached.)
+    let m = s.mount(&[
+        "--cache-size",
+        "24M",
+        "--revalidate",
+        "1s",
+        "--no-readahead",
+    ]);
     read_all_equal(&s.src, &s.mnt, &a);
     wait_cached(&m, 1);
     // Opened from the complete cache: passthrough; on close its backing is
@@ -580,16 +663,13 @@ fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
     // the first to go when the new one needs room.
     let old = s.cached_data_file(&a[0]);
     assert!(old.exists(), "{} missing", old.display());
-    // Background prefetch fills the cache with the other files (never
-    // opened: no backings kept for them).
+    // The other files fill the cache, each read once (cold, so not in
+    // passthrough: no backings kept for them).
     let full =
         |m: &Mount| m.stat("cache_used_bytes") + 4 * MIB as u64 > m.stat("cache_capacity_bytes");
-    let t0 = Instant::now();
-    while !full(&m) && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(full(&m), "the cache did not fill up: {}", m.stats());
+    read_all_equal(&s.src, &s.mnt, &f);
     wait_settled(&m);
+    assert!(full(&m), "the cache did not fill up: {}", m.stats());
     assert_eq!(m.stat("passthrough_kept"), 1);
     write_file(&s.src.join(&a[0]), 99, 2 * MIB + 5);
     std::thread::sleep(Duration::from_millis(1500));

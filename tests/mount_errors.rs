@@ -411,7 +411,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         .node_files(t, "n1", "n1.example.com")
         .cert;
     let secret = t.join("secret");
-    fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    common::write_private(&secret, locafs::peer::tls::generate_secret().unwrap());
     let peer = [
         os("--listen"),
         os("127.0.0.1:17071"),
@@ -451,6 +451,10 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         &s.mnt,
         "--peer-key missing",
     );
+    // (A copy of the certificate that only its owner may read: one that
+    // others may read is refused before it is parsed.)
+    let not_key = t.join("not-a-key.pem");
+    common::write_private(&not_key, fs::read(&cert).unwrap());
     let toml = t.join("peer.toml");
     fs::write(
         &toml,
@@ -458,7 +462,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
             "peer-ca = {:?}\npeer-cert = {:?}\npeer-key = {:?}\n",
             cert.display().to_string(),
             cert.display().to_string(),
-            cert.display().to_string()
+            not_key.display().to_string()
         ),
     )
     .unwrap();
@@ -468,7 +472,7 @@ fn bad_input_exits_2_with_one_line_and_mounts_nothing() {
         "a --peer-key file without a key (TOML)",
         &no_key,
         &s.mnt,
-        &format!("--peer-key {}: no private key found", cert.display()),
+        &format!("--peer-key {}: no private key found", not_key.display()),
     );
 }
 
@@ -625,4 +629,83 @@ fn source_file_shrinking_under_an_open_handle_never_yields_stale_bytes() {
         st["source_errors"].as_u64().unwrap() > 0 || st["read_errors"].as_u64().unwrap() > 0,
         "{st}"
     );
+}
+
+/// A user who may not mount (here: /dev/fuse hidden behind a root-only
+/// file, in a mount namespace of the test's own, so that neither mount(2)
+/// nor fusermount can help) gets exit 2, one line saying what mounting
+/// takes, and nothing left in the cache directory: no data set directory
+/// the attempt made, no control socket in one that was there before.
+#[test]
+fn a_user_who_may_not_mount_gets_exit_2_what_it_takes_and_no_leftovers() {
+    require_fuse!();
+    for tool in ["setpriv", "unshare"] {
+        if which(tool).is_none() {
+            skip!("{tool} not installed");
+        }
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new();
+    write_file(&s.src.join("a"), 1, 1000);
+    fs::set_permissions(s.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    for d in [&s.mnt, &s.cache] {
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
+    let as_nobody = |args: &[&OsStr]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    if !as_nobody(&["--version".as_ref()]).status.success() {
+        skip!("user nobody cannot run {}", bin());
+    }
+    let blocker = s.path().join("no-fuse");
+    fs::write(&blocker, b"").unwrap();
+    fs::set_permissions(&blocker, fs::Permissions::from_mode(0o600)).unwrap();
+    let attempt = || {
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "mount --bind \"$1\" /dev/fuse && exec setpriv --reuid=65534 --regid=65534 \
+                 --clear-groups \"$2\" mount \"$3\" \"$4\" --cache-dir \"$5\"",
+            )
+            .arg("sh")
+            .args([blocker.as_os_str(), bin().as_ref()])
+            .args([s.src.as_os_str(), s.mnt.as_os_str(), s.cache.as_os_str()])
+            .output()
+            .unwrap()
+    };
+    let dataset_dirs = || -> Vec<PathBuf> {
+        fs::read_dir(&s.cache)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    let out = attempt();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let last = err.trim().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with(&format!(
+            "locafs: mount on {} failed: permission denied",
+            s.mnt.display()
+        )) && last.contains("mounting needs root or CAP_SYS_ADMIN"),
+        "{err}"
+    );
+    assert!(!is_mounted(&s.mnt));
+    assert_eq!(dataset_dirs(), Vec::<PathBuf>::new(), "{err}");
+
+    // A data set directory from before stays, without a stale socket.
+    let id = locafs::config::dataset_id(&fs::canonicalize(&s.src).unwrap());
+    let kept = s.cache.join(id);
+    fs::create_dir(&kept).unwrap();
+    std::os::unix::fs::chown(&kept, Some(65534), Some(65534)).unwrap();
+    let out = attempt();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(dataset_dirs(), vec![kept.clone()]);
+    assert!(!kept.join("control.sock").exists());
 }

@@ -255,7 +255,8 @@ fn a_stat_that_hangs_times_out_while_the_listing_answers() {
     let t = Instant::now();
     let e = std::fs::symlink_metadata(dir.join(HANG)).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // (A deadline of 1 s: the bound is far from it, and far from a hang.)
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     assert_eq!(
         std::fs::symlink_metadata(dir.join("f0007")).unwrap().len(),
         8

@@ -113,12 +113,19 @@ fn check_stalled(
             // A name the mount never saw: it cannot answer, and says so.
             let e = fs::metadata(mnt.join("never-seen")).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
-            // The uncached file again: refused at once now.
+            // The uncached file again: refused at once now (counted as a
+            // call refused, not waited out: far under the 30 s
+            // --source-timeout a read that waited would take).
+            let refused = snapshot(&mnt).source_calls_refused;
             let t = Instant::now();
             let e = fs::read(mnt.join("late.bin")).unwrap_err();
             let failed = t.elapsed();
             assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
-            assert!(failed < Duration::from_secs(2), "{failed:?}");
+            assert!(
+                snapshot(&mnt).source_calls_refused > refused,
+                "the read was not refused at once ({failed:?})"
+            );
+            assert!(failed < Duration::from_secs(15), "{failed:?}");
             (read_all, list, failed)
         },
     )
@@ -127,8 +134,9 @@ fn check_stalled(
 
 /// The first request after the source stopped: a read of a file the mount
 /// knows (fresh attributes) but has not cached. It fails with ETIMEDOUT
-/// once the source has been silent for --metadata-timeout, well before
-/// its own --source-timeout. Returns how long it took.
+/// once the source has been silent for --metadata-timeout (1 s here), well
+/// before its own --source-timeout (30 s here; the bound is half of it,
+/// far from the 1 s expected). Returns how long it took.
 fn uncached_read_fails(mnt: &Path, metadata_timeout: Duration, on_hang: impl FnOnce()) -> Duration {
     let path = mnt.join("late.bin");
     let (e, took) = within(
@@ -139,10 +147,7 @@ fn uncached_read_fails(mnt: &Path, metadata_timeout: Duration, on_hang: impl FnO
     );
     assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
     assert!(took >= metadata_timeout / 2, "{took:?}");
-    assert!(
-        took < 3 * metadata_timeout + Duration::from_secs(2),
-        "{took:?}"
-    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
     took
 }
 
@@ -363,8 +368,8 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
 fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
     require_fuse!();
     // One FUSE thread, reads through the daemon, and a long metadata
-    // deadline: while a lookup waits on the stalled source (10 s before
-    // the stall is declared), reads of a cached file must still be served.
+    // deadline: while a lookup waits on the stalled source (30 s before
+    // its deadline), reads of a cached file must still be served.
     let d = common::Scratch::new();
     let tree = make_tree(&d.src);
     let source = Arc::new(StallSource::new(&d.src));
@@ -377,7 +382,7 @@ fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
             "--revalidate",
             "1s",
             "--metadata-timeout",
-            "10s",
+            "30s",
         ],
     );
     let m = inproc::mount(&cfg, Arc::clone(&source) as _);
@@ -389,19 +394,20 @@ fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
     // So that the read below reaches the daemon.
     common::drop_page_cache();
     source.stall();
-    // A lookup that must ask the source (its entry is past --revalidate).
+    // A lookup that must ask the source (its entry is past --revalidate),
+    // and is waiting in it.
     let p = mnt.join("sub/f040.bin");
-    let waiting = std::thread::spawn(move || {
-        let t = Instant::now();
-        let r = fs::metadata(p).map(|m| m.len());
-        (r.ok(), t.elapsed())
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    let waiting = std::thread::spawn(move || fs::metadata(p).map(|m| m.len()).ok());
+    common::wait_until(
+        "the lookup waiting in the source",
+        Duration::from_secs(30),
+        || source.stuck.load(std::sync::atomic::Ordering::SeqCst) > 0,
+    );
     let s2 = Arc::clone(&source);
     let data = tree[rel].clone();
     let (_, took) = within(
         "a read while a lookup waits",
-        Duration::from_secs(8),
+        Duration::from_secs(20),
         move || s2.resume(),
         move || {
             use std::os::unix::fs::FileExt;
@@ -410,15 +416,14 @@ fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
             assert!(buf == data);
         },
     );
+    // Served while the lookup still waited (its deadline is 30 s away).
     assert!(
         !waiting.is_finished(),
         "the lookup did not wait on the source"
     );
     eprintln!("cached read served in {took:?} while a lookup waited on the stalled source");
-    let (len, waited) = waiting.join().unwrap();
-    // Answered from the last known tree at the deadline.
-    assert_eq!(len, Some(tree[Path::new("sub/f040.bin")].len() as u64));
-    assert!(waited >= Duration::from_secs(5), "{waited:?}");
     source.resume();
+    let len = waiting.join().unwrap();
+    assert_eq!(len, Some(tree[Path::new("sub/f040.bin")].len() as u64));
     drop(m);
 }

@@ -10,24 +10,26 @@
 
 mod common;
 
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::{Call, Hook, Hooked, MemSource};
+use common::fakes::{Call, Hook, Hooked, MemSource, Stall};
 use locafs::namespace::{Namespace, RELIST_MAX, ROOT};
 use locafs::source::Source;
 
 /// What the [`MemSource`] behind it is asked: its listings say they carry
 /// every attribute (or not, with `attrs` false); stats and listings are
-/// counted; each listing takes `LIST_MS`, or fails with ETIMEDOUT while
-/// `fail_lists` is set.
+/// counted; each listing takes `LIST_MS`, waits while `hold_lists` is
+/// stalled, or fails with ETIMEDOUT while `fail_lists` is set.
 struct Lists {
     attrs: bool,
     stats: AtomicU64,
     lists: AtomicU64,
     fail_lists: AtomicBool,
+    hold_lists: Stall,
 }
 
 type Listing = Hooked<Lists, MemSource>;
@@ -42,6 +44,7 @@ fn listing(attrs: bool) -> Listing {
         stats: AtomicU64::new(0),
         lists: AtomicU64::new(0),
         fail_lists: AtomicBool::new(false),
+        hold_lists: Stall::default(),
     };
     Hooked::over(MemSource::new(), lists)
 }
@@ -60,6 +63,7 @@ impl Hook for Lists {
             }
             Call::List(_) => {
                 self.lists.fetch_add(1, SeqCst);
+                self.hold_lists.around(call, || ());
                 std::thread::sleep(Duration::from_millis(LIST_MS));
             }
             _ => {}
@@ -155,21 +159,36 @@ async fn lookups_in_a_directory_being_listed_wait_for_that_listing() {
     ns.refresh_dir(ROOT).unwrap();
     let (d, _) = ns.lookup(ROOT, "d".as_ref()).unwrap();
     let (stats0, lists0) = src.counts();
-    // A listing of `d` under way (read-ahead's walk), then 50 lookups and
-    // one of a name that is not there.
+    // A listing of `d` under way (read-ahead's walk), held in the source
+    // until every lookup has started: 50 lookups and one of a name that
+    // is not there.
+    src.hold_lists.stall();
     let walk = {
         let ns = Arc::clone(&ns);
         tokio::spawn(async move { ns.refresh_dir_async(d).await })
     };
-    tokio::time::sleep(Duration::from_millis(LIST_MS / 4)).await;
-    let asked: Vec<_> = (0..51)
-        .map(|i| {
-            let ns = Arc::clone(&ns);
-            tokio::spawn(async move { ns.lookup_async(d, format!("f{i:05}").as_ref()).await })
-        })
+    common::wait_until("the listing in the source", Duration::from_secs(30), || {
+        src.hold_lists.stuck.load(SeqCst) == 1
+    });
+    let names: Vec<String> = (0..51).map(|i| format!("f{i:05}")).collect();
+    let mut asked: Vec<_> = names
+        .iter()
+        .map(|n| Box::pin(ns.lookup_async(d, n.as_ref())))
         .collect();
+    // Each polled once while the listing is held: none can answer yet.
+    std::future::poll_fn(|cx| {
+        for (i, a) in asked.iter_mut().enumerate() {
+            assert!(
+                a.as_mut().poll(cx).is_pending(),
+                "{i} answered before the listing"
+            );
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    src.hold_lists.resume();
     for (i, t) in asked.into_iter().enumerate() {
-        match t.await.unwrap() {
+        match t.await {
             Ok((_, a)) => assert_eq!(a.size, i as u64),
             Err(e) => assert!(
                 i == 50 && e.raw_os_error() == Some(libc::ENOENT),

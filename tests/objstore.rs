@@ -544,6 +544,45 @@ fn mount_fails_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, Duratio
     )
 }
 
+/// What docs/objstore.md promises for an endpoint nothing answers at: one
+/// line on stderr (not object_store's retries at INFO, nor the error twice,
+/// as a log line and as the message), exit 2, and nothing left behind: no
+/// data set directory in the cache, in the foreground or with --daemon.
+#[test]
+fn a_dead_endpoint_gives_one_line_and_leaves_nothing() {
+    require_fuse!();
+    let sc = Scratch::new();
+    let (mnt, cache) = (sc.mnt.to_str().unwrap(), sc.cache.to_str().unwrap());
+    let dead = format!("http://127.0.0.1:{}", free_tcp_port());
+    for daemon in [false, true] {
+        let mut args = vec![
+            "s3://b/x",
+            mnt,
+            "--cache-dir",
+            cache,
+            "--endpoint",
+            &dead,
+            "--no-sign-request",
+        ];
+        if daemon {
+            args.push("--daemon");
+        }
+        let (code, err, _) = mount_fails(&args);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "daemon {daemon}: {err}");
+        assert!(err.starts_with("locafs: s3://b/x: "), "{err}");
+        assert!(err.contains(&dead), "{err}");
+        assert!(!is_mounted(&sc.mnt));
+        let left: Vec<_> = std::fs::read_dir(&sc.cache)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "daemon {daemon}: left {left:?}");
+    }
+}
+
 #[test]
 fn a_missing_bucket_or_a_dead_endpoint_exits_2_before_mounting() {
     require_fuse!();
@@ -1601,11 +1640,17 @@ fn a_stalled_store_serves_what_is_cached_and_times_out_the_rest() {
             matches!(e.raw_os_error(), Some(libc::ETIMEDOUT) | Some(libc::EIO)),
             "{rel:?}: {e}"
         );
-        assert!(took < Duration::from_secs(15), "{rel:?} waited {took:?}");
+        // (Its deadline is the 4 s --source-timeout; the bounds are far
+        // from it, and far from a hang.)
+        assert!(took < Duration::from_secs(60), "{rel:?} waited {took:?}");
         failed += 1;
     }
     assert!(failed > 0);
-    assert!(t0.elapsed() < Duration::from_secs(60));
+    assert!(
+        t0.elapsed() < Duration::from_secs(180),
+        "{:?}",
+        t0.elapsed()
+    );
     p.knobs.stalled.store(false, Relaxed);
     // Once the store answers again, so does the mount.
     wait_until(

@@ -65,6 +65,7 @@ fn cargo_deb_package_installs_and_runs() {
         "./lib/systemd/system/locafs@.service",
         "./etc/locafs/example.toml",
         "./usr/share/doc/locafs/operations.md",
+        "./usr/share/doc/locafs/security.md",
     ] {
         assert!(list.contains(f), "{f} missing from the package:\n{list}");
     }

@@ -3,8 +3,10 @@
 //! `mount -t fuse.locafs SRC MNT -o ...` returns only when the mount is live,
 //! standard options (_netdev, nofail, x-systemd.*) are accepted, an fstab
 //! line works, bad options fail with mount(8)'s status 1 and nothing
-//! mounted, `-f` mounts nothing; and the helper called directly as mount(8)
-//! calls it (with -n -s -v).
+//! mounted, `-f` mounts nothing; and both helpers (the script, and the
+//! binary called by the helper's name) called directly as mount(8) calls
+//! them (with -n -s -v). The binary as the helper of mount(8) itself, from
+//! an fstab line, is tested by tests/docs_readme.rs, following the README.
 //!
 //! mount(8) (util-linux) looks for helpers only in /sbin, /sbin/fs.d and
 //! /sbin/fs, not in PATH: the test installs the helper as
@@ -195,36 +197,111 @@ fn mount_t_fuse_locafs_and_fstab() {
     assert!(mount_type(&sc.mnt).is_none());
 }
 
-/// The helper run the way mount(8) runs it, without installing anything.
+/// The two helpers: the shell script (packaging/mount.fuse.locafs, which
+/// the Debian package installs) and the binary itself called by that name
+/// (what the README's install links). Each runs the way mount(8) runs it.
+enum Helper {
+    Script,
+    /// A link named mount.fuse.locafs to the binary, in a scratch dir.
+    Binary(tempfile::TempDir),
+}
+
+impl Helper {
+    fn both() -> Vec<Helper> {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(bin(), dir.path().join("mount.fuse.locafs")).unwrap();
+        vec![Helper::Script, Helper::Binary(dir)]
+    }
+
+    /// `mount.fuse.locafs` ready for its arguments.
+    fn command(&self) -> Command {
+        match self {
+            Helper::Script => {
+                let mut c = Command::new("sh");
+                c.arg(helper_src()).env("LOCAFS_BIN", bin());
+                c
+            }
+            Helper::Binary(dir) => Command::new(dir.path().join("mount.fuse.locafs")),
+        }
+    }
+}
+
+/// Both helpers, run the way mount(8) runs them, without installing
+/// anything: the same statuses and the same command run.
 #[test]
 fn helper_called_as_mount8_does() {
     require_fuse!();
-    let sc = Scratch::with_sample_files();
-    let log = sc.dir.path().join("locafs.log");
-    let out = Command::new("sh")
-        .arg(helper_src())
-        .arg(&sc.src)
-        .arg(&sc.mnt)
-        .args(["-n", "-sv", "-o"])
-        .arg(format!(
-            "rw,cache_dir={},immutable,fuse_threads=2,log_file={}",
-            sc.cache.display(),
-            log.display()
-        ))
-        .args(["-t", "fuse.locafs"])
-        .env("LOCAFS_BIN", bin())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    // -v shows the command it ran; "rw" (added by mount(8)) was dropped.
-    assert!(err.contains("mount --daemon -o cache_dir="), "{err}");
-    assert!(!err.contains("rw,"), "{err}");
-    assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
-    sc.check_files_through_mount();
-    umount_and_wait(&sc, &log);
+    for helper in Helper::both() {
+        let sc = Scratch::with_sample_files();
+        let log = sc.dir.path().join("locafs.log");
+        let out = helper
+            .command()
+            .arg(&sc.src)
+            .arg(&sc.mnt)
+            .args(["-n", "-sv", "-o"])
+            .arg(format!(
+                "rw,cache_dir={},immutable,fuse_threads=2,log_file={}",
+                sc.cache.display(),
+                log.display()
+            ))
+            .args(["-t", "fuse.locafs"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        // -v shows the command it ran; "rw" (added by mount(8)) was dropped.
+        assert!(err.contains("mount --daemon -o cache_dir="), "{err}");
+        assert!(!err.contains("rw,"), "{err}");
+        assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
+        sc.check_files_through_mount();
+        umount_and_wait(&sc, &log);
 
-    // A binary that cannot be found: status 1 and a clear message.
+        // -f: nothing mounted, success.
+        let out = helper
+            .command()
+            .arg(&sc.src)
+            .arg(&sc.mnt)
+            .arg("-f")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(mount_type(&sc.mnt).is_none());
+        // Bad options: mount(8)'s status 1, the reason on stderr.
+        let out = helper
+            .command()
+            .arg(&sc.src)
+            .arg(&sc.mnt)
+            .args(["-o", "bogus_option=1"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
+        assert!(mount_type(&sc.mnt).is_none());
+        // A mount that fails for another reason (a mount namespace that
+        // is not there): status 32.
+        let out = helper
+            .command()
+            .arg(&sc.src)
+            .arg(&sc.mnt)
+            .args(["-N", "/nonexistent/ns/mnt"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(32));
+        assert!(mount_type(&sc.mnt).is_none());
+        // An unknown flag: usage, status 1.
+        let out = helper
+            .command()
+            .arg(&sc.src)
+            .arg(&sc.mnt)
+            .arg("-Z")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag -Z"));
+    }
+
+    // The script: a binary that cannot be found is status 32.
+    let sc = Scratch::with_sample_files();
     let out = Command::new("sh")
         .arg(helper_src())
         .arg(&sc.src)
@@ -234,15 +311,4 @@ fn helper_called_as_mount8_does() {
         .unwrap();
     assert_eq!(out.status.code(), Some(32));
     assert!(mount_type(&sc.mnt).is_none());
-    // An unknown flag: usage, status 1.
-    let out = Command::new("sh")
-        .arg(helper_src())
-        .arg(&sc.src)
-        .arg(&sc.mnt)
-        .arg("-Z")
-        .env("LOCAFS_BIN", bin())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag -Z"));
 }

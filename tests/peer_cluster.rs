@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::mpsc;
 use std::time::Duration;
 
 use common::cluster::*;
@@ -92,21 +93,50 @@ fn a_node_killed_mid_epoch_costs_no_failed_read_and_no_wrong_byte() {
     // Epoch 0 on all three: the victim now owns and holds a third of it.
     run_epoch(&c, &[&a, &b, &victim], 0, 2);
     assert!(victim.stats().peer_served_bytes > 0);
-    // Epoch 1 on a and b; the victim dies a few files in.
+    // Epoch 1 on a and b; the victim dies when each has read a third of
+    // its share: the readers wait for the kill there, then read the rest
+    // (asking the victim for its blocks until they find it gone).
     let shares = shares(c.files.len(), 2, 1, 2);
+    let (arrived, at_third) = mpsc::channel();
     std::thread::scope(|s| {
+        let mut go = Vec::new();
         for (node, share) in [&a, &b].into_iter().zip(&shares) {
-            let c = &c;
+            let (c, arrived) = (&c, arrived.clone());
+            let (tx, wait) = mpsc::channel::<()>();
+            go.push(tx);
             s.spawn(move || {
-                for &i in share {
+                let third = share.len() / 3;
+                assert!(third > 0 && share.len() - third > 0, "{share:?}");
+                for (n, &i) in share.iter().enumerate() {
+                    if n == third {
+                        arrived.send(()).unwrap();
+                        wait.recv().expect("the go after the kill");
+                    }
                     let (rel, data) = &c.files[i];
                     node.read_check(rel, data);
                 }
             });
         }
-        std::thread::sleep(Duration::from_millis(30));
+        // (A reader that failed before its third drops its sender: then
+        // this fails rather than waits forever.)
+        drop(arrived);
+        for _ in 0..2 {
+            at_third
+                .recv_timeout(Duration::from_secs(120))
+                .expect("both readers at a third of their share");
+        }
         victim.kill();
+        for tx in go {
+            let _ = tx.send(());
+        }
     });
+    // The survivors found the victim gone by asking it for blocks they
+    // needed: the kill landed while the epoch still needed it.
+    let failures: Vec<u64> = [&a, &b].iter().map(|n| n.stats().peer_failures).collect();
+    assert!(
+        failures.iter().sum::<u64>() > 0,
+        "no request of the rest of the epoch reached the victim: {failures:?}"
+    );
     // And everything once more on each survivor, with the victim gone.
     for n in [&a, &b] {
         for (rel, data) in &c.files {

@@ -1,3 +1,5 @@
+//! Two floods against a real `locafs mount` process.
+//!
 //! A member that floods a node from one host: eight client endpoints on one
 //! address (many source ports) asking for more than one host may have
 //! served, plus a client on the same address that never reads its
@@ -7,6 +9,15 @@
 //! base: replies in flight are bounded by the reply budget (at most half
 //! of it for one host), and a reply nobody reads is given up at the peer
 //! timeout.
+//!
+//! A host that floods a node with QUIC handshakes it never finishes (it
+//! holds no cluster secret: each attempt's Initial is made by quinn's
+//! sans-I/O state machine and sent from a plain UDP socket, and the rest
+//! of the handshake is never sent), following the node's Retry packets as
+//! a real host would: the node sends Retries once a few handshakes from
+//! it are in progress, takes on at most `HANDSHAKES_PER_HOST` at once and
+//! refuses the rest, and a legitimate peer connecting meanwhile from
+//! another address gets its block.
 
 mod common;
 
@@ -299,4 +310,207 @@ fn a_flood_from_one_host_and_a_reader_that_never_reads_neither_starve_an_honest_
 
 fn rt_spawn<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
     tokio::spawn(f);
+}
+
+/// What a handshake flooder saw of its attempts.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Retry packets received (each answered with the token).
+    retries: usize,
+    /// Attempts the node took on (its hello arrived), with when, in order.
+    accepted: Vec<Instant>,
+    /// Attempts refused (CONNECTION_CLOSE with CONNECTION_REFUSED).
+    refused: usize,
+}
+
+/// `attempts` QUIC connection attempts from one UDP socket on `from` to
+/// `target`, none ever finished: the first Initial of each is sent, and
+/// the Initial with the token after a Retry; nothing after the node's
+/// hello. Watches the answers for `watch`.
+fn flood_handshakes(
+    from: &str,
+    target: SocketAddr,
+    attempts: usize,
+    config: quinn_proto::ClientConfig,
+    watch: Duration,
+) -> Tally {
+    use quinn_proto::{ConnectionError, DatagramEvent, Endpoint, EndpointConfig, Event};
+    use std::collections::HashMap;
+    let sock = std::net::UdpSocket::bind((from, 0)).expect("bind the flooder");
+    sock.set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut ep = Endpoint::new(Arc::new(EndpointConfig::default()), None, false, None);
+    let mut conns = HashMap::new();
+    let mut buf = Vec::new();
+    let send = |conn: &mut quinn_proto::Connection, buf: &mut Vec<u8>| {
+        buf.clear();
+        while let Some(t) = conn.poll_transmit(Instant::now(), 1, buf) {
+            let _ = sock.send_to(&buf[..t.size], t.destination);
+            buf.clear();
+        }
+    };
+    for _ in 0..attempts {
+        let (h, mut conn) = ep
+            .connect(Instant::now(), config.clone(), target, PEER_SERVER_NAME)
+            .expect("an attempt");
+        send(&mut conn, &mut buf);
+        conns.insert(h, conn);
+    }
+    let mut tally = Tally::default();
+    // When each attempt first got an answer that was not a Retry (the
+    // node's hello, or its refusal).
+    let mut answered: HashMap<quinn_proto::ConnectionHandle, Instant> = HashMap::new();
+    let mut refused = std::collections::HashSet::new();
+    let t0 = Instant::now();
+    let mut raw = vec![0u8; 65536];
+    while t0.elapsed() < watch {
+        let Ok((n, peer)) = sock.recv_from(&mut raw) else {
+            continue;
+        };
+        // QUIC v1 long header, packet type 3.
+        let retry = n > 0 && raw[0] & 0x80 != 0 && (raw[0] >> 4) & 0x3 == 3;
+        let data = bytes::BytesMut::from(&raw[..n]);
+        let Some(DatagramEvent::ConnectionEvent(h, event)) =
+            ep.handle(Instant::now(), peer, None, None, data, &mut buf)
+        else {
+            continue;
+        };
+        let Some(conn) = conns.get_mut(&h) else {
+            continue;
+        };
+        conn.handle_event(event);
+        while let Some(e) = conn.poll_endpoint_events() {
+            if let Some(back) = ep.handle_event(h, e) {
+                conn.handle_event(back);
+            }
+        }
+        if retry {
+            tally.retries += 1;
+            send(conn, &mut buf);
+        } else {
+            answered.entry(h).or_insert_with(Instant::now);
+        }
+        while let Some(e) = conn.poll() {
+            if let Event::ConnectionLost {
+                reason: ConnectionError::ConnectionClosed(c),
+            } = e
+            {
+                if c.error_code == quinn_proto::TransportErrorCode::CONNECTION_REFUSED {
+                    refused.insert(h);
+                }
+            }
+        }
+    }
+    tally.refused = refused.len();
+    tally.accepted = answered
+        .iter()
+        .filter(|(h, _)| !refused.contains(*h))
+        .map(|(_, t)| *t)
+        .collect();
+    tally.accepted.sort();
+    tally
+}
+
+#[test]
+fn a_handshake_flood_from_one_host_is_retried_and_bounded_and_a_peer_still_connects() {
+    use locafs::peer::limits::{HANDSHAKES_PER_HOST, RETRY_ABOVE_PER_HOST};
+    require_fuse!();
+    let c = Cluster::new(8, MIB as usize, MIB as usize, 33);
+    let tp = free_udp_port();
+    let target_addr = format!("127.0.0.1:{tp}");
+    let peers = vec![target_addr.clone()];
+    let spec = NodeSpec {
+        listen: target_addr.clone(),
+        peers: peers.clone(),
+        secret: &c.secret,
+        cache_size: "512M",
+        peer_timeout: "5s",
+        netns: None,
+    };
+    let target = Node::start_spec_with(&c, "target", spec, &["--block-size", BLOCK_SIZE]);
+    target.wait_peers_in_state(&peers, &["self"], Duration::from_secs(20));
+    let target_sock: SocketAddr = target_addr.parse().unwrap();
+
+    // The flooder holds no secret of this cluster: another one's keys.
+    let stranger = ClusterIdentity::from_secret(&std::fs::read(c.other_secret()).unwrap()).unwrap();
+    const ATTEMPTS: usize = 200;
+    let flood = std::thread::spawn(move || {
+        flood_handshakes(
+            "127.0.0.3",
+            target_sock,
+            ATTEMPTS,
+            stranger.client_config(),
+            Duration::from_secs(3),
+        )
+    });
+    // Meanwhile a legitimate peer (the cluster's keys) connects from
+    // another address and gets a block.
+    let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();
+    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
+        &std::fs::canonicalize(c.source()).unwrap(),
+    ));
+    let req = requests(&c, dataset).remove(0);
+    let rt = runtime();
+    std::thread::sleep(Duration::from_millis(300));
+    let t_peer = Instant::now();
+    let got = rt.block_on(async {
+        let ep = endpoint("127.0.0.4", identity.client_config());
+        let conn = tokio::time::timeout(
+            Duration::from_secs(20),
+            ep.connect(target_sock, PEER_SERVER_NAME).unwrap(),
+        )
+        .await
+        .expect("the legitimate peer's handshake timed out")
+        .expect("the legitimate peer was refused");
+        let (mut s, mut r) = conn.open_bi().await.unwrap();
+        s.write_all(&req).await.unwrap();
+        let _ = s.finish();
+        let raw = r.read_to_end(codec::MAX_FRAME).await.unwrap();
+        codec::decode_eof(&mut BytesMut::from(&raw[..]))
+    });
+    let peer_time = t_peer.elapsed();
+    let tally = flood.join().unwrap();
+    drop(rt);
+    let ts = target.stats();
+    // Handshakes the node took on within any 4 s (each stays in progress
+    // for the 5 s handshake timeout, the flooder never finishing it).
+    let first = tally.accepted.first().copied();
+    let at_once = tally
+        .accepted
+        .iter()
+        .filter(|t| first.is_some_and(|f| t.duration_since(f) < Duration::from_secs(4)))
+        .count();
+    eprintln!(
+        "{ATTEMPTS} attempts from one host: {} retries, {} taken on ({at_once} within 4 s), \
+         {} refused; the node counted {} retried, {} refused; the legitimate peer got its \
+         block in {peer_time:?}",
+        tally.retries,
+        tally.accepted.len(),
+        tally.refused,
+        ts.peer_handshakes_retried,
+        ts.peer_refused_connections,
+    );
+    assert!(
+        matches!(got, Ok(Some(Frame::Block { .. }))),
+        "the legitimate peer got {got:?}"
+    );
+    assert!(
+        at_once <= HANDSHAKES_PER_HOST,
+        "{at_once} handshakes from one host in progress at once"
+    );
+    assert!(
+        tally.retries >= ATTEMPTS - HANDSHAKES_PER_HOST,
+        "only {} of {ATTEMPTS} attempts were sent a Retry",
+        tally.retries
+    );
+    assert!(tally.accepted.len() >= RETRY_ABOVE_PER_HOST, "{tally:?}");
+    // (Not every Initial sent again with its token gets through: the
+    // burst overflows the node's socket buffer, as a flood does.)
+    assert!(
+        tally.refused >= ATTEMPTS / 2,
+        "only {} attempts refused",
+        tally.refused
+    );
+    assert!(ts.peer_handshakes_retried as usize >= tally.retries);
+    assert!(ts.peer_refused_connections as usize >= tally.refused);
 }

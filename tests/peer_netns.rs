@@ -17,17 +17,15 @@ use common::*;
 
 const PORT: u16 = 7070;
 
-/// A lab of `n` namespaces, or SKIPPED.
+/// A lab of `n` namespaces, or None (SKIPPED) if the machine lacks what
+/// one needs. Decided from the machine first: a lab that then fails to
+/// build fails the test.
 fn lab(n: usize) -> Option<Lab> {
-    let why = match fuse_missing() {
-        Some(why) => why,
-        None => match Lab::new(n) {
-            Ok(l) => return Some(l),
-            Err(e) => format!("network namespaces are not usable here: {e}"),
-        },
-    };
-    skipped(module_path!(), &why);
-    None
+    if let Some(why) = fuse_missing().or_else(common::netns::netns_missing) {
+        skipped(module_path!(), &why);
+        return None;
+    }
+    Some(Lab::new(n).unwrap_or_else(|e| panic!("the namespace lab could not be built: {e}")))
 }
 
 /// Starts node `i` of `lab` on its namespace address, naming the others.

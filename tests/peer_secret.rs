@@ -2,7 +2,8 @@
 //! `--cluster-secret-file` accepts, and a hand-made passphrase (or the bare
 //! hex secret of older versions), which anyone reaching the peer port could
 //! test offline, stops the mount with exit status 2 and one line saying to
-//! run `locafs secret`, naming the file but never quoting it.
+//! run `locafs secret`, naming the file but never quoting it; so does a
+//! missing file.
 //!
 //! Real `locafs` processes; only the binary's behaviour is used.
 
@@ -56,18 +57,29 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     ];
     for (i, passphrase) in hand_made.iter().enumerate() {
         let file = dir.path().join(format!("secret{i}"));
-        std::fs::write(&file, format!("{passphrase}\n")).unwrap();
+        write_private(&file, format!("{passphrase}\n"));
         let mut a = attempt(dir.path(), &format!("hand{i}"), &file);
         let code = a.wait_exit(Duration::from_secs(20)).map(|st| st.code());
         let err = a.stderr();
         assert_eq!(code, Some(Some(2)), "{passphrase:?} was not refused: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "{err}");
-        assert!(lines[0].contains("run `locafs secret > FILE`"), "{err}");
+        assert!(lines[0].contains("run `locafs secret --out FILE`"), "{err}");
         assert!(lines[0].contains(&file.display().to_string()), "{err}");
         assert!(!err.contains(passphrase), "the secret was quoted: {err}");
         assert!(!is_mounted(&a.mnt));
     }
+
+    // A missing file: the same one line, saying how to make one.
+    let missing = dir.path().join("no-such-secret");
+    let mut a = attempt(dir.path(), "missing", &missing);
+    let code = a.wait_exit(Duration::from_secs(20)).map(|st| st.code());
+    let err = a.stderr();
+    assert_eq!(code, Some(Some(2)), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no such file or directory"), "{err}");
+    assert!(err.contains("run `locafs secret > FILE`"), "{err}");
+    assert!(!is_mounted(&a.mnt));
 
     // What `locafs secret` prints is accepted, and is new each time.
     let print = || {
@@ -79,7 +91,7 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     assert!(secret.starts_with("locafs-secret-v1:"), "{secret}");
     assert_ne!(secret, print());
     let file = dir.path().join("good-secret");
-    std::fs::write(&file, &secret).unwrap();
+    write_private(&file, &secret);
     let mut a = attempt(dir.path(), "good", &file);
     a.wait_mounted(Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("did not mount: {e}"));

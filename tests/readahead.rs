@@ -844,25 +844,48 @@ fn within_file_mount(
     (mount(&cfg, source.clone()), source)
 }
 
-/// Counts the directory listings in flight at a source (each takes 30 ms),
-/// and the most at once.
+/// Counts the directory listings in flight at a source, and the most at
+/// once. Listings of the class directories (`cNN`) are held until 16 are in
+/// flight together (or, for a walk that never lists 16 at once, until the
+/// first has waited 10 s); from then on none is held. So a walk that lists
+/// up to 16 at once is seen doing so however slowly the machine starts
+/// them, and one that lists fewer is seen listing fewer. Each then takes
+/// 30 ms, so that one that lists more is seen starting a 17th meanwhile.
 #[derive(Default)]
 struct Listings {
     now: std::sync::atomic::AtomicU64,
     max: std::sync::atomic::AtomicU64,
     all: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
 }
 
 impl common::fakes::Hook for Listings {
     fn around<T>(&self, call: common::fakes::Call<'_>, real: impl FnOnce() -> T) -> T {
         use std::sync::atomic::Ordering::SeqCst;
-        if !matches!(call, common::fakes::Call::List(_)) {
+        let common::fakes::Call::List(p) = call else {
             return real();
-        }
+        };
         let n = self.now.fetch_add(1, SeqCst) + 1;
         self.max.fetch_max(n, SeqCst);
         self.all.fetch_add(1, SeqCst);
-        std::thread::sleep(Duration::from_millis(30));
+        if p.to_str().is_some_and(|p| p.starts_with('c')) {
+            let mut open = self.open.lock().unwrap();
+            if n >= 16 {
+                *open = true;
+                self.opened.notify_all();
+            }
+            let (mut open, waited) = self
+                .opened
+                .wait_timeout_while(open, Duration::from_secs(10), |open| !*open)
+                .unwrap();
+            if waited.timed_out() {
+                *open = true;
+                self.opened.notify_all();
+            }
+            drop(open);
+            std::thread::sleep(Duration::from_millis(30));
+        }
         let r = real();
         self.now.fetch_sub(1, SeqCst);
         r
@@ -878,7 +901,17 @@ fn the_tree_is_listed_for_read_ahead_several_directories_at_a_time() {
     for i in 0..192 {
         write_file(&d.src.join(format!("c{:02}/f{i:04}", i % 48)), i, 1000);
     }
-    let cfg = config(&d, &["--no-passthrough", "--cache-size", "1G"]);
+    // (A metadata deadline far above the 10 s a listing may be held.)
+    let cfg = config(
+        &d,
+        &[
+            "--no-passthrough",
+            "--cache-size",
+            "1G",
+            "--metadata-timeout",
+            "60s",
+        ],
+    );
     let source = Arc::new(common::fakes::Hooked::wrap(&d.src, Listings::default()));
     let m = mount(&cfg, source.clone());
     let t0 = Instant::now();

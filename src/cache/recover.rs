@@ -24,15 +24,19 @@
 //!
 //! Pure encoding and decoding plus the files: no knowledge of the cache's
 //! in-memory state (the caller applies the [`Op`]s). Nothing here panics on
-//! bad bytes.
+//! bad bytes. The files are reached through the data set directory's
+//! checked handle (`private_dir`): no symlink is followed, and they are
+//! created owner-only.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::{Buf, BufMut};
+use rustix::fs::OFlags;
 
 use super::{Checksum, VersionKey};
+use crate::private_dir::PrivateDir;
 
 /// Bytes of one record, and of a file's header.
 pub const REC: usize = 64;
@@ -201,9 +205,12 @@ pub fn parse_header(b: &[u8], magic: &[u8; 8], block_size: u64) -> Option<(u64, 
     Some((r.get_u64_le(), r.get_u64_le()))
 }
 
+/// The index's directory's name in a data set's directory.
+const INDEX_DIR: &str = "index";
+
 /// Where the index lives in a cache directory.
 pub fn index_dir(cache_dir: &Path) -> PathBuf {
-    cache_dir.join("index")
+    cache_dir.join(INDEX_DIR)
 }
 
 /// Left in the index directory by a clean shutdown, once its last
@@ -211,54 +218,44 @@ pub fn index_dir(cache_dir: &Path) -> PathBuf {
 /// the next start-up takes it away (before anything is written) and needs
 /// no sweep of the block directories for orphans (a walk of every cached
 /// file's name: seconds at millions of files, beside the first epoch).
-fn clean_path(cache_dir: &Path) -> PathBuf {
-    index_dir(cache_dir).join("clean")
-}
+const CLEAN: &str = "clean";
 
 /// Marks the cache as shut down cleanly (see [`take_clean`]).
-pub fn mark_clean(cache_dir: &Path) -> io::Result<()> {
-    File::create(clean_path(cache_dir))?.sync_all()?;
-    sync_dir(&index_dir(cache_dir))
+pub fn mark_clean(cache_dir: &PrivateDir) -> io::Result<()> {
+    let dir = cache_dir.subdir(INDEX_DIR, false)?;
+    dir.create_file(CLEAN)?.sync_all()?;
+    dir.sync()
 }
 
 /// Whether the last shutdown was clean (the mark is taken away, durably,
 /// so that a crash from now on leaves none). A mark that cannot be taken
 /// away counts as absent.
-pub fn take_clean(cache_dir: &Path) -> bool {
-    if fs::remove_file(clean_path(cache_dir)).is_err() {
+pub fn take_clean(cache_dir: &PrivateDir) -> bool {
+    let Ok(dir) = cache_dir.subdir(INDEX_DIR, false) else {
+        return false;
+    };
+    if dir.remove_file(CLEAN).is_err() {
         return false;
     }
-    sync_dir(&index_dir(cache_dir)).is_ok()
+    dir.sync().is_ok()
 }
 
-fn snapshot_path(dir: &Path) -> PathBuf {
-    dir.join("snapshot")
-}
+const SNAPSHOT: &str = "snapshot";
 
-fn journal_path(dir: &Path, gen: u64) -> PathBuf {
-    dir.join(format!("journal.{gen}"))
+fn journal_name(gen: u64) -> String {
+    format!("journal.{gen}")
 }
 
 /// The generations of the journals in `dir`, ascending.
-fn journal_gens(dir: &Path) -> Vec<u64> {
-    let mut gens: Vec<u64> = fs::read_dir(dir)
+fn journal_gens(dir: &PrivateDir) -> Vec<u64> {
+    let mut gens: Vec<u64> = dir
+        .entries("")
         .into_iter()
         .flatten()
-        .flatten()
-        .filter_map(|e| {
-            e.file_name()
-                .to_str()?
-                .strip_prefix("journal.")?
-                .parse()
-                .ok()
-        })
+        .filter_map(|e| e.name.to_str()?.strip_prefix("journal.")?.parse().ok())
         .collect();
     gens.sort_unstable();
     gens
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// What [`Index::load`] read.
@@ -281,7 +278,7 @@ pub enum Loading {
 /// The open index: appends go to the newest journal.
 #[derive(Debug)]
 pub struct Index {
-    dir: PathBuf,
+    dir: PrivateDir,
     block_size: u64,
     gen: u64,
     journal: File,
@@ -296,7 +293,7 @@ pub struct Index {
 /// A checkpoint whose snapshot is written but not yet installed (see
 /// [`Index::begin_checkpoint`]).
 pub struct Pending {
-    dir: PathBuf,
+    dir: PrivateDir,
     /// The whole snapshot, encoded (64 bytes per cached block): made under
     /// the caller's lock, written outside it.
     bytes: Vec<u8>,
@@ -311,7 +308,7 @@ impl Index {
     /// it starts again from nothing). A journal is replayed up to its first
     /// bad record, and the newest one is cut there (it is appended to next).
     pub fn load(
-        cache_dir: &Path,
+        cache_dir: &PrivateDir,
         block_size: u64,
         mut apply: impl FnMut(Op),
     ) -> io::Result<Option<(Index, Loaded)>> {
@@ -325,13 +322,17 @@ impl Index {
     /// [`Index::load`], telling `apply` first how many records the snapshot
     /// holds (so that the caller can size its tables once).
     pub fn load_with(
-        cache_dir: &Path,
+        cache_dir: &PrivateDir,
         block_size: u64,
         mut apply: impl FnMut(Loading),
     ) -> io::Result<Option<(Index, Loaded)>> {
-        let dir = index_dir(cache_dir);
+        let dir = match cache_dir.subdir(INDEX_DIR, false) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let mut loaded = Loaded::default();
-        let f = match File::open(snapshot_path(&dir)) {
+        let f = match dir.open_read(SNAPSHOT) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
@@ -362,7 +363,7 @@ impl Index {
                 // A journal missing in between: what follows is not replayed.
                 break;
             }
-            let Ok(f) = File::open(journal_path(&dir, g)) else {
+            let Ok(f) = dir.open_read(journal_name(g)) else {
                 break;
             };
             let mut r = BufReader::with_capacity(1 << 20, f);
@@ -385,21 +386,21 @@ impl Index {
         }
         let (gen, journal) = match last {
             Some((g, good)) => {
-                let p = journal_path(&dir, g);
-                let f = OpenOptions::new().read(true).write(true).open(&p)?;
+                let p = journal_name(g);
+                let f = dir.open_file(&p, OFlags::RDWR)?;
                 let len = f.metadata()?.len();
                 if len > good {
                     loaded.torn_bytes = len - good;
                     f.set_len(good)?;
                 }
                 drop(f);
-                (g, OpenOptions::new().append(true).open(&p)?)
+                (g, dir.open_file(&p, OFlags::WRONLY | OFlags::APPEND)?)
             }
             None => (snap_gen, new_journal(&dir, block_size, snap_gen)?),
         };
         // Journals past a gap are not replayed, and must not be later.
         for g in journal_gens(&dir).into_iter().filter(|x| *x > gen) {
-            let _ = fs::remove_file(journal_path(&dir, g));
+            let _ = dir.remove_file(journal_name(g));
         }
         Ok(Some((
             Index {
@@ -418,12 +419,11 @@ impl Index {
     /// A new index holding exactly `puts` (a converted or fresh cache):
     /// written, synced and installed before this returns.
     pub fn create(
-        cache_dir: &Path,
+        cache_dir: &PrivateDir,
         block_size: u64,
         puts: impl Iterator<Item = Put>,
     ) -> io::Result<Index> {
-        let dir = index_dir(cache_dir);
-        fs::create_dir_all(&dir)?;
+        let dir = cache_dir.subdir(INDEX_DIR, true)?;
         let gen = journal_gens(&dir).last().map_or(1, |g| g + 1);
         let (bytes, n) = encode_snapshot(block_size, gen, puts);
         let journal = new_journal(&dir, block_size, gen)?;
@@ -495,37 +495,29 @@ impl Pending {
     /// snapshot beside the old one, syncs it, renames it over, syncs the
     /// directory, then deletes the journals it replaces.
     pub fn install(self) -> io::Result<()> {
-        let tmp = self.dir.join("snapshot.tmp");
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
+        let tmp = "snapshot.tmp";
+        let mut f = self.dir.create_file(tmp)?;
         f.write_all(&self.bytes)?;
         f.sync_all()?;
         drop(f);
-        fs::rename(&tmp, snapshot_path(&self.dir))?;
-        sync_dir(&self.dir)?;
+        self.dir.rename(tmp, SNAPSHOT)?;
+        self.dir.sync()?;
         for g in journal_gens(&self.dir)
             .into_iter()
             .filter(|g| *g < self.gen)
         {
-            let _ = fs::remove_file(journal_path(&self.dir, g));
+            let _ = self.dir.remove_file(journal_name(g));
         }
         Ok(())
     }
 }
 
-fn new_journal(dir: &Path, block_size: u64, gen: u64) -> io::Result<File> {
-    let p = journal_path(dir, gen);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)?;
+fn new_journal(dir: &PrivateDir, block_size: u64, gen: u64) -> io::Result<File> {
+    let p = journal_name(gen);
+    let mut f = dir.create_file(&p)?;
     f.write_all(&header(JOURNAL_MAGIC, block_size, gen, 0))?;
     drop(f);
-    OpenOptions::new().append(true).open(&p)
+    dir.open_file(&p, OFlags::WRONLY | OFlags::APPEND)
 }
 
 /// A snapshot of generation `gen` holding `puts`, and its record count.
@@ -586,7 +578,7 @@ mod tests {
         assert_eq!(parse_header(&h, JOURNAL_MAGIC, 4096), None);
     }
 
-    fn load(dir: &Path) -> Option<(Index, Vec<Op>)> {
+    fn load(dir: &PrivateDir) -> Option<(Index, Vec<Op>)> {
         let mut ops = Vec::new();
         Index::load(dir, 4096, |op| ops.push(op))
             .unwrap()
@@ -595,15 +587,16 @@ mod tests {
 
     #[test]
     fn snapshot_journal_checkpoint_and_a_torn_tail() {
-        let d = tempfile::tempdir().unwrap();
-        assert!(load(d.path()).is_none(), "no index yet");
-        let mut ix = Index::create(d.path(), 4096, [put(1, 0)].into_iter()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let d = PrivateDir::open(tmp.path()).unwrap();
+        assert!(load(&d).is_none(), "no index yet");
+        let mut ix = Index::create(&d, 4096, [put(1, 0)].into_iter()).unwrap();
         ix.append(&Op::Put(put(2, 0)));
         ix.append(&Op::DropFile {
             key: VersionKey([1; 16]),
         });
         drop(ix);
-        let (mut ix, ops) = load(d.path()).unwrap();
+        let (mut ix, ops) = load(&d).unwrap();
         assert_eq!(
             ops,
             vec![
@@ -619,33 +612,33 @@ mod tests {
         let pending = ix.begin_checkpoint([put(2, 0)].into_iter()).unwrap();
         ix.append(&Op::Put(put(3, 1)));
         drop(ix);
-        let (_, ops) = load(d.path()).unwrap();
+        let (_, ops) = load(&d).unwrap();
         assert_eq!(ops.len(), 4);
         assert_eq!(ops[3], Op::Put(put(3, 1)));
         // Installed: the new snapshot and the new journal only.
         pending.install().unwrap();
-        let (ix, ops) = load(d.path()).unwrap();
+        let (ix, ops) = load(&d).unwrap();
         assert_eq!(ops, vec![Op::Put(put(2, 0)), Op::Put(put(3, 1))]);
         drop(ix);
         // A torn tail is cut off, and appends go on after the good part.
-        let j = journal_gens(&index_dir(d.path()));
+        let j = journal_gens(&d.subdir(INDEX_DIR, false).unwrap());
         assert_eq!(j.len(), 1);
-        let p = journal_path(&index_dir(d.path()), j[0]);
-        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        let p = index_dir(tmp.path()).join(journal_name(j[0]));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
         f.write_all(&encode(&Op::Put(put(4, 0)), j[0])[..40])
             .unwrap();
         drop(f);
-        let (mut ix, ops) = load(d.path()).unwrap();
+        let (mut ix, ops) = load(&d).unwrap();
         assert_eq!(ops.len(), 2);
         ix.append(&Op::Put(put(5, 0)));
         drop(ix);
-        let (_, ops) = load(d.path()).unwrap();
+        let (_, ops) = load(&d).unwrap();
         assert_eq!(ops.last(), Some(&Op::Put(put(5, 0))));
         // A damaged snapshot: no index (the caller scans).
-        let s = snapshot_path(&index_dir(d.path()));
-        let mut b = fs::read(&s).unwrap();
+        let s = index_dir(tmp.path()).join(SNAPSHOT);
+        let mut b = std::fs::read(&s).unwrap();
         b[REC + 3] ^= 1;
-        fs::write(&s, b).unwrap();
-        assert!(load(d.path()).is_none());
+        std::fs::write(&s, b).unwrap();
+        assert!(load(&d).is_none());
     }
 }

@@ -4,11 +4,15 @@
 //!
 //! It must never delete a data set that a running mount holds: each
 //! removal takes that data set's lock first, and is refused when it cannot.
+//! Nor may it follow a symlink in the cache directory or act in one that
+//! another user owns or can write: every command works through the
+//! directory's checked handle (`private_dir`), as a mount does.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::budget::{self, DatasetInfo};
+use crate::private_dir::PrivateDir;
 use crate::units::{format_size, Size, Span};
 
 /// Arguments of `locafs cache`.
@@ -17,7 +21,7 @@ pub struct CacheArgs {
     #[command(subcommand)]
     pub command: CacheCommand,
     /// The cache directory [default: /var/cache/locafs as root, else
-    /// ~/.cache/locafs].
+    /// $XDG_CACHE_HOME/locafs (~/.cache/locafs without it)].
     #[arg(long, global = true, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }
@@ -57,10 +61,21 @@ pub fn main(args: CacheArgs) -> ExitCode {
     let dir = args
         .cache_dir
         .unwrap_or_else(crate::config::default_cache_dir);
-    if !dir.is_dir() {
-        eprintln!("locafs: cache dir {}: no such directory", dir.display());
-        return ExitCode::from(2);
-    }
+    let dir = match PrivateDir::open(&dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("locafs: cache dir {}: no such directory", dir.display());
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!(
+                "locafs: cache dir {}: {}",
+                dir.display(),
+                crate::logging::short_io(&e)
+            );
+            return ExitCode::from(2);
+        }
+    };
     match args.command {
         CacheCommand::Ls { json } => ls(&dir, json),
         CacheCommand::Rm { dataset } => match budget::remove_dataset(&dir, &dataset) {
@@ -87,26 +102,26 @@ pub fn main(args: CacheArgs) -> ExitCode {
 }
 
 /// The ledger and the data sets of `dir`, or None after saying why.
-fn listed(dir: &std::path::Path) -> Option<(budget::Ledger, Vec<DatasetInfo>)> {
+fn listed(dir: &PrivateDir) -> Option<(budget::Ledger, Vec<DatasetInfo>)> {
     budget::list(dir)
         .map_err(|e| {
             eprintln!(
                 "locafs: cache dir {}: {}",
-                dir.display(),
+                dir.path().display(),
                 crate::logging::short_io(&e)
             )
         })
         .ok()
 }
 
-fn ls(dir: &std::path::Path, json: bool) -> ExitCode {
+fn ls(dir: &PrivateDir, json: bool) -> ExitCode {
     let Some((ledger, list)) = listed(dir) else {
         return ExitCode::from(1);
     };
     let used: u64 = list.iter().map(|d| d.used).sum();
     if json {
         let v = serde_json::json!({
-            "cache_dir": dir,
+            "cache_dir": dir.path(),
             "budget_bytes": ledger.limit,
             "budget_explicit": ledger.explicit,
             "free_floor_percent": ledger.free_floor_percent,
@@ -131,7 +146,7 @@ fn ls(dir: &std::path::Path, json: bool) -> ExitCode {
     };
     println!(
         "cache dir {}: {} used of budget {budget}, free-space floor {}%",
-        dir.display(),
+        dir.path().display(),
         format_size(used),
         if ledger.format == 0 {
             budget::DEFAULT_FREE_FLOOR_PERCENT
@@ -183,7 +198,7 @@ fn ago(now: u64, t: u64) -> String {
     }
 }
 
-fn gc(dir: &std::path::Path, older_than: Option<u64>, to: Option<u64>, dry_run: bool) -> ExitCode {
+fn gc(dir: &PrivateDir, older_than: Option<u64>, to: Option<u64>, dry_run: bool) -> ExitCode {
     if older_than.is_none() && to.is_none() {
         eprintln!("locafs: cache gc: give --older-than AGE, --to SIZE, or both");
         return ExitCode::from(2);
@@ -195,6 +210,7 @@ fn gc(dir: &std::path::Path, older_than: Option<u64>, to: Option<u64>, dry_run: 
     let victims = budget::gc_victims(&list, budget::now(), older_than, to);
     let mut code = ExitCode::SUCCESS;
     let mut freed = 0;
+    let mut removed: Vec<&str> = Vec::new();
     for id in &victims {
         if dry_run {
             println!("would remove {id}");
@@ -203,6 +219,7 @@ fn gc(dir: &std::path::Path, older_than: Option<u64>, to: Option<u64>, dry_run: 
         match budget::remove_dataset(dir, id) {
             Ok(b) => {
                 freed += b;
+                removed.push(id);
                 println!("removed {id} ({})", format_size(b));
             }
             Err(e) => {
@@ -218,16 +235,27 @@ fn gc(dir: &std::path::Path, older_than: Option<u64>, to: Option<u64>, dry_run: 
             victims.len()
         );
     }
-    let total: u64 = list
+    // What is left, as `cache ls` counts it: the data sets not removed.
+    let kept: Vec<&DatasetInfo> = list
         .iter()
-        .map(|d| d.used)
-        .sum::<u64>()
-        .saturating_sub(freed);
+        .filter(|d| !removed.contains(&d.id.as_str()))
+        .collect();
+    let total: u64 = kept.iter().map(|d| d.used).sum();
     if let Some(limit) = to.filter(|&l| total > l && !dry_run) {
+        let mounted: Vec<&str> = kept
+            .iter()
+            .filter(|d| d.mounted)
+            .map(|d| d.id.as_str())
+            .collect();
         eprintln!(
-            "locafs: still {} held, more than --to {}: the rest is mounted",
+            "locafs: still {} held, more than --to {}: {}",
             format_size(total),
-            format_size(limit)
+            format_size(limit),
+            if mounted.is_empty() {
+                "the data sets above could not be removed".to_owned()
+            } else {
+                format!("mounted now, and never removed: {}", mounted.join(", "))
+            }
         );
     }
     code

@@ -1,6 +1,7 @@
 //! The command line: clap's types for every subcommand and the front ends of
 //! `locafs stats` ([`stats`]), `warm` and `plan` ([`control`]); `mount` hands
-//! over to `mount::main`. The library below does not import this module:
+//! over to `mount::main`. Called as `mount.fuse.locafs`, the binary is its
+//! own mount(8) helper ([`mount_helper`]). The library below does not import this module:
 //! the command line depends on the library, never the other way round.
 //!
 //! Usage errors exit 2 with one line on stderr, sizes and durations
@@ -8,6 +9,8 @@
 
 pub mod cache;
 pub mod control;
+pub mod mount_helper;
+pub mod secret;
 pub mod stats;
 pub mod where_;
 
@@ -20,15 +23,16 @@ use crate::config::MountRequest;
 use crate::units::ParseError;
 use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
+use secret::SecretArgs;
 use stats::StatsArgs;
 use where_::WhereArgs;
 
 /// locafs: a read-only caching FUSE mount for training data sets.
 ///
 /// locafs presents a data set (a directory on NFS, Lustre, GPFS or a local
-/// disk) as ordinary read-only files, keeps what the training job reads in a
-/// persistent, checksummed cache on local disk, and serves fully cached files
-/// at local-disk speed.
+/// disk, or an object store: s3://, gs://, az://) as ordinary read-only
+/// files, keeps what the training job reads in a persistent, checksummed
+/// cache on local disk, and serves fully cached files at local-disk speed.
 #[derive(Parser, Debug)]
 #[command(name = "locafs", version, about, long_about, propagate_version = true)]
 pub struct Cli {
@@ -55,9 +59,11 @@ pub enum Command {
     Stats(StatsArgs),
     /// Fill the cache with files or directories of a mount (parallel,
     /// resumable: cached blocks are skipped). Exit 0 only if everything fits.
+    /// Only the user running the mount and root may warm it.
     Warm(WarmArgs),
     /// Hand the loader's order for this epoch to a mount's read-ahead (one
-    /// path per line).
+    /// path per line). On a mount made by root, any user who may read the
+    /// mount root may plan (and ask `where`) about the files they can reach.
     Plan(PlanArgs),
     /// Show which node owns each file and whether it is cached here.
     ///
@@ -71,10 +77,12 @@ pub enum Command {
     /// LocalitySampler of the Python package (packaging/python) uses the
     /// same query; see docs/locality.md.
     Where(WhereArgs),
-    /// Print a new random cluster secret (256 bits, as
+    /// Make a new random cluster secret (256 bits, as
     /// locafs-secret-v1:HEX:CHECK) for --cluster-secret-file: `locafs secret
-    /// > /etc/locafs/secret`. Only secrets printed by this are accepted.
-    Secret,
+    /// --out /etc/locafs/secret` (created 0600). Without --out it is printed
+    /// (for pipes), but not into a file others may read. Only secrets made
+    /// by this are accepted.
+    Secret(SecretArgs),
     /// See and clean the cache directory that many data sets share:
     /// `cache ls`, `cache rm DATASET`, `cache gc --older-than 30d --to 500G`.
     Cache(CacheArgs),
@@ -93,6 +101,11 @@ pub struct MountArgs {
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if mount_helper::called_as_helper(argv.first().map(|a| a.as_os_str())) {
+        return mount_helper::main(&argv[1..]);
+    }
+    quiet_on_closed_pipes(argv.get(1).map(|a| a.as_os_str()));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return parse_error(e),
@@ -104,16 +117,23 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => control::plan(args),
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
-        Command::Secret => match crate::peer::tls::generate_secret() {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("locafs: {e}");
-                ExitCode::from(1)
-            }
-        },
+        Command::Secret(args) => secret::main(args),
+    }
+}
+
+/// A command whose reader went away (`locafs where MNT | head -1`) ends
+/// quietly, as Unix tools do: SIGPIPE gets its default action back (Rust
+/// ignores it, and `println!` then panics on EPIPE), for every command but
+/// `mount`, whose daemon writes to sockets (peers, metrics, the control
+/// socket) and must never die of a client that went away; what `mount`
+/// prints, it prints ignoring errors.
+fn quiet_on_closed_pipes(command: Option<&std::ffi::OsStr>) {
+    if command == Some(std::ffi::OsStr::new("mount")) {
+        return;
+    }
+    // SAFETY: sets the disposition of one signal, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

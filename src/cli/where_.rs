@@ -18,10 +18,11 @@ pub struct WhereArgs {
     /// every file of the data set, in listing order (depth first, each
     /// directory's entries sorted by name).
     pub files: Vec<PathBuf>,
-    /// Print the raw answer as one JSON object: node_index, num_nodes,
+    /// Print the raw answer as one JSON object: ok, node_index, num_nodes,
     /// members (member ids by node index), owners and cached (one entry per
-    /// file; owner null for a file not found), unknown, and paths when no
-    /// FILE was given.
+    /// file; owner null for a file not found), files (how many were
+    /// answered), unknown (how many were not found), and paths when no
+    /// FILE was given (docs/locality.md).
     #[arg(long)]
     pub json: bool,
 }

@@ -144,6 +144,7 @@ fn update(s: &StatsSnapshot) {
     counter!("locafs_stale_answers_total").absolute(s.stale_answers);
     counter!("locafs_source_entries_skipped_total").absolute(s.source_entries_skipped);
     counter!("locafs_source_throttled_total").absolute(s.source_throttled_responses);
+    counter!("locafs_source_bad_replies_total").absolute(s.source_bad_replies);
     gauge!("locafs_source_threads").set(s.source_threads as f64);
     if !s.peers.is_empty() {
         // NaN until every listed member has been reached once.
@@ -314,6 +315,10 @@ fn describe() {
     describe_counter!(
         "locafs_source_throttled_total",
         "Answers of the source asking to slow down (an object store's 503 SlowDown or 429), each retried with backoff; read-ahead halves its concurrency on them."
+    );
+    describe_counter!(
+        "locafs_source_bad_replies_total",
+        "Answers of the source refused as malformed (an object store's body longer or shorter than the range asked, a listing page past its bound or repeating its continuation token); each failed only its own call."
     );
     describe_counter!(
         "locafs_stale_answers_total",

@@ -12,8 +12,16 @@
 //! queue served host with the least memory first, for at most the time the
 //! server gives it, and is then answered `Busy`.
 //!
-//! Nothing here does I/O; [`Shares`] and [`LogLimiter`] are plain
-//! accounting, tested as such.
+//! QUIC handshakes not yet finished ([`HandshakeGate`]) are bounded per
+//! host and in all: they cost the server a TLS state and a signature each
+//! before the peer has proved anything. Under pressure an attempt from an
+//! address not yet proven is sent a stateless Retry (QUIC's address
+//! validation: it costs the server nothing to send, and only a peer that
+//! receives at its address can answer it), so that spoofed attempts hold
+//! no slot; past the bounds a proven address is refused.
+//!
+//! Nothing here does I/O; [`Shares`], [`HandshakeGate`] and [`LogLimiter`]
+//! are plain accounting, tested as such.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -261,6 +269,103 @@ impl ReplyBudget {
     }
 }
 
+/// Handshakes in progress from one host (IP address) at most: an honest
+/// node makes one connection to each peer (two for a moment when it
+/// reconnects), and several nodes may share a machine.
+pub const HANDSHAKES_PER_HOST: usize = 16;
+/// Handshakes in progress at most, from all hosts together (each holds a
+/// TLS state until it finishes or times out).
+pub const HANDSHAKES_TOTAL: usize = 256;
+/// Past this many handshakes in progress from one host, a new attempt from
+/// an address not yet validated gets a Retry instead of a handshake.
+pub const RETRY_ABOVE_PER_HOST: usize = 4;
+/// Past this many handshakes in progress in all, every attempt from an
+/// address not yet validated gets a Retry.
+pub const RETRY_ABOVE_TOTAL: usize = 64;
+
+/// What to do with a QUIC connection attempt.
+pub enum Admit {
+    /// Start the handshake; the slot is held until it ends.
+    Accept(HandshakeSlot),
+    /// Send a stateless Retry: the peer must come back with a token that
+    /// proves its address.
+    Retry,
+    /// Refuse it (the bounds are reached for a proven address).
+    Refuse,
+}
+
+/// The handshakes in progress, per host and in all (see the module
+/// comment). Pure accounting: the caller says whether the attempt's
+/// address is validated and whether it is a configured member's.
+#[derive(Default)]
+pub struct HandshakeGate {
+    state: Arc<Mutex<GateState>>,
+}
+
+#[derive(Default)]
+struct GateState {
+    per_host: HashMap<IpAddr, usize>,
+    total: usize,
+    peak_per_host: usize,
+}
+
+/// One handshake in progress; given back when dropped.
+pub struct HandshakeSlot {
+    state: Arc<Mutex<GateState>>,
+    host: IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut st = self.state.lock();
+        st.total -= 1;
+        if let Some(n) = st.per_host.get_mut(&self.host) {
+            *n -= 1;
+            if *n == 0 {
+                st.per_host.remove(&self.host);
+            }
+        }
+    }
+}
+
+impl HandshakeGate {
+    /// An attempt from `host`. `validated`: its address is proven (it
+    /// came back with a Retry's token); `member`: it is, proven, the
+    /// listening address of a configured peer, which no bound refuses (a
+    /// node of the job reaches its peers however many strangers knock).
+    pub fn admit(&self, host: IpAddr, validated: bool, member: bool) -> Admit {
+        let host = host.to_canonical();
+        let mut st = self.state.lock();
+        let from_host = st.per_host.get(&host).copied().unwrap_or(0);
+        if !validated && (from_host >= RETRY_ABOVE_PER_HOST || st.total >= RETRY_ABOVE_TOTAL) {
+            return Admit::Retry;
+        }
+        let exempt = validated && member;
+        if !exempt && (from_host >= HANDSHAKES_PER_HOST || st.total >= HANDSHAKES_TOTAL) {
+            return Admit::Refuse;
+        }
+        st.total += 1;
+        let n = st.per_host.entry(host).or_insert(0);
+        *n += 1;
+        let n = *n;
+        st.peak_per_host = st.peak_per_host.max(n);
+        Admit::Accept(HandshakeSlot {
+            state: Arc::clone(&self.state),
+            host,
+        })
+    }
+
+    /// Handshakes in progress now, in all.
+    pub fn in_progress(&self) -> usize {
+        self.state.lock().total
+    }
+
+    /// The most handshakes ever in progress at once from one host.
+    pub fn peak_per_host(&self) -> usize {
+        self.state.lock().peak_per_host
+    }
+}
+
 /// Lets a kind of log line through at most once per interval, counting the
 /// ones held back, so that a flood of refused handshakes cannot fill the
 /// log. Pure: the caller passes the time.
@@ -387,6 +492,61 @@ mod tests {
         );
         assert_eq!(budget.used(), 0);
         assert!(budget.state.lock().waiting.is_empty());
+    }
+
+    #[test]
+    fn handshakes_are_retried_under_pressure_and_refused_past_the_bounds() {
+        let gate = HandshakeGate::default();
+        let flood: IpAddr = "10.0.0.9".parse().unwrap();
+        let accepted = |a: Admit| match a {
+            Admit::Accept(slot) => Some(slot),
+            _ => None,
+        };
+        // Unproven attempts of one host: a few handshakes, then Retry.
+        let mut held: Vec<HandshakeSlot> = (0..RETRY_ABOVE_PER_HOST)
+            .map(|_| accepted(gate.admit(flood, false, false)).unwrap())
+            .collect();
+        for _ in 0..100 {
+            assert!(matches!(gate.admit(flood, false, false), Admit::Retry));
+        }
+        // Proven ones up to the host's bound, then refused.
+        while let Some(s) = accepted(gate.admit(flood, true, false)) {
+            held.push(s);
+        }
+        assert_eq!(held.len(), HANDSHAKES_PER_HOST);
+        assert!(matches!(gate.admit(flood, true, false), Admit::Refuse));
+        // Another host is not held back by this one.
+        let other: IpAddr = "10.0.0.10".parse().unwrap();
+        let o = accepted(gate.admit(other, false, false)).expect("another host");
+        assert_eq!(gate.in_progress(), HANDSHAKES_PER_HOST + 1);
+        // Finished handshakes give their slots back.
+        drop(held.pop());
+        assert!(accepted(gate.admit(flood, true, false)).is_some());
+        drop((held, o));
+        assert_eq!(gate.in_progress(), 0);
+        assert_eq!(gate.peak_per_host(), HANDSHAKES_PER_HOST);
+
+        // Many hosts: every unproven attempt retried past the total's
+        // threshold, proven ones refused past the total, but a proven
+        // member's address always gets its handshake.
+        let gate = HandshakeGate::default();
+        let host =
+            |i: usize| -> IpAddr { format!("10.1.{}.{}", i / 250, i % 250).parse().unwrap() };
+        let mut held = Vec::new();
+        let mut i = 0;
+        while gate.in_progress() < RETRY_ABOVE_TOTAL {
+            held.push(accepted(gate.admit(host(i), false, false)).unwrap());
+            i += 1;
+        }
+        assert!(matches!(gate.admit(host(i), false, false), Admit::Retry));
+        while gate.in_progress() < HANDSHAKES_TOTAL {
+            held.push(accepted(gate.admit(host(i), true, false)).unwrap());
+            i += 1;
+        }
+        assert!(matches!(gate.admit(host(i), true, false), Admit::Refuse));
+        let member: IpAddr = "10.2.0.1".parse().unwrap();
+        assert!(matches!(gate.admit(member, false, true), Admit::Retry));
+        assert!(accepted(gate.admit(member, true, true)).is_some());
     }
 
     #[test]

@@ -113,6 +113,15 @@ impl PeerNode {
         let transport = Arc::new(transport);
         let mut server_cfg = cfg.identity.server_config();
         server_cfg.transport_config(Arc::clone(&transport));
+        // Attempts not yet decided on by the accept loop (which decides at
+        // once: server.rs): quinn's defaults hold up to 65,536 of them and
+        // 100 MiB of their packets. Past these it refuses new ones itself.
+        // Our peers send no 0-RTT data, so an attempt's buffer holds only
+        // a retransmitted Initial or two.
+        server_cfg
+            .max_incoming(server::MAX_INCOMING)
+            .incoming_buffer_size(16 << 10)
+            .incoming_buffer_size_total(4 << 20);
         let mut client_cfg = cfg.identity.client_config();
         client_cfg.transport_config(transport);
         let mut endpoint = quinn::Endpoint::server(server_cfg, cfg.listen)?;
@@ -185,6 +194,7 @@ impl PeerNode {
             limits: Arc::default(),
             refused_log: limits::LogLimiter::new(server::REFUSAL_LOG_EVERY),
             over_limit_log: limits::LogLimiter::new(server::REFUSAL_LOG_EVERY),
+            handshakes: limits::HandshakeGate::default(),
             current: server::current_table(),
         });
         rt.spawn(server.run(self.endpoint.clone()));

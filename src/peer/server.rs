@@ -39,6 +39,16 @@
 //! whole cluster to one node's share. The source address is what a peer
 //! cannot multiply cheaply.
 //!
+//! Before that, handshakes themselves are bounded (`limits::HandshakeGate`):
+//! at most [`limits::HANDSHAKES_PER_HOST`] in progress from one host and
+//! [`limits::HANDSHAKES_TOTAL`] in all; past [`limits::RETRY_ABOVE_PER_HOST`]
+//! from a host or [`limits::RETRY_ABOVE_TOTAL`] in all, an attempt whose
+//! address is not validated is sent a stateless Retry (counted in
+//! `peer_handshakes_retried`), and past the bounds a validated one is
+//! refused, unless it is a configured peer's own address. A handshake
+//! holds its slot until it finishes or times out (the peer timeout, at
+//! least 5 s).
+//!
 //! Refused handshakes and connections are logged at most once per
 //! [`REFUSAL_LOG_EVERY`] each (with the number held back), so a flood of
 //! them cannot fill the log; `peer_refused_connections` counts every one.
@@ -58,7 +68,7 @@ use parking_lot::Mutex;
 use tracing::{debug, info};
 
 use super::codec::{self, Frame};
-use super::limits::{LogLimiter, ReplyBudget, ReplyMemory};
+use super::limits::{self, Admit, HandshakeGate, LogLimiter, ReplyBudget, ReplyMemory};
 use super::membership::Membership;
 use crate::cache::{FileVersion, VersionKey};
 use crate::reader::Reader;
@@ -88,6 +98,9 @@ pub const REQUESTS_PER_HOST: usize = 4 * REQUESTS_PER_PEER;
 /// The shortest interval between two log lines about refused handshakes
 /// (and, apart, about connections over the limits).
 pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Connection attempts quinn holds before the accept loop decides on them
+/// (it decides on each at once; more are refused by quinn).
+pub const MAX_INCOMING: usize = 4096;
 /// Application error code of a reply stream reset because the reply did
 /// not leave in time.
 const RESET_TOO_SLOW: u32 = 1;
@@ -118,6 +131,8 @@ pub struct PeerServer {
     pub refused_log: LogLimiter,
     /// Log lines about connections over the limits.
     pub over_limit_log: LogLimiter,
+    /// Handshakes in progress, per host and in all.
+    pub handshakes: HandshakeGate,
     /// Versions found current at the source lately ([`is_current`]), for
     /// [`CURRENT_FOR`]: the blocks of one file come in bursts, and each
     /// check stats every component of the path (on an object store, a HEAD
@@ -242,10 +257,42 @@ impl PeerServer {
     /// Accepts connections until the endpoint closes.
     pub async fn run(self: Arc<Self>, endpoint: quinn::Endpoint) {
         while let Some(incoming) = endpoint.accept().await {
+            let remote = incoming.remote_address();
+            let validated = incoming.remote_address_validated();
+            let member = validated && self.membership.member_at(&remote).is_some();
+            let slot = match self.handshakes.admit(remote.ip(), validated, member) {
+                Admit::Accept(slot) => slot,
+                Admit::Retry => {
+                    self.stats.peer_handshakes_retried.fetch_add(1, Relaxed);
+                    // (an attempt that already carries a token is never
+                    // retried: validated ones are accepted or refused)
+                    if let Err(e) = incoming.retry() {
+                        e.into_incoming().refuse();
+                    }
+                    continue;
+                }
+                Admit::Refuse => {
+                    self.stats.peer_refused_connections.fetch_add(1, Relaxed);
+                    if let Some(held_back) = self.refused_log.allow(Instant::now()) {
+                        info!(
+                            "peer connection from {remote} refused: too many handshakes in \
+                             progress (at most {} from one host, {} in all){}",
+                            limits::HANDSHAKES_PER_HOST,
+                            limits::HANDSHAKES_TOTAL,
+                            held_back_note(held_back)
+                        );
+                    }
+                    incoming.refuse();
+                    continue;
+                }
+            };
             let me = Arc::clone(&self);
             tokio::spawn(async move {
-                let remote = incoming.remote_address();
-                match tokio::time::timeout(me.timeout.max(Duration::from_secs(5)), incoming).await {
+                let handshake =
+                    tokio::time::timeout(me.timeout.max(Duration::from_secs(5)), incoming).await;
+                // The slot is held while the handshake runs, not after.
+                drop(slot);
+                match handshake {
                     Ok(Ok(conn)) => me.serve_connection(conn).await,
                     Ok(Err(e)) => {
                         me.stats.peer_refused_connections.fetch_add(1, Relaxed);

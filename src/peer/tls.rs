@@ -106,13 +106,13 @@ const ED25519_PKCS8_PREFIX: [u8; 16] = [
 /// Why a node could not build its cluster identity.
 #[derive(Debug, Error)]
 pub enum TlsError {
-    #[error("cluster secret is empty: make one with `locafs secret > FILE`")]
+    #[error("cluster secret is empty: make one with `locafs secret --out FILE`")]
     EmptySecret,
     /// Not of the form `locafs secret` prints: a hand-made passphrase, or a
     /// secret of an older version (64 hex digits without the prefix).
     #[error(
         "not a secret made by `locafs secret` (those begin with {SECRET_PREFIX}): run \
-         `locafs secret > FILE` and give that file to every node; hand-made passphrases (and \
+         `locafs secret --out FILE` and give that file to every node; hand-made passphrases (and \
          the bare hex secrets of older versions) are refused, since anyone who can reach the \
          peer port can test guesses offline"
     )]
@@ -120,12 +120,12 @@ pub enum TlsError {
     /// Has the prefix, but the rest is cut, mistyped or fails its check.
     #[error(
         "cluster secret is damaged ({0}): copy the file again from a node that works, or make \
-         a new one for every node with `locafs secret > FILE`"
+         a new one for every node with `locafs secret --out FILE`"
     )]
     DamagedSecret(&'static str),
     /// Right form and check, but not random (fewer than 8 distinct byte
     /// values): made by hand, not by `locafs secret`.
-    #[error("cluster secret is not random: make one with `locafs secret > FILE`")]
+    #[error("cluster secret is not random: make one with `locafs secret --out FILE`")]
     WeakSecret,
     #[error("could not build a peer certificate: {0}")]
     Certificate(#[from] rcgen::Error),
@@ -746,8 +746,8 @@ mod tests {
         0xe7, 0xf8,
     ];
 
-    /// A secret file's contents, with a trailing newline as `locafs secret >
-    /// FILE` leaves it.
+    /// A secret file's contents, with a trailing newline as `locafs secret
+    /// --out FILE` leaves it.
     fn secret() -> Vec<u8> {
         format!("{}\n", format_secret(&BYTES)).into_bytes()
     }
@@ -852,7 +852,7 @@ mod tests {
             let e = ClusterIdentity::from_secret(hand_made.as_bytes()).unwrap_err();
             assert!(matches!(e, TlsError::NotGenerated), "{hand_made}: {e}");
             let msg = e.to_string();
-            assert!(msg.contains("run `locafs secret > FILE`"), "{msg}");
+            assert!(msg.contains("run `locafs secret --out FILE`"), "{msg}");
             assert!(!msg.contains(hand_made), "{msg}");
         }
         // The prefix with a damaged rest: cut, a digit changed, the check

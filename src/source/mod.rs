@@ -87,9 +87,9 @@ impl SourceAttr {
             gid: m.gid(),
             rdev: m.rdev() as u32,
             ino: m.ino(),
-            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            atime_ns: unix_ns(m.atime(), m.atime_nsec()),
+            mtime_ns: unix_ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: unix_ns(m.ctime(), m.ctime_nsec()),
         }
     }
 
@@ -103,6 +103,8 @@ impl SourceAttr {
     }
 }
 
+pub use crate::sys::unix_ns;
+
 /// One entry of a directory as `getdents` gives it: no attributes beyond
 /// its kind and source inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +116,30 @@ pub struct DirName {
     /// (an object store's listing does, `getdents` does not): the namespace
     /// then needs no stat (no HEAD request) to hand them out.
     pub attr: Option<SourceAttr>,
+}
+
+/// The extended attribute holding a file's or directory's POSIX access ACL
+/// (the kernel's binary format: a version word, then 8-byte entries).
+pub const ACL_ACCESS_XATTR: &str = "system.posix_acl_access";
+/// The extended attribute holding a directory's default POSIX ACL.
+pub const ACL_DEFAULT_XATTR: &str = "system.posix_acl_default";
+
+/// The POSIX ACLs of one source entry, as the source's
+/// `system.posix_acl_access` and `system.posix_acl_default` hold them,
+/// passed to the kernel byte for byte (the kernel checks access against
+/// them: see docs/security.md). None: the entry has no such ACL (its mode
+/// bits say everything).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Acls {
+    pub access: Option<Box<[u8]>>,
+    pub default: Option<Box<[u8]>>,
+}
+
+impl Acls {
+    /// Whether the entry has neither ACL.
+    pub fn is_empty(&self) -> bool {
+        self.access.is_none() && self.default.is_none()
+    }
 }
 
 /// Why a read from the source failed; each maps to one errno for the reader.
@@ -207,6 +233,33 @@ pub trait Source: Send + Sync + 'static {
     ) -> Result<Bytes, SourceError>;
     /// `statvfs` of the source, for `df` on the mount.
     fn statvfs(&self) -> io::Result<libc::statvfs>;
+
+    /// Whether entries of this source can carry POSIX ACLs (a directory of
+    /// a file system: its ACLs are served and the kernel enforces them); an
+    /// object store has none. The default: none.
+    fn has_acls(&self) -> bool {
+        false
+    }
+
+    /// The POSIX ACLs of `rel` (of the entry itself, no symlink followed).
+    /// The default: none.
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        let _ = rel;
+        Ok(Acls::default())
+    }
+
+    /// [`Source::acls`] for a caller that must not wait (a FUSE thread), as
+    /// [`Source::stat_then`]: `done` gets the answer on whatever thread has
+    /// it; the source guard answers from its bounded workers within
+    /// `--metadata-timeout`.
+    fn acls_then(self: Arc<Self>, rel: PathBuf, done: Box<dyn FnOnce(io::Result<Acls>) + Send>) {
+        let asked = std::thread::Builder::new()
+            .name("locafs-acls".into())
+            .spawn(move || done(self.acls(&rel)));
+        if let Err(e) = asked {
+            tracing::warn!("no thread for an ACL read: {e}");
+        }
+    }
 
     /// [`Source::stat`] for async callers (see [`Source::read_at_async`]).
     fn stat_async(self: Arc<Self>, rel: PathBuf) -> BoxFuture<'static, io::Result<SourceAttr>> {
@@ -309,6 +362,14 @@ pub trait Source: Send + Sync + 'static {
     /// SlowDown or 429), since it was opened. The source retries them
     /// itself; read-ahead takes a rise as a cut of its concurrency.
     fn throttled_responses(&self) -> u64 {
+        0
+    }
+
+    /// Answers of the source refused as malformed, since it was opened: an
+    /// object store's body longer or shorter than the range asked, a
+    /// listing page past its size bound or that repeats its continuation
+    /// token. Each failed only its own call.
+    fn bad_replies(&self) -> u64 {
         0
     }
 }

@@ -182,8 +182,10 @@ impl ObjectSpec {
         // any TLS configuration is built.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let throttled = Arc::new(AtomicU64::new(0));
+        let bad_replies = Arc::new(AtomicU64::new(0));
         let connector = ThrottleWatch {
             throttled: Arc::clone(&throttled),
+            bad_replies: Arc::clone(&bad_replies),
         };
         let client = ClientOptions::new()
             .with_timeout(timeout)
@@ -232,6 +234,7 @@ impl ObjectSpec {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
                     paged: s as Arc<dyn PaginatedListStore>,
                     throttled,
+                    bad_replies,
                     resume: Resume::StartAfter,
                 })
             }
@@ -253,6 +256,7 @@ impl ObjectSpec {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
                     paged: s as Arc<dyn PaginatedListStore>,
                     throttled,
+                    bad_replies,
                     resume: Resume::StartAfter,
                 })
             }
@@ -318,6 +322,7 @@ impl ObjectSpec {
                     store: Arc::clone(&s) as Arc<dyn ObjectStore>,
                     paged: s as Arc<dyn PaginatedListStore>,
                     throttled,
+                    bad_replies,
                     resume: if emulator {
                         Resume::Marker
                     } else {
@@ -455,18 +460,24 @@ pub struct Built {
     pub paged: Arc<dyn PaginatedListStore>,
     /// Answers of the store asking to slow down, counted by its HTTP client.
     pub throttled: Arc<AtomicU64>,
+    /// Answers refused as malformed (see [`ReplyCheck`]), counted by its
+    /// HTTP client and by the reads and listings that find them.
+    pub bad_replies: Arc<AtomicU64>,
     /// How its listing continues from a position of the source's choosing.
     pub resume: Resume,
 }
 
-/// The store's HTTP client (object_store's own, reqwest) with one addition:
-/// it counts the answers that ask to slow down (503, as S3's SlowDown and
-/// GCS's and Azure's ServerBusy, and 429) before object_store's retry loop
-/// sees them. object_store backs off and retries them itself; the count
-/// tells read-ahead to lower its concurrency (see `throttled_responses`).
+/// The store's HTTP client (object_store's own, reqwest) with two
+/// additions. It counts the answers that ask to slow down (503, as S3's
+/// SlowDown and GCS's and Azure's ServerBusy, and 429) before
+/// object_store's retry loop sees them: object_store backs off and retries
+/// them itself; the count tells read-ahead to lower its concurrency (see
+/// `throttled_responses`). And it checks each answer's length before its
+/// body is read ([`ReplyCheck`]).
 #[derive(Debug)]
 struct ThrottleWatch {
     throttled: Arc<AtomicU64>,
+    bad_replies: Arc<AtomicU64>,
 }
 
 impl object_store::client::HttpConnector for ThrottleWatch {
@@ -479,6 +490,7 @@ impl object_store::client::HttpConnector for ThrottleWatch {
         Ok(HttpClient::new(Watched {
             inner,
             throttled: Arc::clone(&self.throttled),
+            bad_replies: Arc::clone(&self.bad_replies),
         }))
     }
 }
@@ -487,6 +499,81 @@ impl object_store::client::HttpConnector for ThrottleWatch {
 struct Watched {
     inner: object_store::client::HttpClient,
     throttled: Arc<AtomicU64>,
+    bad_replies: Arc<AtomicU64>,
+}
+
+/// The most bytes of an answer that is not a ranged GET's data (a listing
+/// page, an error's text) read into memory: a page of 1,000 keys of the
+/// longest allowed (1,024 bytes, each character escaped in the XML) and
+/// their properties is under 8 MiB. A longer body fails its request.
+pub const MAX_REPLY_BODY: u64 = 16 << 20;
+
+/// What an answer's length must be, from what was asked: a ranged GET's
+/// data (206) exactly the range, anything else at most [`MAX_REPLY_BODY`].
+/// A store that declares another length (`Content-Length`) is refused
+/// before a byte of the body is read, and not asked again (object_store
+/// retries transport errors, not a refused answer: `HttpErrorKind::Decode`).
+/// A body without a declared length is cut where it passes its bound: a
+/// ranged GET's by the read that collects it (`collect_range`), any other
+/// by [`Capped`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplyCheck {
+    /// Exactly this many bytes.
+    Exactly(u64),
+    /// At most this many.
+    AtMost(u64),
+}
+
+impl ReplyCheck {
+    /// The check for an answer of `status` to a request whose `Range`
+    /// header was `range`.
+    fn of(range: Option<&str>, status: u16) -> ReplyCheck {
+        match range.and_then(range_len) {
+            Some(n) if status == 206 => ReplyCheck::Exactly(n),
+            _ => ReplyCheck::AtMost(MAX_REPLY_BODY),
+        }
+    }
+
+    /// Why an answer declaring `declared` bytes is refused, if it is.
+    fn refuses(self, declared: u64) -> Option<String> {
+        match self {
+            ReplyCheck::Exactly(n) if declared != n => Some(format!(
+                "a ranged GET of {n} bytes was answered with a body of {declared}"
+            )),
+            ReplyCheck::AtMost(n) if declared > n => Some(format!(
+                "an answer declared a body of {declared} bytes, more than the {n} allowed"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The length of a `Range: bytes=A-B` header's range (B - A + 1); None for
+/// any other form (object_store sends only that one for a bounded range).
+fn range_len(h: &str) -> Option<u64> {
+    let (a, b) = h.trim().strip_prefix("bytes=")?.split_once('-')?;
+    let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    b.checked_sub(a)?.checked_add(1)
+}
+
+/// A malformed answer of the store (its length is not what was asked).
+#[derive(Debug, thiserror::Error)]
+#[error("malformed answer of the store: {0}")]
+struct BadReply(String);
+
+/// At most one line a minute about malformed answers (each is counted in
+/// `source_bad_replies`).
+static BAD_REPLIES: crate::logging::RateLimit = crate::logging::RateLimit::new(60_000);
+
+/// Counts a malformed answer and logs it (at most once a minute).
+fn bad_reply(count: &AtomicU64, what: &str) {
+    count.fetch_add(1, Relaxed);
+    if let Some(more) = BAD_REPLIES.allow() {
+        warn!(
+            "object store: {what}; that request failed (EIO) and the store is not trusted \
+             for it ({more} more such answers not logged; counted in source_bad_replies)"
+        );
+    }
 }
 
 #[async_trait::async_trait]
@@ -495,13 +582,142 @@ impl object_store::client::HttpService for Watched {
         &self,
         req: object_store::client::HttpRequest,
     ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
+        use object_store::client::{HttpError, HttpErrorKind, HttpResponseBody};
+        let range = req
+            .headers()
+            .get("range")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let resp = self.inner.execute(req).await?;
         let s = resp.status().as_u16();
         if s == 503 || s == 429 {
             self.throttled.fetch_add(1, Relaxed);
         }
-        Ok(resp)
+        let check = ReplyCheck::of(range.as_deref(), s);
+        let declared = resp
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(why) = declared.and_then(|d| check.refuses(d)) {
+            bad_reply(&self.bad_replies, &why);
+            return Err(HttpError::new(HttpErrorKind::Decode, BadReply(why)));
+        }
+        match check {
+            // Collected by the read, which stops at the range's end.
+            ReplyCheck::Exactly(_) => Ok(resp),
+            ReplyCheck::AtMost(n) => Ok(resp.map(|body| {
+                HttpResponseBody::new(Capped {
+                    inner: body,
+                    left: n,
+                    bad_replies: Arc::clone(&self.bad_replies),
+                })
+            })),
+        }
     }
+}
+
+/// A body cut at its bound: past it, an error (a `Decode` error, which
+/// object_store does not retry) instead of more bytes. Its size hint is
+/// never above the bound, so that nothing is allocated for a length the
+/// store only claims.
+struct Capped {
+    inner: object_store::client::HttpResponseBody,
+    left: u64,
+    bad_replies: Arc<AtomicU64>,
+}
+
+impl http_body::Body for Capped {
+    type Data = Bytes;
+    type Error = object_store::client::HttpError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use object_store::client::{HttpError, HttpErrorKind};
+        use std::task::Poll;
+        let frame = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &frame {
+            let n = f.data_ref().map_or(0, |d| d.len() as u64);
+            if n > self.left {
+                self.left = 0;
+                let why = format!("an answer's body passed {MAX_REPLY_BODY} bytes");
+                bad_reply(&self.bad_replies, &why);
+                return Poll::Ready(Some(Err(HttpError::new(
+                    HttpErrorKind::Decode,
+                    BadReply(why),
+                ))));
+            }
+            self.left -= n;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let inner = self.inner.size_hint();
+        let mut h = http_body::SizeHint::new();
+        h.set_lower(inner.lower().min(self.left));
+        h.set_upper(inner.upper().unwrap_or(self.left).min(self.left));
+        h
+    }
+}
+
+/// Collects a ranged GET's body of exactly `len` bytes, reading no byte
+/// past them: a body that goes on past `len` fails at its first byte too
+/// many, one that ends short fails at its end (both counted in `bad`), so
+/// at most `len` bytes (the block the reader asked for, counted in
+/// `--prefetch-memory`) plus one network frame are ever held.
+async fn collect_range(
+    mut body: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    len: usize,
+    bad: &AtomicU64,
+) -> Result<Bytes, RangeError> {
+    let mut got: Option<Bytes> = None;
+    let mut buf: Option<bytes::BytesMut> = None;
+    let mut have = 0usize;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(RangeError::Store)?;
+        if chunk.len() > len - have {
+            let why = format!(
+                "a ranged GET of {len} bytes was answered with more ({} at least)",
+                have + chunk.len()
+            );
+            bad_reply(bad, &why);
+            return Err(RangeError::Bad);
+        }
+        have += chunk.len();
+        // One chunk (the common case) is kept as it is; more are copied
+        // into one buffer of the range's size.
+        match (got.take(), buf.as_mut()) {
+            (None, None) => got = Some(chunk),
+            (Some(first), None) => {
+                let mut b = bytes::BytesMut::with_capacity(len);
+                b.extend_from_slice(&first);
+                b.extend_from_slice(&chunk);
+                buf = Some(b);
+            }
+            (_, Some(b)) => b.extend_from_slice(&chunk),
+        }
+    }
+    if have != len {
+        let why = format!("a ranged GET of {len} bytes was answered with {have}");
+        bad_reply(bad, &why);
+        return Err(RangeError::Bad);
+    }
+    Ok(buf.map_or_else(|| got.unwrap_or_default(), bytes::BytesMut::freeze))
+}
+
+/// Why a ranged GET's body was not collected.
+#[derive(Debug)]
+enum RangeError {
+    Store(object_store::Error),
+    /// The body was refused (counted and logged by `collect_range`).
+    Bad,
 }
 
 /// ETags this source has seen, by path and version, for the `If-Match` of
@@ -515,6 +731,121 @@ const PAGE_KEYS: usize = 1000;
 /// Listing pages of one directory refused for keys that cannot be names
 /// before its listing fails (each such key costs about 10: see `list_dir`).
 const MAX_REFUSED_PAGES: usize = 10_000;
+
+/// The most entries one directory's listing may hold (files and
+/// subdirectories): a flat prefix of ten million objects lists (ten
+/// thousand pages, each restarting the guard's deadline); past that the
+/// listing fails (EIO) with a line in the log saying so. While it runs a
+/// listing holds about 200 bytes per entry (the store's answer, then the
+/// names and attributes), 2 GB at this bound.
+pub const LIST_MAX_ENTRIES: usize = 10_000_000;
+
+/// The longest one directory's listing may take, all its pages together:
+/// the guard's deadline restarts at every page (a long listing that
+/// advances is not a stall), so without this a store that keeps sending
+/// pages would hold a listing, and the `ls` waiting on it, for ever. Ten
+/// million entries at S3's pace of about five pages of 1,000 a second take
+/// about half of it.
+pub const LIST_MAX_TIME: Duration = Duration::from_secs(3600);
+
+/// Why a listing was stopped by its [`ListingBounds`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum ListingStop {
+    /// The store sent a continuation token (or position) it had sent
+    /// before in this listing: it would never end.
+    Repeated { page: usize },
+    /// More than [`LIST_MAX_ENTRIES`].
+    TooManyEntries { entries: usize, max: usize },
+    /// Longer than [`LIST_MAX_TIME`].
+    TooLong { pages: usize, max: Duration },
+}
+
+impl std::fmt::Display for ListingStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListingStop::Repeated { page } => write!(
+                f,
+                "the store's page {page} asked to continue from where an earlier page did \
+                 (a repeated continuation token): the listing would never end"
+            ),
+            ListingStop::TooManyEntries { entries, max } => write!(
+                f,
+                "the listing passed {entries} entries, more than the {max} locafs lists \
+                 in one directory (docs/objstore.md, \"Listing bounds\")"
+            ),
+            ListingStop::TooLong { pages, max } => write!(
+                f,
+                "the listing took longer than {}s ({pages} pages), the most locafs waits \
+                 for one directory (docs/objstore.md, \"Listing bounds\")",
+                max.as_secs()
+            ),
+        }
+    }
+}
+
+/// The bounds of one directory's listing, whatever the store answers
+/// (pure: the caller passes the time): no page may ask to continue from a
+/// position an earlier page did (a repeated token is a loop), the pages
+/// together hold at most `max_entries` and take at most `max_time`. The
+/// same for S3, GCS and Azure: each page's continuation token is seen here
+/// (object_store's `PaginatedListStore`).
+#[derive(Debug)]
+pub struct ListingBounds {
+    started: std::time::Instant,
+    max_entries: usize,
+    max_time: Duration,
+    entries: usize,
+    pages: usize,
+    /// Every position a page asked to continue from (a token, or a
+    /// start-after key of ours), in this listing.
+    positions: HashSet<String>,
+}
+
+impl ListingBounds {
+    pub fn new(started: std::time::Instant, max_entries: usize, max_time: Duration) -> Self {
+        ListingBounds {
+            started,
+            max_entries,
+            max_time,
+            entries: 0,
+            pages: 0,
+            positions: HashSet::new(),
+        }
+    }
+
+    /// A page of `entries` came at `now`, asking to continue from `next`
+    /// (None: the listing is complete).
+    pub fn page(
+        &mut self,
+        entries: usize,
+        next: Option<&str>,
+        now: std::time::Instant,
+    ) -> Result<(), ListingStop> {
+        self.pages += 1;
+        self.entries = self.entries.saturating_add(entries);
+        if self.entries > self.max_entries {
+            return Err(ListingStop::TooManyEntries {
+                entries: self.entries,
+                max: self.max_entries,
+            });
+        }
+        if let Some(next) = next {
+            if !self.positions.insert(next.to_owned()) {
+                return Err(ListingStop::Repeated { page: self.pages });
+            }
+        }
+        if now.saturating_duration_since(self.started) > self.max_time {
+            return Err(ListingStop::TooLong {
+                pages: self.pages,
+                max: self.max_time,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// At most one line a minute about listings stopped by their bounds.
+static LISTING_STOPS: crate::logging::RateLimit = crate::logging::RateLimit::new(60_000);
 
 /// A data set in an object store (see the module comment).
 pub struct ObjectSource {
@@ -535,6 +866,8 @@ pub struct ObjectSource {
     skipped: AtomicU64,
     /// See [`ThrottleWatch`].
     throttled: Arc<AtomicU64>,
+    /// See [`Built::bad_replies`].
+    bad_replies: Arc<AtomicU64>,
     /// Whether the store's listings carry ETags: [`LISTINGS_UNKNOWN`] until a
     /// listing showed an object. A HEAD's attributes follow the listings'
     /// rule, so that both name a version alike.
@@ -596,20 +929,16 @@ impl ObjectSource {
         let built = spec.build(timeout).map_err(ProbeError::Refused)?;
         let src = ObjectSource::new(built, &spec.prefix, &spec.url())
             .map_err(|e| ProbeError::Refused(format!("{}: {e}", spec.url())))?;
-        let store = Arc::clone(&src.store);
+        let paged = Arc::clone(&src.paged);
         let prefix = src.prefix.clone();
         let probe = async move {
-            let p = key_prefix(&prefix, Path::new(""))
-                .map(|p| parse_key(&p))
-                .transpose()?;
-            let mut s = store.list(p.as_ref());
-            match s.next().await {
-                // A key that cannot be a name is still an answer: the
-                // bucket is there and the credentials are taken.
-                None | Some(Err(object_store::Error::InvalidPath { .. })) => Ok(None),
-                Some(Ok(m)) => Ok(Some(m.e_tag.is_some())),
-                Some(Err(e)) => Err(e),
-            }
+            let p = key_prefix(&prefix, Path::new(""));
+            // A key that cannot be a name is still an answer: the bucket
+            // is there and the credentials are taken.
+            any_key_under(&*paged, p.as_deref()).await.map(|u| match u {
+                Under::Object { etag } => Some(etag),
+                Under::Nothing | Under::Other => None,
+            })
         };
         let what = match spec.scheme {
             Scheme::Azure => "container",
@@ -707,6 +1036,7 @@ impl ObjectSource {
             warned: parking_lot::Mutex::new(HashSet::new()),
             skipped: AtomicU64::new(0),
             throttled: built.throttled,
+            bad_replies: built.bad_replies,
         })
     }
 
@@ -756,6 +1086,20 @@ impl ObjectSource {
         Key::parse(&s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
     }
 
+    /// The error of a listing of `rel` stopped by its bounds (EIO), logged
+    /// (at most once a minute); a repeated token is also counted as a bad
+    /// answer of the store.
+    fn listing_stopped(&self, rel: &Path, stop: ListingStop) -> io::Error {
+        if matches!(stop, ListingStop::Repeated { .. }) {
+            self.bad_replies.fetch_add(1, Relaxed);
+        }
+        let what = format!("{}: listing of {:?} stopped: {stop}", self.label, rel);
+        if let Some(more) = LISTING_STOPS.allow() {
+            warn!("{what} ({more} more such lines not logged)");
+        }
+        io::Error::other(what)
+    }
+
     /// Skips `key` (warning once) because it cannot be a file name.
     fn skip(&self, key: &str, why: &str) {
         if self.warned.lock().insert(key.to_owned()) {
@@ -777,6 +1121,8 @@ impl ObjectSource {
         let mut recovering = false;
         let mut max_keys = PAGE_KEYS;
         let mut refused = 0usize;
+        let mut bounds =
+            ListingBounds::new(std::time::Instant::now(), LIST_MAX_ENTRIES, LIST_MAX_TIME);
         loop {
             let (paged, prefix) = (Arc::clone(&self.paged), dir.clone());
             // A position of ours goes as the store takes it (see Resume).
@@ -831,12 +1177,25 @@ impl ObjectSource {
                     after = Some(end);
                 }
             }
+            let entries = page.result.objects.len() + page.result.common_prefixes.len();
             files.extend(page.result.objects);
             dirs.extend(page.result.common_prefixes);
-            match page.page_token {
-                Some(t) if !recovering => token = Some(t),
-                Some(_) => {}
-                None => break,
+            // Where the next page starts: the store's token, or our own
+            // position (each must be new, or the listing is a loop).
+            let next = match page.page_token {
+                Some(t) if !recovering => {
+                    let at = format!("token {t}");
+                    token = Some(t);
+                    Some(at)
+                }
+                Some(_) => Some(format!("after {}", after.as_deref().unwrap_or(""))),
+                None => None,
+            };
+            if let Err(stop) = bounds.page(entries, next.as_deref(), std::time::Instant::now()) {
+                return Err(self.listing_stopped(rel, stop));
+            }
+            if next.is_none() {
+                break;
             }
         }
         let dir_key = dir.as_deref().unwrap_or("").trim_end_matches('/');
@@ -916,6 +1275,42 @@ fn page_end(dir_key: &str, page: &object_store::ListResult) -> Option<String> {
     obj.chain(pre).max()
 }
 
+/// What lies under a prefix, as one page of at most one key says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Under {
+    /// No key.
+    Nothing,
+    /// An object, listed with an ETag or without.
+    Object { etag: bool },
+    /// A key that cannot be a name (object_store refuses its page).
+    Other,
+}
+
+/// What lies under `prefix` (a key without its trailing `/`; None for the
+/// whole bucket): one page of at most one key, never more (a store that
+/// answers an empty page with a token is not followed).
+async fn any_key_under(
+    paged: &dyn PaginatedListStore,
+    prefix: Option<&str>,
+) -> object_store::Result<Under> {
+    let prefix = prefix.map(|p| format!("{}/", p.trim_end_matches('/')));
+    let opts = PaginatedListOptions {
+        max_keys: Some(1),
+        ..Default::default()
+    };
+    match paged.list_paginated(prefix.as_deref(), opts).await {
+        Ok(page) => Ok(match page.result.objects.first() {
+            Some(m) => Under::Object {
+                etag: m.e_tag.is_some(),
+            },
+            None if page.result.common_prefixes.is_empty() => Under::Nothing,
+            None => Under::Other,
+        }),
+        Err(object_store::Error::InvalidPath { .. }) => Ok(Under::Other),
+        Err(e) => Err(e),
+    }
+}
+
 /// `prefix/rel` without leading or trailing `/`; None for the bucket's root.
 fn key_prefix(prefix: &str, rel: &Path) -> Option<String> {
     let rel = rel.to_string_lossy();
@@ -926,12 +1321,6 @@ fn key_prefix(prefix: &str, rel: &Path) -> Option<String> {
         (false, true) => Some(prefix.to_owned()),
         (false, false) => Some(format!("{prefix}/{rel}")),
     }
-}
-
-/// A key or listing prefix as the store should see it, taken as it is (no
-/// escaping; object_store adds a listing's trailing `/` itself).
-fn parse_key(s: &str) -> Result<Key, object_store::Error> {
-    Ok(Key::parse(s.trim_end_matches('/'))?)
 }
 
 /// The name of `key` as an entry of directory `dir` (keys without leading
@@ -963,7 +1352,8 @@ pub fn no_etag_ino(mtime_ns: i64) -> u64 {
 /// A time at whole seconds, in ns: the precision both a listing (ms or
 /// finer) and a GET's `Last-Modified` header (seconds) carry.
 fn whole_seconds_ns(t: &chrono::DateTime<chrono::Utc>) -> i64 {
-    t.timestamp() * 1_000_000_000
+    // (saturated past 2262: see `unix_ns`)
+    super::unix_ns(t.timestamp(), 0)
 }
 
 /// Whether a GET's answer (`meta`) is the object of `version`, on what both
@@ -1070,19 +1460,12 @@ impl Source for ObjectSource {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
         let store = Arc::clone(&self.store);
         let prefix = key_prefix(&self.prefix, rel);
+        let paged = Arc::clone(&self.paged);
         if rel.as_os_str().is_empty() {
             // The root: one page of one key says the store answers.
-            let r = self.run(async move {
-                let key = prefix.as_deref().map(parse_key).transpose()?;
-                let mut s = store.list(key.as_ref());
-                match s.next().await {
-                    // An answer, if with a key that cannot be a name.
-                    Some(Err(object_store::Error::InvalidPath { .. })) => Ok(None),
-                    other => other.transpose(),
-                }
-            })?;
-            if let Some(m) = r.map_err(store_io)? {
-                self.note_listing_etags(m.e_tag.is_some());
+            let under = self.run(async move { any_key_under(&*paged, prefix.as_deref()).await })?;
+            if let Under::Object { etag } = under.map_err(store_io)? {
+                self.note_listing_etags(etag);
             }
             return Ok(dir_attr(""));
         }
@@ -1090,17 +1473,12 @@ impl Source for ObjectSource {
         let r = self.run(async move {
             // Both at once (one round trip): a key that is an object and
             // also a prefix of other keys is a directory, as in a listing.
-            let mut under = store.list(Some(&key));
-            let (head, under) = tokio::join!(store.head(&key), under.next());
-            // A key under it that cannot be a name still makes it a prefix.
-            let under = match under {
-                Some(Err(object_store::Error::InvalidPath { .. })) => Some(()),
-                other => other.transpose()?.map(|_| ()),
-            };
-            match (head, under) {
-                (_, Some(_)) => Ok(None),
-                (Ok(m), None) => Ok(Some(m)),
-                (Err(e), None) => Err(e),
+            let under = any_key_under(&*paged, Some(key.as_ref()));
+            let (head, under) = tokio::join!(store.head(&key), under);
+            match (head, under? != Under::Nothing) {
+                (_, true) => Ok(None),
+                (Ok(m), false) => Ok(Some(m)),
+                (Err(e), false) => Err(e),
             }
         })?;
         match r.map_err(store_io)? {
@@ -1146,6 +1524,7 @@ impl Source for ObjectSource {
         let known = self.etags.get(&(rel.to_owned(), version.ino));
         let if_match = known.as_ref().map(|e| e.to_string());
         let store = Arc::clone(&self.store);
+        let bad = Arc::clone(&self.bad_replies);
         let range = offset..offset + len as u64;
         let r = self
             .run(async move {
@@ -1154,19 +1533,29 @@ impl Source for ObjectSource {
                     range: Some(range.into()),
                     ..Default::default()
                 };
-                let got = store.get_opts(&key, opts).await?;
+                let got = store
+                    .get_opts(&key, opts)
+                    .await
+                    .map_err(RangeError::Store)?;
                 let meta = got.meta.clone();
-                let bytes = got.bytes().await?;
-                Ok::<_, object_store::Error>((meta, bytes))
+                let bytes = collect_range(got.into_stream(), len, &bad).await?;
+                Ok::<_, RangeError>((meta, bytes))
             })
             .map_err(|e| SourceError::io(rel, e))?;
         let (meta, bytes) = match r {
             Ok(x) => x,
             // The object is gone or is another version: the opened one is
             // gone.
-            Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::NotFound { .. }) => return Err(changed()),
-            Err(e) => return Err(SourceError::io(rel, store_io(e))),
+            Err(RangeError::Store(object_store::Error::Precondition { .. }))
+            | Err(RangeError::Store(object_store::Error::NotFound { .. })) => return Err(changed()),
+            Err(RangeError::Store(e)) => return Err(SourceError::io(rel, store_io(e))),
+            // (counted and logged where it was found)
+            Err(RangeError::Bad) => {
+                return Err(SourceError::io(
+                    rel,
+                    io::Error::from_raw_os_error(libc::EIO),
+                ))
+            }
         };
         if !same_version(version, known.as_deref(), &meta) || bytes.len() != len {
             return Err(changed());
@@ -1202,6 +1591,10 @@ impl Source for ObjectSource {
 
     fn throttled_responses(&self) -> u64 {
         self.throttled.load(Relaxed)
+    }
+
+    fn bad_replies(&self) -> u64 {
+        self.bad_replies.load(Relaxed)
     }
 }
 
@@ -1384,6 +1777,157 @@ mod tests {
             None,
             &meta(10, 1_700_000_002, 0, None)
         ));
+    }
+
+    #[test]
+    fn a_last_modified_time_past_2262_saturates_instead_of_overflowing() {
+        use chrono::TimeZone;
+        let meta = |y: i32| ObjectMeta {
+            location: Key::parse("k").unwrap(),
+            last_modified: chrono::Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).unwrap(),
+            size: 5,
+            e_tag: Some("\"e\"".into()),
+            version: None,
+        };
+        let a = file_attr(&meta(2300));
+        assert_eq!(a.mtime_ns, i64::MAX);
+        assert_eq!((a.size, a.ino), (5, etag_hash("e")));
+        // The far past too, and an ordinary date exactly.
+        assert_eq!(file_attr(&meta(1000)).mtime_ns, i64::MIN);
+        assert_eq!(file_attr(&meta(2024)).mtime_ns, 1_704_067_200_000_000_000);
+    }
+
+    #[test]
+    fn an_answer_is_held_to_the_length_asked() {
+        assert_eq!(range_len("bytes=0-99"), Some(100));
+        assert_eq!(range_len("bytes=314572800-314572899"), Some(100));
+        assert_eq!(range_len("bytes=314572800-99"), None);
+        assert_eq!(range_len("bytes=5-"), None);
+        assert_eq!(range_len("items=0-9"), None);
+        let ranged = ReplyCheck::of(Some("bytes=0-99"), 206);
+        assert_eq!(ranged, ReplyCheck::Exactly(100));
+        assert_eq!(ranged.refuses(100), None);
+        assert!(ranged.refuses(10 << 30).unwrap().contains("of 100 bytes"));
+        assert!(ranged.refuses(99).is_some());
+        // A listing, an error's text, a 200 to a ranged GET (object_store
+        // refuses that itself): bounded, not exact.
+        for check in [
+            ReplyCheck::of(None, 200),
+            ReplyCheck::of(Some("bytes=0-99"), 503),
+            ReplyCheck::of(Some("bytes=0-99"), 200),
+        ] {
+            assert_eq!(check, ReplyCheck::AtMost(MAX_REPLY_BODY));
+            assert_eq!(check.refuses(MAX_REPLY_BODY), None);
+            assert!(check.refuses(MAX_REPLY_BODY + 1).is_some());
+        }
+    }
+
+    fn chunks(
+        parts: &[&'static [u8]],
+    ) -> futures::stream::BoxStream<'static, object_store::Result<Bytes>> {
+        let parts: Vec<_> = parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
+        futures::stream::iter(parts).boxed()
+    }
+
+    #[tokio::test]
+    async fn a_ranged_body_is_collected_to_its_length_and_no_further() {
+        let bad = AtomicU64::new(0);
+        let one = collect_range(chunks(&[b"0123456789"]), 10, &bad)
+            .await
+            .unwrap();
+        assert_eq!(&one[..], b"0123456789");
+        let three = collect_range(chunks(&[b"012", b"3456", b"789"]), 10, &bad);
+        assert_eq!(&three.await.unwrap()[..], b"0123456789");
+        assert_eq!(bad.load(Relaxed), 0);
+        // Longer: refused at the first byte too many; shorter: at its end.
+        let longer = collect_range(chunks(&[b"01234", b"56789", b"x"]), 10, &bad);
+        assert!(matches!(longer.await, Err(RangeError::Bad)));
+        let shorter = collect_range(chunks(&[b"01234"]), 10, &bad);
+        assert!(matches!(shorter.await, Err(RangeError::Bad)));
+        assert_eq!(bad.load(Relaxed), 2);
+        // A stream that would never end is left at its first extra byte.
+        let endless = futures::stream::repeat_with(|| Ok(Bytes::from_static(&[7u8; 64]))).boxed();
+        assert!(matches!(
+            collect_range(endless, 100, &bad).await,
+            Err(RangeError::Bad)
+        ));
+        assert_eq!(bad.load(Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_bound_fails_without_being_held() {
+        use object_store::client::HttpResponseBody;
+        let bad = Arc::new(AtomicU64::new(0));
+        let capped = |n: usize, left: u64| {
+            HttpResponseBody::new(Capped {
+                inner: HttpResponseBody::from(vec![1u8; n]),
+                left,
+                bad_replies: Arc::clone(&bad),
+            })
+        };
+        assert_eq!(capped(1000, 1000).bytes().await.unwrap().len(), 1000);
+        assert!(capped(1001, 1000).bytes().await.is_err());
+        assert_eq!(bad.load(Relaxed), 1);
+        // What it claims is not believed past the bound.
+        let body = capped(1001, 1000);
+        assert_eq!(http_body::Body::size_hint(&body).lower(), 1000);
+    }
+
+    #[test]
+    fn a_listing_stops_at_a_repeated_token_and_at_its_bounds() {
+        let t0 = std::time::Instant::now();
+        let later = |s: u64| t0 + Duration::from_secs(s);
+        // The same token twice: page 2 is refused, whatever it holds.
+        let mut b = ListingBounds::new(t0, 100_000, Duration::from_secs(60));
+        assert_eq!(b.page(1000, Some("token t"), t0), Ok(()));
+        assert_eq!(
+            b.page(1000, Some("token t"), t0),
+            Err(ListingStop::Repeated { page: 2 })
+        );
+        // A cycle of two is one too.
+        let mut b = ListingBounds::new(t0, 100_000, Duration::from_secs(60));
+        for t in ["token a", "token b"] {
+            assert_eq!(b.page(10, Some(t), t0), Ok(()));
+        }
+        assert!(matches!(
+            b.page(10, Some("token a"), t0),
+            Err(ListingStop::Repeated { .. })
+        ));
+        // Fresh tokens for ever: stopped at the entry bound...
+        let mut b = ListingBounds::new(t0, 5_000, Duration::from_secs(60));
+        let mut stop = None;
+        for page in 0..100 {
+            if let Err(e) = b.page(1000, Some(&format!("token {page}")), t0) {
+                stop = Some((page, e));
+                break;
+            }
+        }
+        assert_eq!(
+            stop,
+            Some((
+                5,
+                ListingStop::TooManyEntries {
+                    entries: 6000,
+                    max: 5000
+                }
+            ))
+        );
+        // ...or, with empty pages, at the time bound.
+        let mut b = ListingBounds::new(t0, 5_000, Duration::from_secs(60));
+        assert_eq!(b.page(0, Some("token 1"), later(59)), Ok(()));
+        let e = b.page(0, Some("token 2"), later(61)).unwrap_err();
+        assert_eq!(
+            e,
+            ListingStop::TooLong {
+                pages: 2,
+                max: Duration::from_secs(60)
+            }
+        );
+        assert!(e.to_string().contains("docs/objstore.md"), "{e}");
+        // A listing that ends is never stopped, its last page included.
+        let mut b = ListingBounds::new(t0, 2_000, Duration::from_secs(60));
+        assert_eq!(b.page(1000, Some("token x"), t0), Ok(()));
+        assert_eq!(b.page(1000, None, later(1)), Ok(()));
     }
 
     #[test]

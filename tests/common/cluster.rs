@@ -91,7 +91,7 @@ impl Cluster {
             files.push((rel, data));
         }
         let secret = dir.path().join("secret");
-        std::fs::write(&secret, random_secret(&mut rng)).unwrap();
+        super::data::write_private(&secret, random_secret(&mut rng));
         Cluster {
             dir,
             files,
@@ -121,7 +121,7 @@ impl Cluster {
     pub fn other_secret(&self) -> PathBuf {
         let p = self.dir.path().join("other-secret");
         let mut rng = rand::rngs::StdRng::seed_from_u64(99);
-        std::fs::write(&p, random_secret(&mut rng)).unwrap();
+        super::data::write_private(&p, random_secret(&mut rng));
         p
     }
 }

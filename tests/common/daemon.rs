@@ -181,6 +181,29 @@ impl Mount {
         m
     }
 
+    /// Like [`Mount::start`], the daemon started with umask `umask` (and
+    /// its stderr in `log`, kept).
+    pub fn start_umask(
+        src: &Path,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+        umask: u32,
+        log: &Path,
+    ) -> Mount {
+        let mut m = Mount::spawn_cmd(
+            mnt,
+            &mount_args(src, mnt, cache, extra),
+            Some(log),
+            &[],
+            Some(umask),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        m.wait_mounted(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}"));
+        m
+    }
+
     /// Starts `locafs mount SRC MNT --cache-dir CACHE EXTRA...` without
     /// waiting for anything (for a mount that is expected to fail).
     pub fn spawn(src: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
@@ -211,6 +234,16 @@ impl Mount {
         log: Option<&Path>,
         env: &[(&str, &str)],
     ) -> Result<Mount, String> {
+        Mount::spawn_cmd(mnt, args, log, env, None)
+    }
+
+    fn spawn_cmd(
+        mnt: &Path,
+        args: &[OsString],
+        log: Option<&Path>,
+        env: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> Result<Mount, String> {
         let (stderr_path, keep_stderr) = match log {
             Some(p) => (p.to_owned(), true),
             None => {
@@ -220,13 +253,24 @@ impl Mount {
             }
         };
         let errf = File::create(&stderr_path).map_err(|e| format!("stderr file: {e}"))?;
-        let child = Command::new(bin())
-            .arg("mount")
+        let mut cmd = Command::new(bin());
+        cmd.arg("mount")
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(errf)
+            .stderr(errf);
+        if let Some(mask) = umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask is async-signal-safe and cannot fail.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::umask(mask as libc::mode_t);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start locafs: {e}"))?;
         Ok(Mount {
@@ -442,7 +486,7 @@ pub fn run_locafs_env(args: &[&OsStr], env: &[(&str, &str)]) -> Output {
     c.wait_with_output().expect("wait locafs")
 }
 
-/// A small tmpfs mounted on a directory, unmounted on drop.
+/// A small tmpfs (mode 0700) mounted on a directory, unmounted on drop.
 pub struct Tmpfs {
     pub path: PathBuf,
 }
@@ -451,7 +495,16 @@ impl Tmpfs {
     pub fn mount(path: &Path, size: &str) -> Tmpfs {
         fs::create_dir_all(path).expect("mkdir tmpfs dir");
         let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            // 0700, as an admin makes a cache disk (a tmpfs is 1777
+            // otherwise, and locafs refuses one others may write once it
+            // holds anything).
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(path)
             .status()
             .expect("mount tmpfs");

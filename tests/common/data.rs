@@ -32,6 +32,22 @@ pub fn write_file(p: &Path, seed: u64, len: usize) {
     fs::write(p, pattern(seed, len)).expect("write file");
 }
 
+/// Writes a file only its owner may read (mode 0600): a cluster secret or a
+/// private key, which locafs refuses when the group or others may read
+/// them.
+pub fn write_private(p: &Path, content: impl AsRef<[u8]>) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = fs::remove_file(p);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(p)
+        .and_then(|mut f| f.write_all(content.as_ref()))
+        .expect("write a private file");
+}
+
 /// A small deterministic RNG (splitmix64).
 pub struct Rng(pub u64);
 

@@ -5,9 +5,10 @@
 //! library (the fakes never ship).
 //!
 //! - [`skip`]: the one way to skip. A test that needs what the machine
-//!   lacks (root, /dev/fuse, a program) prints `SKIPPED: module::test:
+//!   lacks (root, /dev/fuse, a program) prints `SKIPPED: binary::test:
 //!   reason` (`require_fuse!()`, `skip!(...)`) and returns; it never
-//!   passes silently.
+//!   passes silently, and in strict mode ([`strict`], `.ci/run`) it fails
+//!   unless it is an expected skip.
 //! - [`sys`]: mountinfo, unmounting, the page cache, free ports, `/proc`,
 //!   signals, waiting for a condition.
 //! - [`data`]: deterministic bytes and trees, comparing a mount with its
@@ -37,6 +38,9 @@
 //!   buckets.
 //! - [`proxy`]: an HTTP proxy before it that counts GETs per key and adds
 //!   latency, a bandwidth cap, 503 SlowDown answers or a stall.
+//! - [`hostile`]: a hostile object store (S3, GCS's XML API and Azure
+//!   dialects): answers longer than the range asked, listings that repeat
+//!   their continuation token for ever.
 //!
 //! It must never leak a mount, a process or a namespace: each is owned by
 //! a guard whose `Drop` cleans up, even when a test panics.
@@ -50,6 +54,7 @@ pub mod data;
 pub mod docker;
 pub mod fakes;
 pub mod gcs;
+pub mod hostile;
 pub mod inproc;
 pub mod netns;
 pub mod pki;
@@ -59,6 +64,7 @@ pub mod s3;
 pub mod s3s;
 pub mod server;
 pub mod skip;
+pub mod strict;
 pub mod sys;
 
 pub use daemon::*;

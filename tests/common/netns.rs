@@ -46,19 +46,34 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// What this machine lacks for a lab, if anything: root (network
+/// namespaces), `ip` (iproute2), `nsenter` (util-linux) and the kernel's
+/// network namespaces. Decided from the machine, before building one, so
+/// that a lab that fails to build is a failure, not a skip.
+pub fn netns_missing() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("network namespaces need root".into());
+    }
+    for (program, package) in [("ip", "iproute2"), ("nsenter", "util-linux")] {
+        if super::which(program).is_none() {
+            return Some(format!(
+                "needs {program} on PATH (apt-get install {package})"
+            ));
+        }
+    }
+    if !Path::new("/proc/self/ns/net").exists() {
+        return Some("this kernel has no network namespaces (/proc/self/ns/net)".into());
+    }
+    None
+}
+
 impl Lab {
     /// `n` node namespaces; node `i` has `eth0` = 10.213.7.(i+1)/24. An
-    /// error (no `ip netns`, no veth or bridge support) means the caller
-    /// should skip; whatever was created is removed again.
+    /// error says which step failed (tests check [`netns_missing`] first,
+    /// so for them it is a failure); whatever was created is removed again.
     pub fn new(n: usize) -> Result<Lab, String> {
-        if Command::new("nsenter")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_err()
-        {
-            return Err("nsenter is missing".into());
+        if let Some(why) = netns_missing() {
+            return Err(why);
         }
         // LOCAFS_NETNS_PREFIX names a run's namespaces (several people or
         // runs sharing a machine tell theirs apart by it).

@@ -51,7 +51,7 @@ impl TestCa {
         };
         std::fs::write(&files.ca, &self.pem).unwrap();
         std::fs::write(&files.cert, cert.pem()).unwrap();
-        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        super::data::write_private(&files.key, key.serialize_pem());
         files
     }
 }

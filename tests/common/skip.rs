@@ -1,15 +1,41 @@
 //! The one way to skip: a test (or bench) that needs what this machine
-//! lacks prints one line, `SKIPPED: <module>::<test>: <reason>`, and
-//! returns. Nothing else in the kit prints SKIPPED.
+//! lacks calls `skip!(reason)` (or `require_fuse!()`, ...): by hand it
+//! prints one line, `SKIPPED: <test binary>::<test>: <reason>`, and
+//! returns; in strict mode (`LOCAFS_TEST_STRICT=1`, set by `.ci/run`) the
+//! test fails with the reason unless it is listed in
+//! `LOCAFS_TEST_EXPECTED_SKIPS` (tests/common/strict.rs decides, for the
+//! unit tests too). Nothing else in the kit prints SKIPPED.
+//!
+//! What a machine lacks is decided from the machine (a program on PATH, a
+//! device that opens), never from the outcome of the code under test.
 
 use std::path::{Path, PathBuf};
 
-/// What this machine lacks for a FUSE mount (root and /dev/fuse), if
-/// anything.
+pub use super::strict::skipped;
+
+/// What this machine lacks for a FUSE mount (root, and a `/dev/fuse` that
+/// is a character device and opens), if anything.
 pub fn fuse_missing() -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
     let root = rustix::process::geteuid().is_root();
-    let dev = Path::new("/dev/fuse").exists();
-    (!root || !dev).then(|| format!("needs root and /dev/fuse (root: {root}, /dev/fuse: {dev})"))
+    let dev = match std::fs::metadata("/dev/fuse") {
+        Err(e) => format!("no /dev/fuse ({e})"),
+        Ok(m) if !m.file_type().is_char_device() => "/dev/fuse is not a character device".into(),
+        Ok(_) => match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+        {
+            Err(e) => format!("/dev/fuse does not open ({e})"),
+            Ok(_) => String::new(),
+        },
+    };
+    match (root, dev.is_empty()) {
+        (true, true) => None,
+        (false, true) => Some("needs root for FUSE mounts".into()),
+        (true, false) => Some(format!("needs /dev/fuse: {dev}")),
+        (false, false) => Some(format!("needs root and /dev/fuse: {dev}")),
+    }
 }
 
 /// The program `name` on PATH, if it is installed.
@@ -23,15 +49,9 @@ pub fn which(name: &str) -> Option<PathBuf> {
         })
 }
 
-/// Prints the SKIPPED line for the running test of `module` (the caller
-/// then returns; [`skip!`] does both).
-pub fn skipped(module: &str, why: &str) {
-    let test = std::thread::current().name().unwrap_or("?").to_owned();
-    eprintln!("SKIPPED: {module}::{test}: {why}");
-}
-
-/// `skip!("reason {}", x)`: prints the SKIPPED line and returns from the
-/// test (or bench `main`).
+/// `skip!("reason {}", x)`: reports the skip ([`skipped`]: the SKIPPED
+/// line, or in strict mode a failure) and returns from the test (or bench
+/// `main`).
 #[macro_export]
 macro_rules! skip {
     ($($why:tt)+) => {{

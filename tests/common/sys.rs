@@ -1,6 +1,7 @@
 //! The machine around the tests: what is mounted (one /proc/self/mountinfo
 //! parser), unmounting, the page cache, free ports, `/proc/PID/status`,
-//! signals, and waiting for a condition.
+//! signals, waiting for a condition, and running a command as another
+//! user (`nobody`).
 
 use std::ffi::OsStr;
 use std::io;
@@ -206,4 +207,39 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into())
+}
+
+/// The unprivileged user the multi-user tests act as (nobody).
+pub const NOBODY: u32 = 65534;
+
+/// `cmd ARGS` as user and group [`NOBODY`] with no supplementary groups
+/// (`setpriv --reuid=65534 --regid=65534 --clear-groups`), or why that
+/// cannot run here (not root, no setpriv).
+pub fn as_nobody(cmd: impl AsRef<OsStr>) -> Result<std::process::Command, String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("running a command as another user needs root".into());
+    }
+    let setpriv = super::skip::which("setpriv").ok_or("setpriv (util-linux) is not installed")?;
+    let mut c = std::process::Command::new(setpriv);
+    c.args([
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".into(),
+    ])
+    .arg(cmd)
+    .stdin(std::process::Stdio::null());
+    Ok(c)
+}
+
+/// CPU time (user + system) process `pid` has used, from /proc/PID/stat.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): utime and
+    // stime are the 12th and 13th of them, in clock ticks.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_millis(ticks * 1000 / hz))
 }

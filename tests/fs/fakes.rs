@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use locafs::cache::{BlockStore, CompleteFiles, DroppedHook, FileVersion, VersionKey};
-use locafs::source::{EntryKind, Source, SourceAttr, SourceError, SourceVersion};
+use locafs::source::{Acls, EntryKind, Source, SourceAttr, SourceError, SourceVersion};
 
 pub use crate::common::fakes::MemCache;
 
@@ -62,6 +62,10 @@ pub struct MemSource {
     pub waiting: AtomicU64,
     /// `stat` and `list` calls.
     pub metadata_calls: AtomicU64,
+    /// POSIX ACLs by path (entries not here have none).
+    acls: Mutex<HashMap<PathBuf, Acls>>,
+    /// `acls` calls.
+    pub acl_calls: AtomicU64,
 }
 
 impl MemSource {
@@ -73,6 +77,8 @@ impl MemSource {
             resumed: Condvar::new(),
             waiting: AtomicU64::new(0),
             metadata_calls: AtomicU64::new(0),
+            acls: Mutex::default(),
+            acl_calls: AtomicU64::new(0),
         };
         s.put(Path::new(""), EntryKind::Dir, Bytes::new(), PathBuf::new());
         Arc::new(s)
@@ -123,6 +129,11 @@ impl MemSource {
 
     pub fn remove(&self, rel: &str) {
         self.tree.lock().unwrap().remove(Path::new(rel));
+    }
+
+    /// Sets (or, with none, removes) the POSIX ACLs of `rel`.
+    pub fn set_acls(&self, rel: &str, acls: Acls) {
+        self.acls.lock().unwrap().insert(rel.into(), acls);
     }
 
     /// The version of a file as the source has it now.
@@ -210,6 +221,25 @@ impl Source for MemSource {
             });
         }
         Ok(e.data.slice(start..end))
+    }
+
+    fn has_acls(&self) -> bool {
+        true
+    }
+
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        self.gate();
+        self.acl_calls.fetch_add(1, SeqCst);
+        if !self.tree.lock().unwrap().contains_key(rel) {
+            return Err(enoent());
+        }
+        Ok(self
+            .acls
+            .lock()
+            .unwrap()
+            .get(rel)
+            .cloned()
+            .unwrap_or_default())
     }
 
     fn statvfs(&self) -> io::Result<libc::statvfs> {

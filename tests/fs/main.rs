@@ -213,6 +213,30 @@ impl Harness {
         Ok((cur.0, cur.1.expect("a path")))
     }
 
+    fn getattr(&self, ino: u64) -> io::Result<SourceAttr> {
+        let (tx, rx) = mpsc::channel();
+        self.fs.getattr(ino, move |r| {
+            let _ = tx.send(r);
+        });
+        wait(rx)
+    }
+
+    fn getxattr(&self, ino: u64, name: &str) -> io::Result<Vec<u8>> {
+        let (tx, rx) = mpsc::channel();
+        self.fs.getxattr(ino, OsStr::new(name), move |r| {
+            let _ = tx.send(r);
+        });
+        wait(rx)
+    }
+
+    fn listxattr(&self, ino: u64) -> io::Result<Vec<u8>> {
+        let (tx, rx) = mpsc::channel();
+        self.fs.listxattr(ino, move |r| {
+            let _ = tx.send(r);
+        });
+        wait(rx)
+    }
+
     fn ino(&self, path: &str) -> u64 {
         self.lookup(path).unwrap().0
     }
@@ -807,12 +831,12 @@ fn the_root_has_the_stats_and_control_attributes_and_lists_none() {
     let src = MemSource::new();
     src.write("a", b"a");
     let h = Harness::new(src, None);
-    let stats = h.fs.getxattr(ROOT, OsStr::new(STATS_XATTR)).unwrap();
+    let stats = h.getxattr(ROOT, STATS_XATTR).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&stats).unwrap();
     assert_eq!(v["source"], "mem:");
     assert_eq!(v["mountpoint"], "/mnt");
     assert_eq!(v["opens"], 0);
-    let ctl = h.fs.getxattr(ROOT, OsStr::new("user.locafs.control"));
+    let ctl = h.getxattr(ROOT, "user.locafs.control");
     assert_eq!(ctl.unwrap(), b"/run/locafs/ctl.sock");
     let a = h.ino("a");
     for (ino, name) in [
@@ -820,10 +844,10 @@ fn the_root_has_the_stats_and_control_attributes_and_lists_none() {
         (ROOT, "user.other"),
         (ROOT, "user.locafs.statsx"),
     ] {
-        let r = h.fs.getxattr(ino, OsStr::new(name));
+        let r = h.getxattr(ino, name);
         assert_eq!(errno(r), libc::ENODATA);
     }
-    assert!(h.fs.listxattr(ROOT).is_empty());
+    assert!(h.listxattr(ROOT).unwrap().is_empty());
 }
 
 /// FORGET: an inode the kernel no longer knows keeps no page cache at its
@@ -853,4 +877,88 @@ fn an_inode_the_kernel_forgot_keeps_no_open_state() {
     assert_eq!(h.read(a, third.fh, 0, 100).unwrap(), &data(100, 1)[..]);
     h.fs.release(third.fh);
     h.fs.release(open_b.fh);
+}
+
+/// An ACL in the kernel's xattr format (version 2): the owner rw-, named
+/// user `uid` with `perm`, group r--, mask r--, other r--.
+fn acl_value(uid: u32, perm: u16) -> Box<[u8]> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, perm, uid),
+        (0x04, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v.into_boxed_slice()
+}
+
+#[test]
+fn posix_acls_are_the_sources_held_with_the_attributes_and_read_again_with_them() {
+    use locafs::source::{Acls, ACL_ACCESS_XATTR as ACCESS, ACL_DEFAULT_XATTR as DEFAULT};
+    let src = MemSource::new();
+    src.write("secret", b"s");
+    src.write("open", b"o");
+    src.write("d/x", b"x");
+    let denied = acl_value(65534, 0);
+    src.set_acls(
+        "secret",
+        Acls {
+            access: Some(denied.clone()),
+            default: None,
+        },
+    );
+    src.set_acls(
+        "d",
+        Acls {
+            access: None,
+            default: Some(denied.clone()),
+        },
+    );
+    // Held until the attributes are read again: never (--immutable).
+    let h = Harness::new(src.clone(), None);
+    let (secret, open, d) = (h.ino("secret"), h.ino("open"), h.ino("d"));
+    assert_eq!(&*h.getxattr(secret, ACCESS).unwrap(), &*denied);
+    assert_eq!(errno(h.getxattr(secret, DEFAULT)), libc::ENODATA);
+    assert_eq!(errno(h.getxattr(open, ACCESS)), libc::ENODATA);
+    assert_eq!(&*h.getxattr(d, DEFAULT).unwrap(), &*denied);
+    assert_eq!(h.listxattr(secret).unwrap(), b"system.posix_acl_access\0");
+    assert_eq!(h.listxattr(d).unwrap(), b"system.posix_acl_default\0");
+    assert_eq!(h.listxattr(open).unwrap(), b"");
+    let calls = src.acl_calls.load(SeqCst);
+    assert_eq!(calls, 3, "one read of each entry's ACLs");
+    src.set_acls("secret", Acls::default());
+    for _ in 0..3 {
+        assert_eq!(&*h.getxattr(secret, ACCESS).unwrap(), &*denied);
+        assert_eq!(errno(h.getxattr(open, ACCESS)), libc::ENODATA);
+    }
+    assert_eq!(src.acl_calls.load(SeqCst), calls, "held, not asked again");
+
+    // Revalidated with the attributes: always stale here, so each GETATTR
+    // reads them again, and the ACL is read again at the next request (the
+    // kernel asks for the attributes before it asks for the ACL again);
+    // without a GETATTR in between it is held.
+    let h = Harness::new(src.clone(), Some(Duration::ZERO));
+    let secret = h.ino("secret");
+    assert_eq!(errno(h.getxattr(secret, ACCESS)), libc::ENODATA);
+    let granted = acl_value(65534, 4);
+    src.set_acls(
+        "secret",
+        Acls {
+            access: Some(granted.clone()),
+            default: None,
+        },
+    );
+    assert_eq!(errno(h.getxattr(secret, ACCESS)), libc::ENODATA, "held");
+    h.getattr(secret).unwrap();
+    assert_eq!(&*h.getxattr(secret, ACCESS).unwrap(), &*granted);
+    // A file gone at the source: its ACL read again fails as its stat does.
+    let open = h.ino("open");
+    h.getattr(open).unwrap();
+    src.remove("open");
+    assert_eq!(errno(h.getxattr(open, ACCESS)), libc::ENOENT);
 }

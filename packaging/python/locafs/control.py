@@ -1,17 +1,24 @@
 """A locafs mount from Python: :class:`Mount`, its control socket, and the
 errors of the package.
 
-The socket's path is the ``user.locafs.control`` extended attribute of the
-mount root (nothing is added to the data set's tree). One JSON request per
-line, one JSON answer per line, as ``locafs plan`` and ``locafs where`` use
-it (src/control.rs). A :class:`Mount` made by :func:`locafs.mount` also
-owns the daemon behind it (``_daemon.py``) and unmounts on :meth:`close`;
-one made from a path attaches to a mount someone else made and never
-unmounts it.
+The socket's name is the ``user.locafs.control`` extended attribute of the
+mount root (nothing is added to the data set's tree): ``@NAME`` for a socket
+in the abstract namespace (reachable from the daemon's network namespace
+only), else a path. One JSON request per line, one JSON answer per line, as
+``locafs plan`` and ``locafs where`` use it (src/control.rs). A
+:class:`Mount` made by :func:`locafs.mount` also owns the daemon behind it
+(``_daemon.py``) and unmounts on :meth:`close`; one made from a path
+attaches to a mount someone else made and never unmounts it.
+
+Who may ask: the user running the daemon and root ask anything; when the
+daemon runs as root, another user who may read the mount root may ask
+``where`` and ``plan`` (about the files they could reach); others are
+refused with an answer that says why (docs/security.md).
 """
 
 import array
 import base64
+import errno
 import json
 import os
 import socket
@@ -88,6 +95,11 @@ class Mount:
         try:
             raw = os.getxattr(self.path, CONTROL_XATTR)
         except OSError as e:
+            if e.errno == errno.EACCES:
+                raise LocafsError(
+                    "%s: you may not read the mount root, so its control socket is not "
+                    "yours to use" % self.path
+                ) from None
             raise NotALocafsMount(
                 "%s: not the root of a locafs mount (%s)" % (self.path, e.strerror or e)
             ) from None
@@ -117,20 +129,27 @@ class Mount:
 
     def _call(self, request, check=True, payload=b""):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = self.socket_path
+        address = "\0" + name[1:] if name.startswith("@") else name
         try:
-            s.connect(self.socket_path)
+            s.connect(address)
             s.sendall(json.dumps(request).encode("utf-8") + b"\n")
             if payload:
                 s.sendall(payload)
             with s.makefile("rb") as f:
                 line = f.readline()
         except OSError as e:
-            raise LocafsError("control socket %s: %s" % (self.socket_path, e)) from None
+            hint = ""
+            if name.startswith("@") and isinstance(e, ConnectionRefusedError):
+                hint = " (an abstract socket: reachable only from the daemon's network namespace)"
+            raise LocafsError("control socket %s: %s%s" % (self.socket_path, e, hint)) from None
         finally:
             s.close()
         if not line:
             raise LocafsError("control socket %s: closed" % self.socket_path)
         answer = json.loads(line)
+        if answer.get("refused"):
+            raise LocafsError("%s: %s" % (self.path, answer.get("error", "refused")))
         if check and not answer.get("ok"):
             raise LocafsError("%s: %s" % (self.path, answer.get("error", "request failed")))
         return answer

@@ -23,7 +23,7 @@ import sys
 import threading
 import warnings
 
-from .control import LocafsError, Mount
+from .control import LocafsError, Mount, NotALocafsMount
 
 __all__ = [
     "LocalitySampler",
@@ -192,12 +192,16 @@ class LocalitySampler(_Base):
     the same ``files``, ``batch_size`` and ``seed``, and call
     :meth:`set_epoch` with the same epoch.
 
-    When ``mount`` is not a locafs mount, or the mount has no peers, it
-    behaves like ``DistributedSampler(shuffle=True, drop_last=drop_last)``
+    When ``mount`` is not a locafs mount, its control socket refuses this
+    user (a mount of another user, or a root mount whose root this user may
+    not read) or cannot be reached, or the mount has no peers, it behaves
+    like ``DistributedSampler(shuffle=True, drop_last=drop_last)``
     with ``rank``/``world_size`` from its arguments, else $RANK and
     $WORLD_SIZE, else torch.distributed when initialised, else the local
     rank and local world size; the permutation is this module's splitmix64
-    one (not torch's generator), and it says so once on stderr.
+    one (not torch's generator), no plan is handed to the mount, and it says
+    so once on stderr. With peers the last partial global batch is always
+    dropped: ``drop_last=False`` raises ``ValueError``.
     """
 
     def __init__(
@@ -241,8 +245,13 @@ class LocalitySampler(_Base):
         else:
             try:
                 self.mount = Mount(mount)
-            except LocafsError as e:
+            except NotALocafsMount as e:
                 why = str(e)
+            except LocafsError as e:
+                # Refused (another user's mount, a root it may not read) or
+                # unreachable (another network namespace): the message says
+                # which.
+                why = "the mount's control socket cannot be used: %s" % e
         if self.mount is not None and self.mount.num_nodes > 1:
             if not self.drop_last:
                 raise ValueError("LocalitySampler drops the last partial global batch: drop_last must be True")

@@ -15,7 +15,10 @@ use super::*;
 pub(super) struct DataFile {
     pub(super) file: File,
     pub(super) direct: bool,
-    pub(super) path: PathBuf,
+    /// Its fan-out directory and name (a buffered descriptor for the tail
+    /// is opened there).
+    pub(super) dir: PrivateDir,
+    pub(super) name: String,
 }
 
 /// How a block is written: straight to the disk, or through the page cache
@@ -52,30 +55,30 @@ impl Core {
     /// daemon's CPU on a cold pass). Falls back to buffered writes for good
     /// when the file system refuses O_DIRECT. `Via::PageCache` (blocks the
     /// loader has yet to read) opens it buffered.
-    pub(super) fn open_data(&self, path: &Path, create: bool, via: Via) -> io::Result<DataFile> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut o = OpenOptions::new();
-        o.write(true);
+    pub(super) fn open_data(
+        &self,
+        dir: &PrivateDir,
+        name: &str,
+        create: bool,
+        via: Via,
+    ) -> io::Result<DataFile> {
+        let mut o = OFlags::WRONLY;
         if create {
-            o.create_new(true);
+            o |= OFlags::CREATE | OFlags::EXCL;
         }
+        let data_file = |file, direct| DataFile {
+            file,
+            direct,
+            dir: dir.clone(),
+            name: name.to_owned(),
+        };
         if via == Via::Direct && self.direct.load(Ordering::Relaxed) {
-            match o.clone().custom_flags(libc::O_DIRECT).open(path) {
+            match dir.open_file(name, o | OFlags::DIRECT) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct_refused(&e),
-                r => {
-                    return r.map(|file| DataFile {
-                        file,
-                        direct: true,
-                        path: path.to_path_buf(),
-                    })
-                }
+                r => return r.map(|file| data_file(file, true)),
             }
         }
-        o.open(path).map(|file| DataFile {
-            file,
-            direct: false,
-            path: path.to_path_buf(),
-        })
+        dir.open_file(name, o).map(|file| data_file(file, false))
     }
 
     /// A bounce buffer (one block plus the alignment), waiting for one if
@@ -147,9 +150,8 @@ impl Core {
             }
         }
         if !tail.is_empty() {
-            OpenOptions::new()
-                .write(true)
-                .open(&d.path)?
+            d.dir
+                .open_file(&d.name, OFlags::WRONLY)?
                 .write_all_at(tail, offset + head.len() as u64)?;
         }
         Ok(())

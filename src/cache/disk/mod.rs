@@ -39,12 +39,21 @@
 //! eviction plan), `direct_io.rs` (O_DIRECT writes and their bounce
 //! buffers) and `startup.rs` (the books from the index or a scan,
 //! checkpoints, the orphan sweep).
+//!
+//! Every file is reached through a checked directory handle
+//! (`private_dir`: the data set's directory, `blocks/` and each of its 256
+//! fan-out directories, opened once), never through a path a symlink could
+//! redirect, and created owner-only (0600; directories 0700).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(test)]
+use std::path::PathBuf;
+
+use rustix::fs::OFlags;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +67,7 @@ use super::recover::{self, Op, Put};
 use super::{
     BlockStore, CacheUsage, Checksum, ChecksummedBytes, CompleteFiles, FileVersion, VersionKey,
 };
+use crate::private_dir::PrivateDir;
 use crate::source::SourceVersion;
 use crate::stats::Stats;
 
@@ -122,7 +132,12 @@ impl DiskCache {
 /// The state of a [`DiskCache`], shared with its background verifier.
 #[doc(hidden)]
 pub struct Core {
-    dir: PathBuf,
+    /// The data set's directory.
+    dir: PrivateDir,
+    /// Its `blocks/`, and the fan-out directories below it
+    /// (`blocks/00`..`blocks/ff`), each opened at its first use.
+    blocks: PrivateDir,
+    fanout: Vec<std::sync::OnceLock<PrivateDir>>,
     block_size: u64,
     state: Mutex<State>,
     readers: moka::sync::Cache<VersionKey, Arc<File>>,
@@ -230,12 +245,23 @@ enum Checked {
 const CREATE_LOCKS: usize = 64;
 
 impl DiskCache {
+    /// [`DiskCache::open_in`] the directory `dir` (created owner-only if
+    /// missing, and checked as every cache directory is: `private_dir`).
+    pub fn open(
+        dir: &Path,
+        capacity: Option<u64>,
+        block_size: u64,
+        stats: Arc<Stats>,
+    ) -> io::Result<(Self, Recovery)> {
+        Self::open_in(&PrivateDir::create(dir)?, capacity, block_size, stats)
+    }
+
     /// Opens (or creates) the cache in `dir` with a total size bound of
     /// `capacity` bytes (None: unbounded until [`Core::set_capacity`], as a
     /// mount does until the shared budget, `budget.rs`, gives it its grant),
     /// recovering what a previous run left there.
-    pub fn open(
-        dir: &Path,
+    pub fn open_in(
+        dir: &PrivateDir,
         capacity: Option<u64>,
         block_size: u64,
         stats: Arc<Stats>,
@@ -251,16 +277,11 @@ impl DiskCache {
                 ),
             ));
         }
-        let blocks = dir.join("blocks");
-        fs::create_dir_all(&blocks)?;
-        for i in 0..256 {
-            let d = blocks.join(format!("{i:02x}"));
-            if !d.exists() {
-                fs::create_dir(&d)?;
-            }
-        }
+        let blocks = dir.subdir("blocks", true)?;
         let mut cache = Core {
-            dir: dir.to_owned(),
+            dir: dir.clone(),
+            blocks,
+            fanout: (0..256).map(|_| std::sync::OnceLock::new()).collect(),
             block_size,
             state: Mutex::new(State {
                 books: new_books(capacity - FIXED_OVERHEAD, block_size),
@@ -390,10 +411,42 @@ impl Core {
         self.block_size
     }
 
+    /// The paths of a version's data and meta files (tests).
+    #[cfg(test)]
     fn paths(&self, key: &VersionKey) -> (PathBuf, PathBuf) {
         let hex = key.hex();
-        let d = self.dir.join("blocks").join(&hex[..2]);
+        let d = self.dir.path().join("blocks").join(&hex[..2]);
         (d.join(format!("{hex}.data")), d.join(format!("{hex}.meta")))
+    }
+
+    /// Fan-out directory `i` (`blocks/<i as 2 hex digits>`), created if
+    /// missing and checked at its first use.
+    fn fan(&self, i: usize) -> io::Result<&PrivateDir> {
+        if let Some(d) = self.fanout[i].get() {
+            return Ok(d);
+        }
+        let d = self.blocks.subdir(format!("{i:02x}"), true)?;
+        // (Two first uses at once: one handle stays, the other is closed.)
+        Ok(self.fanout[i].get_or_init(|| d))
+    }
+
+    /// Fan-out directory `i` for a walk through all of them (the orphan
+    /// sweep, the scan of an older cache): the handle in use if there is
+    /// one, else one for the walk only, so that a cache holds descriptors
+    /// only for the directories its files are in. None if it is missing.
+    fn fan_for_walk(&self, i: usize) -> Option<PrivateDir> {
+        match self.fanout[i].get() {
+            Some(d) => Some(d.clone()),
+            None => self.blocks.subdir(format!("{i:02x}"), false).ok(),
+        }
+    }
+
+    /// A version's fan-out directory and the names of its data and meta
+    /// files in it.
+    fn files(&self, key: &VersionKey) -> io::Result<(&PrivateDir, String, String)> {
+        let hex = key.hex();
+        let dir = self.fan(key.0[0] as usize)?;
+        Ok((dir, format!("{hex}.data"), format!("{hex}.meta")))
     }
 
     /// Does the disk part of evictions (outside the lock).
@@ -431,10 +484,12 @@ impl Core {
 
     fn unlink(&self, key: &VersionKey) {
         self.dropping(key);
-        let (data, meta) = self.paths(key);
+        let Ok((dir, data, meta)) = self.files(key) else {
+            return;
+        };
         // Meta first: a data file without meta is discarded at recovery.
-        let _ = fs::remove_file(meta);
-        let _ = fs::remove_file(data);
+        let _ = dir.remove_file(meta);
+        let _ = dir.remove_file(data);
     }
 
     /// Drops evicted blocks of a file that stays: slot first, then data.
@@ -446,15 +501,17 @@ impl Core {
         meta_in_xattr: bool,
     ) {
         self.dropping(key);
-        let (data, meta) = self.paths(key);
-        let d = OpenOptions::new().write(true).open(data);
+        let Ok((dir, data, meta)) = self.files(key) else {
+            return;
+        };
+        let d = dir.open_file(data, OFlags::WRONLY);
         if meta_in_xattr {
             // One block, so no slot is left: the meta goes (a data file
             // without meta is discarded at recovery).
             if let Ok(d) = &d {
                 let _ = crate::sys::fremovexattr(d, META_XATTR);
             }
-        } else if let Ok(m) = OpenOptions::new().write(true).open(meta) {
+        } else if let Ok(m) = dir.open_file(meta, OFlags::WRONLY) {
             for (i, _) in blocks {
                 let _ = m.write_all_at(&[0u8; SLOT as usize], table + i * SLOT);
             }
@@ -503,16 +560,16 @@ impl Core {
         via: Via,
         meta_in_xattr: bool,
     ) -> io::Result<(DataFile, Option<File>)> {
-        let (data, meta) = self.paths(&file.key);
+        let (dir, data, meta) = self.files(&file.key)?;
         // The data file needs no set_len: it reaches its full size once every
         // block is written, and only a complete file is handed to the kernel.
         // Always a new inode: a file left at this path (by an entry dropped
         // while its unlink failed) may be in use by a passthrough reader, so
         // it is unlinked, never truncated.
-        let d = match self.open_data(&data, true, via) {
+        let d = match self.open_data(dir, &data, true, via) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let _ = fs::remove_file(&data);
-                self.open_data(&data, true, via)?
+                let _ = dir.remove_file(&data);
+                self.open_data(dir, &data, true, via)?
             }
             r => r?,
         };
@@ -520,7 +577,7 @@ impl Core {
             return Ok((d, None));
         }
         // Header and an empty slot table in one write.
-        let mut m = File::create(&meta)?;
+        let mut m = dir.create_file(&meta)?;
         m.write_all(&self.new_meta(file, nblocks))?;
         Ok((d, Some(m)))
     }
@@ -536,11 +593,11 @@ impl Core {
         created: Option<(DataFile, Option<File>)>,
         meta_in_xattr: bool,
     ) -> io::Result<()> {
-        let (data, meta) = self.paths(&file.key);
+        let (dir, data, meta) = self.files(&file.key)?;
         let nblocks = file.block_count(self.block_size);
         let (d, m) = match created {
             Some(files) => files,
-            None => (self.open_data(&data, false, via)?, None),
+            None => (self.open_data(dir, &data, false, via)?, None),
         };
         self.write_data(&d, index * self.block_size, block.data())?;
         let (table, _) = self.meta_layout(&file.rel, nblocks);
@@ -553,11 +610,11 @@ impl Core {
                 block.checksum(),
                 guest,
             );
-            return self.set_inline_meta(file, &d.file, &meta, &raw, &slot);
+            return self.set_inline_meta(file, &d.file, (dir, &meta), &raw, &slot);
         }
         let m = match m {
             Some(m) => m,
-            None => OpenOptions::new().write(true).open(&meta)?,
+            None => dir.open_file(&meta, OFlags::WRONLY)?,
         };
         m.write_all_at(&slot, table + index * SLOT)?;
         Ok(())
@@ -570,7 +627,7 @@ impl Core {
         &self,
         file: &FileVersion,
         d: &File,
-        meta: &Path,
+        meta: (&PrivateDir, &str),
         raw: &[u8],
         slot: &[u8; SLOT as usize],
     ) -> io::Result<()> {
@@ -592,7 +649,7 @@ impl Core {
         let mut full = self.new_meta(file, 1);
         let at = self.meta_layout(&file.rel, 1).0 as usize;
         full[at..at + SLOT as usize].copy_from_slice(slot);
-        File::create(meta)?.write_all(&full)?;
+        meta.0.create_file(meta.1)?.write_all(&full)?;
         let mut st = self.state.lock();
         if let Some(e) = st.books.get_mut(&file.key) {
             // (Booked as the xattr's 4 KiB: the `.meta` file may take more.)
@@ -687,7 +744,10 @@ impl Core {
                 None => return false,
             }
         };
-        let Ok(f) = File::open(self.paths(&file.key).0) else {
+        let Ok(f) = self
+            .files(&file.key)
+            .and_then(|(dir, data, _)| dir.open_read(data))
+        else {
             return false;
         };
         matches!(self.read_checked(&f, file, index, want), Checked::Good(_))
@@ -971,10 +1031,10 @@ impl Core {
         }
         // A `.meta` file (a cache file system without user xattrs): its
         // header must name this version, its slot this block.
-        let (_, meta) = self.paths(&file.key);
         let mut head = [0u8; HEADER_FIXED];
         let mut slot = [0u8; SLOT as usize];
-        File::open(meta)
+        self.files(&file.key)
+            .and_then(|(dir, _, meta)| dir.open_read(meta))
             .and_then(|m| {
                 m.read_exact_at(&mut head, 0)?;
                 m.read_exact_at(&mut slot, table as u64 + index * SLOT)
@@ -1014,9 +1074,11 @@ impl Core {
 
     /// The version's data file, open for reading (kept open for a while).
     fn reader(&self, key: &VersionKey) -> io::Result<Arc<File>> {
-        let (data, _) = self.paths(key);
         self.readers
-            .try_get_with(*key, || File::open(&data).map(Arc::new))
+            .try_get_with(*key, || {
+                let (dir, data, _) = self.files(key)?;
+                dir.open_read(data).map(Arc::new)
+            })
             .map_err(|e| match e.raw_os_error() {
                 Some(n) => io::Error::from_raw_os_error(n),
                 None => io::Error::new(e.kind(), e.to_string()),
@@ -1293,8 +1355,10 @@ impl CompleteFiles for DiskCache {
             st.books.record_read(file.version.size);
             st.touch(file.key);
         }
-        let (data, _) = self.paths(&file.key);
-        let f = match File::open(&data) {
+        let f = match self
+            .files(&file.key)
+            .and_then(|(dir, data, _)| dir.open_read(data))
+        {
             Ok(f) => f,
             Err(e) => {
                 self.unpin_passthrough(file);
@@ -1360,6 +1424,8 @@ impl CompleteFiles for DiskCache {
 mod tests {
     use super::*;
     use crate::source::SourceVersion;
+    use crate::test_skip::skipped;
+    use std::fs::{self, OpenOptions};
 
     const BS: u64 = 4096;
     /// Meta file and directory entries of a small new file.
@@ -2131,11 +2197,36 @@ mod tests {
         // A corrupt block is dropped (its hole punched outside the lock)
         // while the read that found it fetches it again and writes it: the
         // punch must never land on the new bytes, which passthrough trusts
-        // without reading them back.
+        // without reading them back. The write is made to come at the worst
+        // moment: from the dropped-file hook, which the drop calls after it
+        // has let go of the books and before it punches. The drop then waits
+        // (50 ms) for the write to finish: a write that does not wait for
+        // the punch has finished by then and is punched out; one that waits
+        // goes in after the punch. Each round: the write goes in (it is not
+        // refused), and the complete file holds the new bytes, read from
+        // the data file as the kernel would read it.
+        use std::sync::atomic::AtomicBool;
+        #[derive(Default)]
+        struct Window {
+            armed: parking_lot::Mutex<Option<(VersionKey, std::sync::mpsc::Sender<()>)>>,
+            finished: AtomicBool,
+        }
         let d = tempfile::tempdir().unwrap();
         let c = open(d.path(), 64 << 20);
-        let mut raced = 0;
-        for round in 0..200 {
+        let window = Arc::new(Window::default());
+        let w = Arc::clone(&window);
+        c.on_file_dropped(Box::new(move |key| {
+            let armed = w.armed.lock().take_if(|(k, _)| k == key);
+            if let Some((_, write_now)) = armed {
+                write_now.send(()).unwrap();
+                let t = Instant::now();
+                while !w.finished.load(Ordering::SeqCst) && t.elapsed() < Duration::from_millis(50)
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }));
+        for round in 0..20 {
             let f = file(&format!("hole{round}"), 2);
             assert!(c.put(&f, 0, &block(&f, 0)) && c.put(&f, 1, &block(&f, 1)));
             let w = OpenOptions::new()
@@ -2143,26 +2234,35 @@ mod tests {
                 .open(c.paths(&f.key).0)
                 .unwrap();
             w.write_all_at(b"rot", 10).unwrap();
-            std::thread::scope(|s| {
-                s.spawn(|| assert!(c.get(&f, 0).is_none(), "a rotten block served"));
-                s.spawn(|| {
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    while c.is_block_cached(&f, 0) && Instant::now() < deadline {
-                        std::hint::spin_loop();
-                    }
-                    raced += u32::from(c.put(&f, 0, &block(&f, 0)));
+            let (write_now, when) = std::sync::mpsc::channel();
+            window.finished.store(false, Ordering::SeqCst);
+            *window.armed.lock() = Some((f.key, write_now));
+            let written = std::thread::scope(|s| {
+                let (c, f, window) = (&c, &f, &window);
+                let writer = s.spawn(move || {
+                    when.recv_timeout(Duration::from_secs(10))
+                        .unwrap_or_else(|_| panic!("round {round}: the drop never told its hook"));
+                    let written = c.put(f, 0, &block(f, 0));
+                    window.finished.store(true, Ordering::SeqCst);
+                    written
                 });
+                assert!(c.get(f, 0).is_none(), "a rotten block served");
+                writer.join().unwrap()
             });
-            if let Some(h) = c.open_complete(&f) {
-                let back = read_whole(&h);
-                assert!(
-                    back[..BS as usize] == block(&f, 0).data()[..],
-                    "round {round}: a complete file with a hole (or old bytes) in block 0"
-                );
-                c.unpin(&f);
-            }
+            assert!(
+                written,
+                "round {round}: the write after the drop was refused"
+            );
+            let h = c
+                .open_complete(&f)
+                .unwrap_or_else(|| panic!("round {round}: not complete after the write"));
+            let back = read_whole(&h);
+            assert!(
+                back[..BS as usize] == block(&f, 0).data()[..],
+                "round {round}: a complete file with a hole (or old bytes) in block 0"
+            );
+            c.unpin(&f);
         }
-        eprintln!("{raced} of 200 writes went in");
     }
 
     #[test]
@@ -2194,7 +2294,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let flags = rustix::mount::MountFlags::empty();
         if let Err(e) = rustix::mount::mount("ramfs", d.path(), "ramfs", flags, None) {
-            eprintln!("SKIPPED: cannot mount a ramfs ({e})");
+            skipped(module_path!(), &format!("cannot mount a ramfs ({e})"));
             return;
         }
         let result = std::panic::catch_unwind(|| {
@@ -2299,9 +2399,9 @@ mod tests {
         assert!(c.put(&g, 0, &data(1000, 7)));
         let (gdata, gmeta) = c.paths(&g.key);
         if gmeta.exists() {
-            eprintln!(
-                "SKIPPED: the inline meta: no user xattrs under {:?}",
-                d.path()
+            skipped(
+                module_path!(),
+                &format!("the inline meta: no user xattrs under {:?}", d.path()),
             );
             return;
         }

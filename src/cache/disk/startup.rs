@@ -230,9 +230,11 @@ impl Core {
             if self.closed.load(Ordering::Relaxed) {
                 break;
             }
-            let d = self.dir.join("blocks").join(format!("{i:02x}"));
-            let Ok(rd) = fs::read_dir(&d) else { continue };
-            let names: Vec<std::ffi::OsString> = rd.flatten().map(|e| e.file_name()).collect();
+            let Some(d) = self.fan_for_walk(i) else {
+                continue;
+            };
+            let Ok(rd) = d.entries("") else { continue };
+            let names: Vec<std::ffi::OsString> = rd.into_iter().map(|e| e.name).collect();
             let st = self.state.lock();
             for name in names {
                 if self.closed.load(Ordering::Relaxed) {
@@ -247,7 +249,7 @@ impl Core {
                     .and_then(|s| s.to_str())
                     .and_then(VersionKey::from_hex)
                     .is_some_and(|k| st.books.contains(&k));
-                if !owned && fs::remove_file(d.join(&name)).is_ok() {
+                if !owned && d.remove_file(&name).is_ok() {
                     n += 1;
                 }
             }
@@ -262,25 +264,32 @@ impl Core {
     /// Reads every cache file's meta (a cache without an index).
     pub(super) fn scan(&self, st: &mut State, rec: &mut Recovery) {
         for i in 0..256 {
-            let d = self.dir.join("blocks").join(format!("{i:02x}"));
-            let Ok(rd) = fs::read_dir(&d) else { continue };
-            for ent in rd.flatten() {
-                let p = ent.path();
+            let Some(d) = self.fan_for_walk(i) else {
+                continue;
+            };
+            let Ok(rd) = d.entries("") else { continue };
+            for ent in rd {
+                let p = Path::new(&ent.name);
+                let data = p.with_extension("data");
                 let loaded = match p.extension().and_then(|e| e.to_str()) {
-                    Some("meta") => self.load_meta(&p),
+                    Some("meta") => self.load_meta(&d, p),
                     Some("data") => {
-                        if p.with_extension("meta").exists() {
+                        if d.exists(p.with_extension("meta")) {
                             continue; // loaded with its .meta
                         }
                         // A one-block file keeps its meta in an xattr; a
                         // data file with neither is discarded below.
-                        match crate::sys::getxattr(&p, META_XATTR) {
-                            Ok(raw) => Ok(self.parse_inline(&p, &raw)),
+                        let mut raw = [0u8; INLINE_LEN];
+                        match d
+                            .open_read(p)
+                            .and_then(|f| crate::sys::fgetxattr(&f, META_XATTR, &mut raw))
+                        {
+                            Ok(n) => Ok(self.parse_inline(p, &raw[..n])),
                             Err(_) => Ok(None),
                         }
                     }
                     _ => {
-                        let _ = fs::remove_file(&p);
+                        let _ = d.remove_file(p);
                         rec.discarded += 1;
                         continue;
                     }
@@ -288,15 +297,15 @@ impl Core {
                 match loaded {
                     Ok(Some((key, entry))) => self.book(st, key, entry, rec),
                     Err(e) if e.to_string() == BLOCK_SIZE_CHANGED => {
-                        let _ = fs::remove_file(&p);
-                        let _ = fs::remove_file(p.with_extension("data"));
+                        let _ = d.remove_file(p);
+                        let _ = d.remove_file(&data);
                         rec.discarded += 1;
                         rec.other_block_size += 1;
                     }
                     Ok(None) | Err(_) => {
-                        debug!(meta = %p.display(), "discarding unreadable cache entry");
-                        let _ = fs::remove_file(&p);
-                        let _ = fs::remove_file(p.with_extension("data"));
+                        debug!(meta = %d.display(p).display(), "discarding unreadable cache entry");
+                        let _ = d.remove_file(p);
+                        let _ = d.remove_file(&data);
                         rec.discarded += 1;
                     }
                 }
@@ -304,12 +313,16 @@ impl Core {
         }
     }
 
-    /// Reads one .meta file; Ok(None) if it is not a valid entry of this
-    /// cache or its data file is gone.
-    pub(super) fn load_meta(&self, p: &Path) -> io::Result<Option<(VersionKey, Entry)>> {
-        let raw = fs::read(p)?;
+    /// Reads one .meta file (`p`, in fan-out directory `d`); Ok(None) if it
+    /// is not a valid entry of this cache or its data file is gone.
+    pub(super) fn load_meta(
+        &self,
+        d: &PrivateDir,
+        p: &Path,
+    ) -> io::Result<Option<(VersionKey, Entry)>> {
+        let raw = d.read(p)?;
         let loaded = self.parse_meta(&raw)?;
-        if loaded.is_some() && !p.with_extension("data").exists() {
+        if loaded.is_some() && !d.exists(p.with_extension("data")) {
             return Ok(None);
         }
         Ok(loaded)
