@@ -204,6 +204,8 @@ fn the_example_file_parses_and_holds_the_true_defaults() {
     }
     let secret = d.path().join("secret");
     std::fs::write(&secret, locafs::peer::tls::generate_secret().unwrap()).unwrap();
+    // Owner-only, as a secret must be (a readable one is refused).
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let peer = format!("127.0.0.1:{}", free_udp_port());
     // What a key needs beside it to be accepted at all.
     let bases: [(&str, String); 3] = [
@@ -453,6 +455,8 @@ fn literal_pieces(msg: &str) -> Vec<String> {
         let core = w.trim_matches(|c: char| !c.is_alphanumeric() && c != '.' && c != '…');
         core.contains("...")
             || core.contains('…')
+            // A metavariable: `<test>`, `<reason>`.
+            || (w.starts_with('<') && w.trim_end_matches([':', ',', ';', '.']).ends_with('>'))
             || core.contains("://")
             || w.trim_start_matches(['(', '"', '\'']).starts_with('/')
             || core
