@@ -13,11 +13,13 @@
 //! It must never delete a data set that a running mount holds (the data
 //! set's own lock, `lock.rs`, decides), never hold the ledger lock across
 //! anything slow (a data set is renamed away under the lock and deleted
-//! after it), and never run on a FUSE thread: the mount calls it from a
-//! thread of its own, every 250 ms. [`plan`] is pure. Everything in the
-//! cache directory is reached through its checked handle (`private_dir`):
-//! no symlink is followed, a data set directory another user owns is left
-//! alone, and what this writes is owner-only.
+//! after it; its bytes stay booked as being deleted until they are off the
+//! disk, so that nobody takes the wait for room another program took), and
+//! never run on a FUSE thread: the mount calls it from a thread of its
+//! own, every 250 ms. [`plan`] is pure. Everything in the cache directory
+//! is reached through its checked handle (`private_dir`): no symlink is
+//! followed, a data set directory another user owns is left alone, and
+//! what this writes is owner-only.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -81,6 +83,12 @@ pub struct Ledger {
     /// Free space kept on the disk, percent of its size.
     pub free_floor_percent: f64,
     pub datasets: BTreeMap<String, Record>,
+    /// Data sets being deleted: the name their directory was renamed to
+    /// (`.trash-ID-PID-TIME`) and the bytes they held. Their bytes leave
+    /// the disk only when the deleter is done (a data set of many files
+    /// takes seconds): until then [`plan`] counts them as the caches'
+    /// bytes, not as room another program took.
+    pub deleting: BTreeMap<String, u64>,
 }
 
 /// The disk under the cache directory.
@@ -122,12 +130,21 @@ pub struct Plan {
 /// holds). Everyone else is counted at the larger of their grant and their
 /// use (a neighbour told to shrink holds its bytes until it has), so the
 /// sum of what is on disk stays within the effective budget at every step.
+/// A mount is never told to drop bytes it holds for room that a neighbour
+/// it lowers is about to give back: the neighbour gives, not both.
 pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Disk) -> Plan {
+    // The disk's free space, less the floor, is the room for the caches'
+    // bytes: what they hold, what is still being deleted (renamed away and
+    // booked out, not yet off the disk), and what is free. Counting only
+    // the first lowered the budget in force by a whole data set while a
+    // neighbour deleted it, and a mount booking in that window evicted
+    // most of a data set being read (issue 36: 352 -> 89 MiB on 1 GiB).
     let total_used: u64 = ledger.datasets.values().map(|r| r.used).sum();
+    let deleting: u64 = ledger.deleting.values().sum();
     let floor = (disk.total as f64 * ledger.free_floor_percent / 100.0) as u64;
     let effective = ledger
         .limit
-        .min((total_used + disk.free).saturating_sub(floor));
+        .min((total_used + deleting + disk.free).saturating_sub(floor));
     let mine = ledger.datasets.get(me).cloned().unwrap_or_default();
     let mut unmounted: Vec<(&String, &Record)> = Vec::new();
     let mut neighbours: Vec<(&String, &Record)> = Vec::new();
@@ -218,6 +235,19 @@ pub fn plan(ledger: &Ledger, me: &str, mounted: &dyn Fn(&str) -> bool, disk: Dis
         unmounted_held,
     );
     out.grant = free_now.clamp(0, target as i128) as u64;
+    // When the budget in force fell (another program filled the disk) and
+    // this plan lowers neighbours to cover it, this mount keeps the bytes
+    // it holds that their lowering pays for, instead of evicting them now
+    // and growing back into the same room once they have shrunk: only the
+    // neighbours give (their unused grant and cold entries), as the order
+    // above says. The bytes it keeps are on the disk already; the disk
+    // holds no more than before this booking.
+    if out.grant < mine.used {
+        let after = room(&new, unmounted_held);
+        out.grant = out
+            .grant
+            .max(after.clamp(0, mine.used.min(target) as i128) as u64);
+    }
     if let Some(cap) = mine.cap {
         out.grant = out.grant.min(cap);
     }
@@ -448,15 +478,50 @@ pub fn remove_dataset(cache_dir: &PrivateDir, id: &str) -> Result<u64, RemoveErr
         let ledger_lock = LedgerLock::acquire(cache_dir).map_err(io_err)?;
         cache_dir.rename(id, &trash).map_err(io_err)?;
         let mut ledger = Ledger::load(cache_dir, &ledger_lock).map_err(io_err)?;
-        if ledger.datasets.remove(id).is_some() {
+        if let Some(r) = ledger.datasets.remove(id) {
+            ledger.deleting.insert(trash.clone(), r.used);
             ledger.store(cache_dir, &ledger_lock).map_err(io_err)?;
         }
         drop(lock);
         trash
     };
     let (bytes, _) = disk_usage(cache_dir, &trash);
-    cache_dir.remove_tree(&trash).map_err(io_err)?;
+    let removed = cache_dir.remove_tree(&trash);
+    let _ = done_deleting(cache_dir, std::slice::from_ref(&trash));
+    removed.map_err(io_err)?;
     Ok(bytes)
+}
+
+/// The pid in a trash directory's name (`.trash-ID-PID-TIME`): the process
+/// deleting it.
+fn trash_pid(name: &str) -> Option<u32> {
+    name.strip_prefix(TRASH_PREFIX)?
+        .rsplit('-')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Whether the deletion of trash directory `name` is still under way: the
+/// directory is there and the process that renamed it runs.
+fn deleting_now(cache_dir: &PrivateDir, name: &str) -> bool {
+    cache_dir.is_dir(name)
+        && trash_pid(name).is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+}
+
+/// Books out deletions that are done (`names`: trash directories, deleted
+/// or given up on). Should it fail, the next booking drops what is gone.
+fn done_deleting(cache_dir: &PrivateDir, names: &[String]) -> io::Result<()> {
+    let lock = LedgerLock::acquire(cache_dir)?;
+    let mut ledger = Ledger::load(cache_dir, &lock)?;
+    let before = ledger.deleting.len();
+    for n in names {
+        ledger.deleting.remove(n);
+    }
+    if ledger.deleting.len() != before {
+        ledger.store(cache_dir, &lock)?;
+    }
+    Ok(())
 }
 
 /// Deletes what an interrupted removal left (`.trash-*`), if nobody else
@@ -467,11 +532,10 @@ pub fn sweep_trash(cache_dir: &PrivateDir) {
     };
     for e in it {
         let name = e.name.to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(TRASH_PREFIX) else {
+        if !name.starts_with(TRASH_PREFIX) {
             continue;
-        };
-        let pid: Option<u32> = rest.rsplit('-').nth(1).and_then(|p| p.parse().ok());
-        let alive = pid.is_some_and(|p| {
+        }
+        let alive = trash_pid(&name).is_some_and(|p| {
             p != std::process::id() && std::path::Path::new(&format!("/proc/{p}")).exists()
         });
         if !alive {
@@ -657,6 +721,11 @@ impl Booking {
                 }
             }
             ledger.datasets.retain(|id, _| self.cache_dir.is_dir(id));
+            // A deleter that died leaves its trash uncounted (and the
+            // next mount's sweep deletes it).
+            ledger
+                .deleting
+                .retain(|name, _| deleting_now(&self.cache_dir, name));
             if first {
                 ledger.settle_limit(self.asked, self.floor_percent, disk);
             }
@@ -693,11 +762,13 @@ impl Booking {
                 let Ok(l) = crate::lock::DatasetLock::try_acquire(&ds) else {
                     continue;
                 };
-                let to = format!("{TRASH_PREFIX}{id}-{}-{t}", std::process::id());
-                if self.cache_dir.rename(id, &to).is_ok() {
-                    ledger.datasets.remove(id);
+                let name = format!("{TRASH_PREFIX}{id}-{}-{t}", std::process::id());
+                if self.cache_dir.rename(id, &name).is_ok() {
+                    if let Some(r) = ledger.datasets.remove(id) {
+                        ledger.deleting.insert(name.clone(), r.used);
+                    }
                     deleted.push(id.clone());
-                    trash.push(to);
+                    trash.push(name);
                 }
                 drop(l);
             }
@@ -739,8 +810,13 @@ impl Booking {
                     .collect(),
             }
         };
-        for t in trash {
-            let _ = self.cache_dir.remove_tree(&t);
+        if !trash.is_empty() {
+            for t in &trash {
+                let _ = self.cache_dir.remove_tree(t);
+            }
+            if let Err(e) = done_deleting(&self.cache_dir, &trash) {
+                tracing::debug!("cache budget: booking a deletion out: {e}");
+            }
         }
         Ok(share)
     }
@@ -895,6 +971,7 @@ mod tests {
             explicit: true,
             free_floor_percent: 5.0,
             datasets: ds.iter().map(|(k, r)| (k.to_string(), r.clone())).collect(),
+            deleting: BTreeMap::new(),
         }
     }
 
@@ -981,6 +1058,71 @@ mod tests {
         let p = plan(&full, "me", &mounted, disk_free(500 * G));
         assert_eq!(p.delete, vec!["old".to_string()], "{p:?}");
         assert!(p.grant >= 10 * G, "{p:?}");
+    }
+
+    /// Issue 36, as measured on a 1 GiB tmpfs (MiB): C deleted A (444)
+    /// and took its room; B, being read, booked while A's files were still
+    /// being deleted. The disk's free space did not show A's room yet, and
+    /// B was told to shrink to 85 (and C to give back what it had just
+    /// been given), though nothing but the deletion had changed.
+    #[test]
+    fn a_booking_while_a_neighbour_deletes_a_data_set_takes_nothing_from_anyone() {
+        const M: u64 = 1 << 20;
+        let mut l = ledger(
+            819 * M,
+            &[
+                ("b", rec(352 * M, 373 * M, 352 * M, 374 * M, 5)),
+                ("c", rec(2 * M, 445 * M, 2 * M, 640 * M, 9)),
+            ],
+        );
+        l.deleting.insert(".trash-a-4242-9".into(), 444 * M);
+        let disk = Disk {
+            total: 1024 * M,
+            free: (1024 - 352 - 2 - 444) * M,
+        };
+        let p = plan(&l, "b", &|_| true, disk);
+        assert_eq!(p.effective, 819 * M, "{p:?}");
+        assert!(p.lower.is_empty(), "{p:?}");
+        assert!(p.grant >= 352 * M, "B keeps its cache: {p:?}");
+        // Once the deletion is done, the same: the room was C's already.
+        l.deleting.clear();
+        let disk = Disk {
+            total: 1024 * M,
+            free: (1024 - 352 - 2) * M,
+        };
+        assert_eq!(plan(&l, "b", &|_| true, disk), p);
+    }
+
+    /// The disk filled by another program: 20 G short. The booking mount
+    /// (read in epochs) lowers its neighbour's cold entries by 20 G; until
+    /// 2026-12 it also cut its own grant by the same 20 G at once, and grew
+    /// back into that room after its neighbour had shrunk: 40 G evicted
+    /// for 20.
+    #[test]
+    fn when_the_disk_fills_the_neighbour_lowered_gives_and_the_booking_mount_keeps() {
+        let mut l = ledger(
+            100 * G,
+            &[
+                ("b", rec(50 * G, 50 * G, 50 * G, 50 * G, 5)),
+                ("c", rec(50 * G, 50 * G, 10 * G, 60 * G, 9)),
+            ],
+        );
+        // 1000 G disk, floor 50 G, 30 G free: 80 G in force.
+        let p = plan(&l, "b", &|_| true, disk_free(30 * G));
+        assert_eq!(p.effective, 80 * G);
+        assert_eq!(p.lower, vec![("c".to_string(), 30 * G)]);
+        assert_eq!(p.grant, 50 * G, "{p:?}");
+        // C applies the lower grant at its booking; then the disk holds the
+        // budget in force.
+        l.datasets.get_mut("c").unwrap().cap = Some(30 * G);
+        let pc = plan(&l, "c", &|_| true, disk_free(30 * G));
+        assert_eq!(pc.grant, 30 * G, "{pc:?}");
+        // With nobody to give (C read in epochs too), B gives.
+        l.datasets.get_mut("c").unwrap().cap = None;
+        l.datasets.get_mut("c").unwrap().hot = 50 * G;
+        let p = plan(&l, "b", &|_| true, disk_free(30 * G));
+        assert!(p.lower.is_empty(), "{p:?}");
+        assert_eq!(p.grant, 30 * G, "{p:?}");
     }
 
     #[test]

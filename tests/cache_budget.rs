@@ -605,3 +605,114 @@ fn when_another_program_fills_the_disk_the_cache_gives_space_back() {
     read_all(&s.mnt, &files);
     assert_eq!(m.stat("read_errors"), 0);
 }
+
+/// Issue 36: A unmounted, B being read, C mounted: C's booking deletes A
+/// for room, as it should. A's directory is renamed away and its files
+/// deleted after the ledger's lock; until then the disk's free space does
+/// not show A's room, and B, booking in that window, was told to shrink
+/// (on a 1 GiB disk B went from 352 to 89 MiB, and read it all again from
+/// the source). Here A's cache also holds 30,000 empty files, so that its
+/// deletion lasts what a real data set of many files takes on a fast disk
+/// (about a second on this tmpfs): several of B's bookings (every 250 ms).
+#[test]
+fn a_data_set_being_read_loses_nothing_while_a_neighbour_deletes_an_unmounted_one() {
+    require_fuse!();
+    let s = Scratch::new();
+    let tcache = s.path().join("tcache");
+    let _disk = Tmpfs::mount(&tcache, "64M");
+    let (src_a, files_a) = data_set(&s.src, "a", 24, MIB);
+    let (src_b, files_b) = data_set(&s.src, "b", 16, MIB);
+    let (src_c, files_c) = data_set(&s.src, "c", 24, MIB);
+    let mk = |n: &str| {
+        let p = s.path().join(n);
+        fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let (ma, mb, mc) = (mk("ma"), mk("mb"), mk("mc"));
+    // Room for A and B (about 27.5 and 19 MiB with their overhead), and
+    // for B and C, not for all three.
+    let size = ["--cache-size", "50M", "--prefetch-memory", "8M"];
+    let mut a = Mount::start(&src_a, &ma, &tcache, &size);
+    let b = Mount::start(&src_b, &mb, &tcache, &size);
+    wait_until("A and B cached", UNTIL_CACHED, || {
+        drop_page_cache();
+        read_all(&ma, &files_a);
+        read_all(&mb, &files_b);
+        a.stat("files_cached") >= 24 && b.stat("files_cached") >= 16
+    });
+    a.unmount();
+    let a_dir = fs::read_dir(&tcache)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("a-"))
+        .expect("A's cache directory")
+        .path();
+    let junk = a_dir.join("many-files");
+    fs::create_dir_all(&junk).unwrap();
+    for i in 0..30_000 {
+        fs::File::create(junk.join(format!("{i}"))).unwrap();
+    }
+    // B's epochs from its cache: nothing from the source from here on.
+    let (b_used, b_reads) = (b.stat("cache_used_bytes"), b.stat("source_reads"));
+    let least = AtomicU64::new(u64::MAX);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
+        sc.spawn(|| {
+            while !stop.load(Relaxed) {
+                read_all(&mb, &files_b);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        sc.spawn(|| {
+            while !stop.load(Relaxed) {
+                least.fetch_min(b.stat("cache_used_bytes"), Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let c = Mount::start(&src_c, &mc, &tcache, &size);
+        wait_until("C cached", UNTIL_CACHED, || {
+            drop_page_cache();
+            read_all(&mc, &files_c);
+            c.stat("files_cached") >= 24
+        });
+        assert!(
+            !a_dir.exists(),
+            "A (unmounted) was not deleted: {}",
+            cache_ls(&tcache)
+        );
+        assert!(c.stderr().contains("removed data set"), "{}", c.stderr());
+        // Two more bookings of B after C's last.
+        std::thread::sleep(Duration::from_millis(600));
+    });
+    let least = least.load(Relaxed);
+    let ls = cache_ls(&tcache);
+    eprintln!("B held {b_used} bytes, {least} at least while C filled: {ls}");
+    assert_eq!(
+        b.stat("source_reads"),
+        b_reads,
+        "B (mounted, read) read from the source again: it lost cached bytes\n{ls}"
+    );
+    assert!(
+        least >= b_used,
+        "B (mounted, read) went from {b_used} to {least} cached bytes: {ls}"
+    );
+    assert!(ls["used_bytes"].as_u64().unwrap() <= 50 << 20, "{ls}");
+    assert_eq!(b.stat("read_errors"), 0);
+    assert!(
+        fs::read_dir(&tcache)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with(".trash")),
+        "a deletion was left behind"
+    );
+    let ledger: Value = serde_json::from_slice(&fs::read(tcache.join("budget.json")).unwrap())
+        .expect("budget.json");
+    assert_eq!(ledger["deleting"], serde_json::json!({}), "{ledger}");
+}

@@ -1,8 +1,10 @@
 //! The persistent cache seen through real mounts: it survives a clean
 //! unmount and a `kill -9`; corrupted or truncated cache files are detected
 //! and never served; disk use stays under --cache-size; a full or read-only
-//! cache disk only turns caching off; and the epoch-aware policy keeps a
-//! stable share of the data set across random-order epochs.
+//! cache disk only turns caching off; the epoch-aware policy keeps a
+//! stable share of the data set across random-order epochs; and one data
+//! set's cache has one process (a second mount is refused, a bind mount of
+//! the first shares it).
 
 mod common;
 
@@ -689,4 +691,94 @@ fn kept_passthrough_backings_are_reused_and_dropped_with_their_file() {
         read_all_equal(&s.src, &s.mnt, &a);
     }
     assert_eq!(wait_stat(&m, "passthrough_kept", 1), 1, "{}", m.stats());
+}
+
+/// A bind mount, unmounted on drop (also when the test panics).
+struct BindMount(PathBuf);
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            force_unmount(&self.0);
+        }
+    }
+}
+
+/// Many jobs on one node, as docs/operations.md says it is until a second
+/// `locafs mount` can attach to the running process (issue 36, part 1,
+/// after issue 35's holder/server split): a second mount of the data set
+/// over the same cache is refused with exit 2 naming the first; a bind
+/// mount of the live mountpoint is a second mountpoint of the same process
+/// and cache, outlives the first, and ends the process when it goes.
+#[test]
+fn a_second_mount_of_a_data_set_is_refused_and_a_bind_mount_shares_the_first() {
+    require_fuse!();
+    let s = Scratch::with_sample_files();
+    let mut m = s.mount(&[]);
+    s.check_files_through_mount();
+    let n = s.files.len() as u64;
+    wait_until("every file cached", Duration::from_secs(30), || {
+        m.stat("files_cached") >= n
+    });
+
+    let second = s.path().join("second");
+    fs::create_dir_all(&second).unwrap();
+    let out = run_locafs(&[
+        "mount".as_ref(),
+        s.src.as_os_str(),
+        second.as_os_str(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let pid = m.pid().unwrap();
+    assert!(
+        err.contains(&format!("is in use by another locafs mount (pid {pid})")),
+        "{err}"
+    );
+    assert!(!is_mounted(&second));
+
+    let bind = BindMount(s.path().join("bind"));
+    fs::create_dir_all(&bind.0).unwrap();
+    let st = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&s.mnt)
+        .arg(&bind.0)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount --bind");
+    let source_bytes = m.stat("source_bytes");
+    let check = || {
+        for (name, data) in &s.files {
+            let got = fs::read(bind.0.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(got == *data, "{name}: wrong bytes through the bind mount");
+        }
+    };
+    check();
+    // The same process and cache: nothing more from the source, and its
+    // stats through either path.
+    assert_eq!(
+        stats_of(&bind.0)["source_bytes"].as_u64(),
+        Some(source_bytes)
+    );
+    assert_eq!(m.stat("source_bytes"), source_bytes);
+
+    // The first mountpoint goes; the bind mount keeps working.
+    let st = std::process::Command::new("umount")
+        .arg(&s.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "umount of the first mountpoint");
+    check();
+    assert_eq!(
+        stats_of(&bind.0)["source_bytes"].as_u64(),
+        Some(source_bytes)
+    );
+    // The last one goes: the process ends, cleanly.
+    assert!(force_unmount(&bind.0), "umount of the bind mount");
+    let st = m
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("locafs did not exit:\n{}", m.stderr()));
+    assert!(st.success(), "{st}\n{}", m.stderr());
 }

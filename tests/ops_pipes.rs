@@ -162,6 +162,13 @@ fn every_command_ends_quietly_on_a_closed_pipe() {
 fn mount_daemon_with_a_closed_stdout_still_mounts() {
     require_fuse!();
     let sc = Scratch::with_sample_files();
+    // Owner-only already, so that the mount has nothing to say on stderr
+    // (else: "made owner-only (it was 0755)").
+    std::fs::set_permissions(
+        &sc.cache,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
     let args: Vec<OsString> = vec![
         "mount".into(),
         sc.src.clone().into(),

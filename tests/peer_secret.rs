@@ -78,7 +78,7 @@ fn only_a_secret_made_by_locafs_secret_is_accepted() {
     assert_eq!(code, Some(Some(2)), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("no such file or directory"), "{err}");
-    assert!(err.contains("run `locafs secret > FILE`"), "{err}");
+    assert!(err.contains("run `locafs secret --out FILE`"), "{err}");
     assert!(!is_mounted(&a.mnt));
 
     // What `locafs secret` prints is accepted, and is new each time.

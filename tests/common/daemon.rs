@@ -117,6 +117,32 @@ impl Default for Scratch {
     }
 }
 
+/// Each thread of process `pid`: its name, state and where in the kernel
+/// it waits (a daemon that does not exit: which thread holds it up).
+fn threads_of(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .unwrap_or("?")
+            .to_owned();
+        out += &format!(
+            "  {} {} {state} {}\n",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan").trim()
+        );
+    }
+    out
+}
+
 /// A running `locafs mount` and its mountpoint. Dropping it unmounts and
 /// reaps the process, whatever state they are in.
 pub struct Mount {
@@ -381,9 +407,11 @@ impl Mount {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        let pid = self.pid();
         let st = self.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| {
             panic!(
-                "locafs did not exit after umount; stderr:\n{}",
+                "locafs did not exit after umount; its threads:\n{}stderr:\n{}",
+                pid.map(threads_of).unwrap_or_default(),
                 self.stderr()
             )
         });

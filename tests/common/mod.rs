@@ -15,6 +15,9 @@
 //!   source, the cache's files on disk.
 //! - [`daemon`]: real `locafs` processes ([`Mount`], [`Scratch`],
 //!   `locafs stats`), a tmpfs.
+//! - [`docker`]: a Docker engine, the locafs image built from
+//!   packaging/Dockerfile on a local base (no registry), containers and a
+//!   shared mount point removed on drop (the container tests).
 //! - [`inproc`]: mounting inside the test process over any `Source`.
 //! - [`fakes`]: sources and caches to put behind the seams: a directory
 //!   behind a hook (slow, stalling, round trips), sources in memory or that
@@ -51,6 +54,7 @@ pub mod azurite;
 pub mod cluster;
 pub mod daemon;
 pub mod data;
+pub mod docker;
 pub mod fakes;
 pub mod gcs;
 pub mod hostile;
