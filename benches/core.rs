@@ -1162,7 +1162,8 @@ impl Bench {
                 return;
             }
         };
-        let before = vm_hwm_mib(m.pid()).unwrap_or(f64::NAN);
+        let before =
+            vm_hwm_mib(common::restart::server_pid(&m.mnt).unwrap_or(m.pid())).unwrap_or(f64::NAN);
         let expect = self.sz.tree_files + self.sz.tree_dirs;
         let t = Instant::now();
         let r = walk(&m.mnt).and_then(|n| {
@@ -1175,7 +1176,7 @@ impl Bench {
                 "  walk of {n} entries in {:.1} s; VmHWM at mount {before:.1} MiB",
                 t.elapsed().as_secs_f64()
             );
-            vm_hwm_mib(m.pid()).map(|v| vec![v])
+            vm_hwm_mib(common::restart::server_pid(&m.mnt).unwrap_or(m.pid())).map(|v| vec![v])
         });
         self.record("5", tool, r, Unit::MiB);
         drop(m);

@@ -381,7 +381,7 @@ fn many_handles() {
     wait_until("the mount to answer", Duration::from_secs(20), || {
         answers_stats(&d.mnt)
     });
-    let pid = m.pid().expect("the daemon runs");
+    let pid = common::restart::server_pid(&d.mnt).expect("the server runs");
     let hwm = || peak_rss(pid).unwrap_or(0);
     let idle = hwm();
     let files: Vec<PathBuf> = (0..n).map(|i| d.mnt.join(format!("f{i:03}"))).collect();

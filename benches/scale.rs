@@ -357,7 +357,7 @@ fn read_all(base: &Path, files: &[PathBuf]) -> (f64, usize) {
 }
 
 fn rss_mib(m: &Mount) -> f64 {
-    m.pid()
+    common::restart::server_pid(&m.mnt)
         .and_then(|p| proc_status(p, "VmRSS"))
         .map_or(f64::NAN, |kb| kb as f64 / 1024.0)
 }

@@ -76,7 +76,7 @@ fn main() {
         &["--no-readahead", "--no-passthrough", "--revalidate", "0s"],
         &server_cache.with_extension("log"),
     );
-    let server_pid = server.pid().expect("the server runs");
+    let server_pid = common::restart::server_pid(&server.mnt).expect("the server runs");
     // Declared after the server, so dropped before it: never leaves it
     // stopped under its mount.
     let _resume = ResumeOnDrop(server_pid);
@@ -125,7 +125,7 @@ fn main() {
     println!("late.bin visible after {:.0} s", t.elapsed().as_secs_f64());
 
     let healthy = loader(&mnt, &files, Duration::from_secs(20), false);
-    let pid = under_test.pid().expect("the daemon runs");
+    let pid = common::restart::server_pid(&under_test.mnt).expect("the server runs");
     let threads_of = move || threads(pid).unwrap_or(0);
     let threads_before = threads_of();
 

@@ -70,6 +70,16 @@ impl std::str::FromStr for Jobs {
     }
 }
 
+/// Written back as `"auto"` or the number, as a configuration file has it.
+impl serde::Serialize for Jobs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Jobs::Auto => s.serialize_str("auto"),
+            Jobs::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
 /// From a configuration file: `prefetch-jobs = 32` or `= "auto"`.
 impl<'de> serde::Deserialize<'de> for Jobs {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -42,7 +42,7 @@ pub struct MountRequest {
 }
 
 /// The options of a mount that can come from flags, -o or the TOML file.
-#[derive(Args, Debug, Default, Deserialize, Clone)]
+#[derive(Args, Debug, Default, Deserialize, serde::Serialize, Clone)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct MountFlags {
     /// Cache directory; one subdirectory per data set, so mounts can share it.
@@ -115,6 +115,13 @@ pub struct MountFlags {
     /// Threads serving FUSE requests. [default: 8]
     #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
+    /// How long the serving process may leave requests unanswered (a
+    /// deadlock, a SIGSTOP) before the process holding the mount kills it
+    /// and starts another, which answers them. A source that stalls is not
+    /// a hang (see --metadata-timeout). 0 turns the watchdog off.
+    /// [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub watchdog: Option<Span>,
     /// Name of the data set's cache subdirectory. [default: derived from the
     /// source path]
     #[arg(long, value_name = "NAME")]
@@ -295,6 +302,8 @@ pub struct MountConfig {
     pub source_timeout: Duration,
     pub metadata_timeout: Duration,
     pub fuse_threads: usize,
+    /// --watchdog; None: off.
+    pub watchdog: Option<Duration>,
     pub readahead: crate::prefetch::ReadAheadConfig,
     pub log_format: LogFormat,
     pub log_file: Option<PathBuf>,
@@ -323,6 +332,7 @@ impl MountFlags {
             source_timeout: self.source_timeout.or(other.source_timeout),
             metadata_timeout: self.metadata_timeout.or(other.metadata_timeout),
             fuse_threads: self.fuse_threads.or(other.fuse_threads),
+            watchdog: self.watchdog.or(other.watchdog),
             dataset_id: self.dataset_id.or(other.dataset_id),
             no_readahead: self.no_readahead || other.no_readahead,
             readahead_window: self.readahead_window.or(other.readahead_window),
@@ -527,6 +537,10 @@ pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
 /// figure 4 from 1.95x to 2.2x direct and figure 2b in the kernel open mode
 /// from 0.24 to 0.17.
 const DEFAULT_FUSE_THREADS: usize = 8;
+/// The watchdog's deadline when --watchdog is not given: far above any
+/// answer a live server gives (its FUSE threads never wait on the source),
+/// short against a training job's patience.
+const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
 
 /// How long a metadata call may wait for the source. A healthy NFS server
 /// answers a `stat` in well under 10 ms, and one under heavy load within a
@@ -630,6 +644,19 @@ fn apply_profile(
 
 /// Merges and checks everything; fails before anything is mounted.
 pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
+    resolve_for(args, false)
+}
+
+/// [`resolve`] for a mountpoint where a locafs mount is live (a takeover,
+/// or a server restarted under its holder): the mountpoint itself is not
+/// looked at (a request to it would wait on the server being replaced).
+pub fn resolve_live(args: &MountRequest) -> Result<MountConfig, UsageError> {
+    resolve_for(args, true)
+}
+
+/// What [`resolve`] merges: the flags over `-o` over the file, and SOURCE
+/// and MOUNTPOINT as given (or from the file).
+fn merged(args: &MountRequest) -> Result<(MountFlags, PathBuf, PathBuf), UsageError> {
     let file = match &args.config_file() {
         Some(p) => read_config(p)?,
         None => ConfigFile::default(),
@@ -638,9 +665,30 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let source_arg = args.source.clone().or(file.source).ok_or_else(|| {
         usage("missing SOURCE (give it on the command line or as source = \"...\" in --config)")
     })?;
-    let mp = &args.mountpoint.clone().or(file.mountpoint).ok_or_else(|| {
+    let mp = args.mountpoint.clone().or(file.mountpoint).ok_or_else(|| {
         usage("missing MOUNTPOINT (give it on the command line or as mountpoint = \"...\" in --config)")
     })?;
+    Ok((f, source_arg, mp))
+}
+
+/// The options of a resolved mount as one TOML configuration file (every
+/// option merged, SOURCE, MOUNTPOINT and the cache dir as resolved): what
+/// the process holding a mount hands each server it starts, so that a
+/// restarted server runs with exactly the options the mount was made with
+/// (the user's file may have changed since).
+pub fn serving_toml(args: &MountRequest, cfg: &MountConfig) -> Result<String, UsageError> {
+    let (mut f, _, _) = merged(args)?;
+    f.cache_dir = Some(cfg.cache_dir.clone());
+    let mut table = toml::Table::try_from(&f).map_err(|e| usage(e.to_string()))?;
+    let path = |p: &Path| toml::Value::String(p.to_string_lossy().into_owned());
+    table.insert("source".into(), path(&cfg.source));
+    table.insert("mountpoint".into(), path(&cfg.mountpoint));
+    Ok(table.to_string())
+}
+
+fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageError> {
+    let (f, source_arg, mp) = merged(args)?;
+    let mp = &mp;
 
     let object = match source_arg.to_str() {
         Some(s) if crate::source::object::is_object_url(s) => {
@@ -686,34 +734,11 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         Some(spec) => PathBuf::from(spec.url()),
         None => source_dir(&source_arg, metadata_timeout)?,
     };
-    let mountpoint = std::fs::canonicalize(mp)
-        .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
-    if !mountpoint.is_dir() {
-        return Err(usage(format!(
-            "mountpoint {}: not a directory",
-            mp.display()
-        )));
-    }
-    if crate::sys::is_mountpoint(&mountpoint) {
-        return Err(usage(format!(
-            "mountpoint {}: something is already mounted there",
-            mp.display()
-        )));
-    }
-    match std::fs::read_dir(&mountpoint) {
-        Ok(mut rd) => {
-            if rd.next().is_some() {
-                return Err(usage(format!("mountpoint {}: not empty", mp.display())));
-            }
-        }
-        Err(e) => {
-            return Err(usage(format!(
-                "mountpoint {}: {}",
-                mp.display(),
-                short_io(&e)
-            )))
-        }
-    }
+    let mountpoint = if live {
+        live_path(mp).ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))?
+    } else {
+        check_mountpoint(mp)?
+    };
     if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
         return Err(usage(format!(
             "mountpoint {} is inside the source",
@@ -756,6 +781,10 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
     let fuse_threads = f.fuse_threads.unwrap_or(DEFAULT_FUSE_THREADS);
     if !(1..=256).contains(&fuse_threads) {
         return Err(usage("--fuse-threads: must be between 1 and 256"));
+    }
+    let watchdog = f.watchdog.map_or(DEFAULT_WATCHDOG, |s| s.0);
+    if !watchdog.is_zero() && watchdog < Duration::from_secs(2) {
+        return Err(usage("--watchdog: 0 (off) or at least 2s"));
     }
     if let Some(c) = cache_size {
         let min = crate::cache::disk::FIXED_OVERHEAD * 2;
@@ -836,11 +865,57 @@ pub fn resolve(args: &MountRequest) -> Result<MountConfig, UsageError> {
         source_timeout,
         metadata_timeout,
         fuse_threads,
+        watchdog: (!watchdog.is_zero()).then_some(watchdog),
         readahead,
         log_format: f.log_format.unwrap_or_default(),
         log_file: f.log_file,
         metrics,
     })
+}
+
+/// The absolute path of a live mountpoint, without looking at it (its
+/// parent is made canonical, not the mount).
+pub fn live_path(mp: &Path) -> Option<PathBuf> {
+    let name = mp.file_name()?;
+    let parent = match mp.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(parent).ok()?.join(name))
+}
+
+/// The canonical path of an existing, empty directory with nothing
+/// mounted on it.
+fn check_mountpoint(mp: &Path) -> Result<PathBuf, UsageError> {
+    let mountpoint = std::fs::canonicalize(mp)
+        .map_err(|e| usage(format!("mountpoint {}: {}", mp.display(), short_io(&e))))?;
+    if !mountpoint.is_dir() {
+        return Err(usage(format!(
+            "mountpoint {}: not a directory",
+            mp.display()
+        )));
+    }
+    if crate::sys::is_mountpoint(&mountpoint) {
+        return Err(usage(format!(
+            "mountpoint {}: something is already mounted there",
+            mp.display()
+        )));
+    }
+    match std::fs::read_dir(&mountpoint) {
+        Ok(mut rd) => {
+            if rd.next().is_some() {
+                return Err(usage(format!("mountpoint {}: not empty", mp.display())));
+            }
+        }
+        Err(e) => {
+            return Err(usage(format!(
+                "mountpoint {}: {}",
+                mp.display(),
+                short_io(&e)
+            )))
+        }
+    }
+    Ok(mountpoint)
 }
 
 /// The source directory, canonical, or why not. Like every other call into

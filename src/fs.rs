@@ -18,22 +18,25 @@
 //! with the errno of that one request. Every request that would change the
 //! tree gets EROFS.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tracing::warn;
 
 use crate::cache::{CompleteFiles, FileVersion};
+use crate::handle_store::UNIQUE_RESEND;
 use crate::handles::{Handle, InodeHandles, OpenFiles, OpenMode, Prepared};
 use crate::namespace::{Ask, Namespace, Step, ROOT};
 use crate::prefetch::ReadAhead;
 use crate::reader::Reader;
-use crate::source::SourceAttr;
+use crate::source::{SourceAttr, SourceVersion};
 use crate::stats::Stats;
 
 /// At most one "read failed" line a second: a source that goes down must not
@@ -71,6 +74,10 @@ const STAT_AHEAD: usize = 64;
 
 /// The extended attribute of the mount root that returns `stats` as JSON.
 pub const STATS_XATTR: &str = "user.locafs.stats";
+/// The extended attribute of the mount root that returns the serving
+/// process's pid, answered from a task on the runtime: the watchdog of the
+/// process holding the mount asks it (`supervisor::watchdog`).
+pub const PING_XATTR: &str = "user.locafs.ping";
 
 /// Settings of the core that come from the command line.
 #[derive(Clone, Debug, Default)]
@@ -95,6 +102,37 @@ pub trait OpenReply<B>: Send + 'static {
     /// Registers `file` as a backing for passthrough.
     fn register_backing(&self, file: &File) -> io::Result<B>;
     fn done(self, r: io::Result<Opened<B>>);
+    /// The kernel's id of the OPEN request (its `unique`, with
+    /// [`UNIQUE_RESEND`] set when the kernel sends it again after a server
+    /// died); 0 where there is none.
+    fn request_id(&self) -> u64 {
+        0
+    }
+}
+
+/// Where the core records the handles it hands out, so that a server
+/// started after this one dies answers for them (fuse.rs puts the shared
+/// state's `HandleStore` behind it). Without one, handles die with the
+/// process.
+pub trait HandleJournal<B>: Send + Sync {
+    /// Handle `fh` of `ino` at `version` in `mode`, opened by request
+    /// `unique`: called before the OPEN's reply.
+    fn opened(&self, fh: u64, ino: u64, version: &SourceVersion, mode: &OpenMode<B>, unique: u64);
+    /// Handle `fh` was released.
+    fn released(&self, fh: u64);
+}
+
+/// A handle an earlier server of this mount handed the kernel, to put
+/// back in the open table ([`FsCore::restore_handles`]).
+pub struct Restored<B> {
+    pub fh: u64,
+    pub ino: u64,
+    pub version: SourceVersion,
+    /// Its inode's backing, if it reads in passthrough.
+    pub backing: Option<Arc<B>>,
+    pub keep_cache: bool,
+    /// The OPEN's request id (without the resend bit).
+    pub unique: u64,
 }
 
 /// The reply to a READDIR.
@@ -128,7 +166,9 @@ pub trait DirPlusReply: Send + 'static {
 /// once. (Weak: the cache's dropped-file hook holds the open table, which
 /// holds pins.)
 pub struct CachePin {
-    cache: Weak<dyn CompleteFiles>,
+    /// None: no pin was taken (a restored passthrough whose file the cache
+    /// no longer holds whole).
+    cache: Option<Weak<dyn CompleteFiles>>,
     file: Arc<FileVersion>,
 }
 
@@ -136,7 +176,15 @@ impl CachePin {
     /// Owns the pin the caller just took on `file`.
     fn taken(cache: &Arc<dyn CompleteFiles>, file: &Arc<FileVersion>) -> Self {
         CachePin {
-            cache: Arc::downgrade(cache),
+            cache: Some(Arc::downgrade(cache)),
+            file: Arc::clone(file),
+        }
+    }
+
+    /// Stands for a pin that could not be taken: gives nothing back.
+    fn missing(file: &Arc<FileVersion>) -> Self {
+        CachePin {
+            cache: None,
             file: Arc::clone(file),
         }
     }
@@ -144,7 +192,7 @@ impl CachePin {
 
 impl Drop for CachePin {
     fn drop(&mut self) {
-        if let Some(cache) = self.cache.upgrade() {
+        if let Some(cache) = self.cache.as_ref().and_then(Weak::upgrade) {
             cache.unpin(&self.file);
         }
     }
@@ -171,6 +219,11 @@ pub struct FsCore<B> {
     /// The kernel open mode is on (and the kernel can open without us).
     kernel_open: AtomicBool,
     readahead: Arc<ReadAhead>,
+    /// Where handles are recorded to outlive this process.
+    journal: OnceLock<Arc<dyn HandleJournal<B>>>,
+    /// Handles an earlier server made, by the OPEN's request id: an OPEN
+    /// the kernel sends again gets the handle already made for it.
+    resent: Mutex<HashMap<u64, (u64, bool)>>,
 }
 
 impl<B: Send + Sync + 'static> FsCore<B> {
@@ -210,7 +263,56 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             passthrough: AtomicBool::new(false),
             kernel_open: AtomicBool::new(false),
             readahead,
+            journal: OnceLock::new(),
+            resent: Mutex::default(),
         })
+    }
+
+    /// Records every handle from now on in `journal` (once; a second is
+    /// ignored).
+    pub fn set_journal(&self, journal: Arc<dyn HandleJournal<B>>) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// Puts back the handles an earlier server of this mount handed the
+    /// kernel (a server restarted over a live mount): each on the version
+    /// it opened, a passthrough one with its inode's backing and a pin on
+    /// the cached file the kernel reads. Returns how many were put back
+    /// (a handle of an inode the namespace no longer has is dropped: no
+    /// request can name it).
+    pub fn restore_handles(&self, saved: Vec<Restored<B>>) -> usize {
+        let mut n = 0;
+        for r in saved {
+            let rel = match self.ns.path(r.ino) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(ino = r.ino, "open handle of an unknown inode dropped: {e}");
+                    continue;
+                }
+            };
+            let file = Arc::new(FileVersion::new(Arc::from(rel), r.version));
+            let prepared = r.backing.map(|backing| {
+                let pin = match &self.complete {
+                    Some(c) if c.pin_in_use(&file) => CachePin::taken(c, &file),
+                    _ => {
+                        warn!(file = %file.rel.display(), "a file open in passthrough is no longer whole in the cache");
+                        CachePin::missing(&file)
+                    }
+                };
+                Prepared { backing, pin }
+            });
+            let passthrough = prepared.is_some();
+            self.files.restore(r.fh, r.ino, file, prepared);
+            if r.unique != 0 {
+                self.resent.lock().insert(r.unique, (r.fh, r.keep_cache));
+            }
+            self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
+            if passthrough {
+                self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+            }
+            n += 1;
+        }
+        n
     }
 
     /// The kernel takes passthrough backings: fully cached files open in
@@ -316,6 +418,16 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         if write {
             return reply.done(Err(err(libc::EROFS)));
         }
+        let unique = reply.request_id();
+        if unique & UNIQUE_RESEND != 0 {
+            // Sent again: the server that died may have made its handle.
+            let made = self.resent.lock().remove(&(unique & !UNIQUE_RESEND));
+            if let Some((fh, keep)) = made {
+                if let Some(mode) = self.files.mode_of(fh, keep) {
+                    return reply.done(Ok(Opened { fh, mode }));
+                }
+            }
+        }
         match self.ns.getattr_local(ino) {
             Step::Done(a) => {
                 let file = a.and_then(|a| self.ns.file_with(ino, a));
@@ -378,6 +490,10 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         match opened {
             Ok((fh, mode)) => {
                 let passthrough = matches!(mode, OpenMode::Passthrough(_));
+                // Recorded before the kernel has the number.
+                if let Some(j) = self.journal.get() {
+                    j.opened(fh, ino, &version, &mode, reply.request_id());
+                }
                 self.readahead.on_open(ino, &file, passthrough);
                 self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
                 if passthrough {
@@ -513,6 +629,9 @@ impl<B: Send + Sync + 'static> FsCore<B> {
     /// backing for the next open and gives its pin back (in the table).
     pub fn release(&self, fh: u64) {
         let released = self.files.release(fh);
+        if let Some(j) = self.journal.get() {
+            j.released(fh);
+        }
         if released.is_some() {
             self.stats.open_handles.fetch_sub(1, Ordering::Relaxed);
         }
@@ -641,6 +760,13 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             }
             _ => reply(Err(err(libc::ENODATA))),
         }
+    }
+
+    /// The answer to [`PING_XATTR`] (this process's pid), given from a task
+    /// on the runtime: it comes only if the runtime runs tasks.
+    pub fn ping(&self, reply: impl FnOnce(Vec<u8>) + Send + 'static) {
+        self.rt
+            .spawn(async move { reply(std::process::id().to_string().into_bytes()) });
     }
 
     /// The names of `ino`'s extended attributes, NUL-separated: its POSIX

@@ -1,17 +1,22 @@
 //! The FUSE adapter: translates kernel requests (fuser types) into calls on
 //! the file system core (fs.rs) and the core's answers into replies. It
 //! holds no logic of its own beyond that translation, the choice of kernel
-//! features at init, and counting requests for metrics. The kernel's
-//! passthrough backing ids live here: the core asks the reply to an OPEN to
-//! register a cached file ([`OpenReply`] for `ReplyOpen`).
+//! features at INIT ([`negotiate`], which the process that holds the mount
+//! runs once), and counting requests for metrics. The kernel's passthrough
+//! backing ids live here ([`KernelBacking`]): the core asks the reply to
+//! an OPEN to register a cached file ([`OpenReply`]), and every id and
+//! handle is recorded in the shared state (`handle_store`) so that a server
+//! restarted over the mount answers for them ([`LocaFs::restore`]).
 //!
 //! It must never block a FUSE thread on the source or a peer: the core
 //! answers on the calling thread only what is local and the rest from a
 //! task. It never panics; every error becomes an errno for that one
 //! request. Every write path answers EROFS.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,7 +30,10 @@ use fuser::{
 use tracing::{debug, info, warn};
 
 use crate::cache::CompleteFiles;
-use crate::fs::{DirPlusReply, DirReply, FsCore, FsOptions, OpenReply, Opened};
+use crate::fs::{
+    DirPlusReply, DirReply, FsCore, FsOptions, HandleJournal, OpenReply, Opened, Restored,
+};
+use crate::handle_store::{HandleStore, SavedBacking, SavedHandle};
 use crate::handles::OpenMode;
 use crate::metrics::{self, FuseOp};
 use crate::namespace::Namespace;
@@ -57,9 +65,126 @@ pub struct FuseOptions {
 
 /// The mounted file system: the core, and the adapter's settings.
 pub struct LocaFs {
-    fs: Arc<FsCore<BackingId>>,
+    fs: Arc<FsCore<KernelBacking>>,
     opts: FuseOptions,
+    /// A descriptor of the connection, for the backing ids' ioctls.
+    dev: Arc<OwnedFd>,
+    /// Where handles and backing ids are recorded (the shared state).
+    store: Option<Arc<HandleStore>>,
+    /// The shared state whose header counts the requests this server took
+    /// (the holder's measure of a server's progress).
+    state: Option<Arc<crate::shm::SharedState>>,
 }
+
+/// `FUSE_DEV_IOC_BACKING_CLOSE`: `_IOW(229, 2, uint32_t)`.
+const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = 0x4004_e502;
+
+/// A passthrough backing id registered on the FUSE connection: closed
+/// (`FUSE_DEV_IOC_BACKING_CLOSE`) when dropped. The id belongs to the
+/// connection, not to this process: it is recorded in the shared state
+/// while it lives, so that a server restarted over the mount can close it
+/// or go on using it.
+#[derive(Debug)]
+pub struct KernelBacking {
+    id: u32,
+    dev: Arc<OwnedFd>,
+    store: Option<Arc<HandleStore>>,
+}
+
+impl KernelBacking {
+    /// Registers `file` on the connection as a backing of inode `ino`.
+    fn register(
+        dev: &Arc<OwnedFd>,
+        store: &Option<Arc<HandleStore>>,
+        file: &File,
+        ino: u64,
+    ) -> std::io::Result<Self> {
+        let id = BackingId::create_raw(dev.as_fd(), file.as_fd())?;
+        // (a server killed between these two leaves an id nobody closes
+        // until the mount ends: a few hundred bytes in the kernel)
+        if let Some(s) = store {
+            s.backing_opened(id, ino);
+        }
+        Ok(KernelBacking {
+            id,
+            dev: Arc::clone(dev),
+            store: store.clone(),
+        })
+    }
+
+    /// Takes over id `id`, which an earlier server registered.
+    fn adopt(dev: &Arc<OwnedFd>, store: &Option<Arc<HandleStore>>, id: u32) -> Self {
+        KernelBacking {
+            id,
+            dev: Arc::clone(dev),
+            store: store.clone(),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for KernelBacking {
+    fn drop(&mut self) {
+        let id = self.id;
+        // SAFETY: an ioctl on our descriptor with a pointer to a u32 that
+        // outlives the call.
+        let r = unsafe {
+            libc::ioctl(
+                self.dev.as_raw_fd(),
+                FUSE_DEV_IOC_BACKING_CLOSE,
+                &id as *const u32,
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            // (ENODEV: the connection ended, and every id with it)
+            if e.raw_os_error() != Some(libc::ENODEV) {
+                warn!("passthrough backing {id} not closed: {e}");
+            }
+        }
+        if let Some(s) = &self.store {
+            s.backing_closed(id);
+        }
+    }
+}
+
+/// The handle journal of the core: the shared state's handle table.
+struct StoreJournal(Arc<HandleStore>);
+
+impl HandleJournal<KernelBacking> for StoreJournal {
+    fn opened(
+        &self,
+        fh: u64,
+        ino: u64,
+        version: &crate::source::SourceVersion,
+        mode: &OpenMode<KernelBacking>,
+        unique: u64,
+    ) {
+        let (backing, keep_cache) = match mode {
+            OpenMode::Passthrough(b) => (Some(b.id), false),
+            OpenMode::Cached { keep_cache } => (None, *keep_cache),
+        };
+        self.0.opened(&SavedHandle {
+            fh,
+            ino,
+            version: *version,
+            backing,
+            keep_cache,
+            unique,
+        });
+    }
+
+    fn released(&self, fh: u64) {
+        self.0.released(fh);
+    }
+}
+
+/// What the INIT handshake settled (`shm::INIT_*` bits): chosen once per
+/// connection by [`negotiate`], applied by every server.
+pub type Granted = u64;
 
 fn errno(e: &std::io::Error) -> Errno {
     Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
@@ -108,6 +233,9 @@ fn attr(ino: u64, a: &SourceAttr) -> FileAttr {
 }
 
 impl LocaFs {
+    /// The adapter over the core's parts; `dev` is a descriptor of the
+    /// connection (for the backing ids' ioctls).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ns: Arc<Namespace>,
         reader: Arc<Reader>,
@@ -116,6 +244,7 @@ impl LocaFs {
         rt: tokio::runtime::Handle,
         opts: FuseOptions,
         readahead: Arc<ReadAhead>,
+        dev: Arc<OwnedFd>,
     ) -> Self {
         let core = FsOptions {
             source_label: opts.source_label.clone(),
@@ -125,21 +254,116 @@ impl LocaFs {
         LocaFs {
             fs: FsCore::new(ns, reader, complete, stats, rt, core, readahead),
             opts,
+            dev,
+            store: None,
+            state: None,
+        }
+    }
+
+    /// Counts every request from now on in `state`'s header.
+    pub fn count_requests_in(&mut self, state: Arc<crate::shm::SharedState>) {
+        self.state = Some(state);
+    }
+
+    /// One request of kind `op`: for metrics, and for the holder.
+    fn op(&self, op: FuseOp) {
+        metrics::fuse_op(op);
+        if let Some(s) = &self.state {
+            s.header()
+                .answered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Records every handle and backing id in `store` (the shared state),
+    /// and puts back those an earlier server of this mount recorded there:
+    /// `saved` handles, and `backings`, of which the ids no handle reads
+    /// through any more (kept after their last close, or registered by a
+    /// server killed before its reply) are closed. Returns (handles put
+    /// back, ids closed).
+    pub fn restore(
+        &mut self,
+        store: Arc<HandleStore>,
+        saved: Vec<SavedHandle>,
+        backings: Vec<SavedBacking>,
+    ) -> (usize, usize) {
+        self.store = Some(Arc::clone(&store));
+        self.fs
+            .set_journal(Arc::new(StoreJournal(Arc::clone(&store))));
+        let mut ids: HashMap<u32, Arc<KernelBacking>> = backings
+            .iter()
+            .map(|b| {
+                let k = KernelBacking::adopt(&self.dev, &self.store, b.id);
+                (b.id, Arc::new(k))
+            })
+            .collect();
+        let restored: Vec<Restored<KernelBacking>> = saved
+            .into_iter()
+            .map(|h| Restored {
+                fh: h.fh,
+                ino: h.ino,
+                version: h.version,
+                backing: h.backing.map(|id| {
+                    Arc::clone(ids.entry(id).or_insert_with(|| {
+                        Arc::new(KernelBacking::adopt(&self.dev, &self.store, id))
+                    }))
+                }),
+                keep_cache: h.keep_cache,
+                unique: h.unique,
+            })
+            .collect();
+        let n = self.fs.restore_handles(restored);
+        // Every id no handle took is closed as its last Arc goes.
+        let closed = ids.values().filter(|b| Arc::strong_count(b) == 1).count();
+        drop(ids);
+        (n, closed)
+    }
+
+    /// Applies what the INIT handshake settled ([`negotiate`]):
+    /// passthrough only if this server's options want it too (a takeover
+    /// with --no-passthrough turns it off).
+    pub fn apply_init(&self, flags: Granted) {
+        if flags & crate::shm::INIT_KERNEL_OPEN != 0 {
+            self.fs.enable_kernel_open();
+        } else if flags & crate::shm::INIT_PASSTHROUGH != 0 && self.opts.passthrough {
+            self.fs.enable_passthrough();
         }
     }
 }
 
-impl OpenReply<BackingId> for ReplyOpen {
-    fn register_backing(&self, file: &File) -> std::io::Result<BackingId> {
-        self.open_backing(file)
+/// The reply to an OPEN with what the core needs beside it: the request's
+/// id and the connection to register backings on.
+struct OpenTx {
+    reply: ReplyOpen,
+    unique: u64,
+    ino: u64,
+    dev: Arc<OwnedFd>,
+    store: Option<Arc<HandleStore>>,
+}
+
+impl OpenReply<KernelBacking> for OpenTx {
+    fn register_backing(&self, file: &File) -> std::io::Result<KernelBacking> {
+        KernelBacking::register(&self.dev, &self.store, file, self.ino)
     }
 
-    fn done(self, r: std::io::Result<Opened<BackingId>>) {
+    fn request_id(&self) -> u64 {
+        self.unique
+    }
+
+    fn done(self, r: std::io::Result<Opened<KernelBacking>>) {
         match r {
             Ok(Opened {
                 fh,
-                mode: OpenMode::Passthrough(id),
-            }) => self.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                mode: OpenMode::Passthrough(b),
+            }) => {
+                // A BackingId that does not close the id (the backing does).
+                // SAFETY: the id is registered on this connection and lives
+                // as long as `b`, which the open table keeps.
+                let id = unsafe { self.reply.wrap_backing(b.id) };
+                self.reply
+                    .opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                let _ = id.into_raw();
+            }
             Ok(Opened {
                 fh,
                 mode: OpenMode::Cached { keep_cache },
@@ -149,9 +373,9 @@ impl OpenReply<BackingId> for ReplyOpen {
                 } else {
                     FopenFlags::empty()
                 };
-                self.opened(FileHandle(fh), flags)
+                self.reply.opened(FileHandle(fh), flags)
             }
-            Err(e) => self.error(errno(&e)),
+            Err(e) => self.reply.error(errno(&e)),
         }
     }
 }
@@ -202,68 +426,8 @@ impl DirPlusReply for PlusReply {
 }
 
 impl Filesystem for LocaFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // READDIRPLUS_AUTO: the kernel asks for READDIRPLUS at the start
-        // of a listing and where lookups of the directory's entries follow
-        // (`ls -l`, scandir + stat), plain READDIR otherwise (`find`, an
-        // image folder scan), which needs no stat of the entries at the
-        // source (fuse_use_readdirplus in fs/fuse/readdir.c).
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
-        for flag in wanted.iter() {
-            let _ = config.add_capabilities(flag);
-        }
-        // POSIX ACLs: the kernel checks every access against the ACL of
-        // the entry (the source's `system.posix_acl_access`, which it asks
-        // for with GETXATTR and caches as long as the attributes), not the
-        // mode bits alone. It implies default_permissions (which the mount
-        // has anyway). Without it, a file the source's ACL keeps from a
-        // user would be readable through the mount by its mode bits.
-        if self.opts.posix_acl {
-            if config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok() {
-                debug!("POSIX ACLs of the source enforced by the kernel");
-            } else {
-                warn!("this kernel cannot enforce POSIX ACLs on a FUSE mount: access through the mount is checked against the mode bits only, which an ACL at the source may narrow (see docs/security.md)");
-            }
-        }
-        // Loader reads in flight (each may hold a block) stay within 32.
-        let _ = config.set_max_background(32);
-        if self.opts.kernel_open {
-            // The kernel takes ENOSYS to OPEN as "open without the daemon"
-            // only if it says so; an older one would fail the user's open().
-            if config
-                .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
-                .is_ok()
-            {
-                // Without OPEN the page cache is kept across opens: drop a
-                // file's pages when a refreshed attribute shows a new mtime
-                // or size (how a changed source file becomes visible).
-                let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
-                self.fs.enable_kernel_open();
-                info!("open mode kernel: files are opened by the kernel without a request to the daemon and keep their page cache across opens; no passthrough (reads that miss the page cache go through the daemon)");
-            } else {
-                info!("open mode kernel unavailable: this kernel cannot open files without the daemon; opens are served as in passthrough mode, without passthrough");
-            }
-        } else if self.opts.passthrough {
-            if !crate::sys::has_cap_sys_admin() {
-                info!("passthrough off: it needs CAP_SYS_ADMIN; cached files are served through the daemon");
-            } else if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-                && config.set_max_stack_depth(1).is_ok()
-            {
-                self.fs.enable_passthrough();
-                debug!("passthrough on for fully cached files");
-            } else {
-                info!("passthrough off: this kernel does not offer it");
-            }
-        }
-        Ok(())
-    }
-
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Lookup);
+        self.op(FuseOp::Lookup);
         let ttl = self.opts.ttl;
         self.fs.lookup(parent.0, name, move |r| match r {
             Ok((ino, a)) => reply.entry(&ttl, &attr(ino, &a), Generation(0)),
@@ -278,7 +442,7 @@ impl Filesystem for LocaFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        metrics::fuse_op(FuseOp::Getattr);
+        self.op(FuseOp::Getattr);
         let ttl = self.opts.ttl;
         self.fs.getattr(ino.0, move |r| match r {
             Ok(a) => reply.attr(&ttl, &attr(ino.0, &a)),
@@ -287,7 +451,7 @@ impl Filesystem for LocaFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        metrics::fuse_op(FuseOp::Readlink);
+        self.op(FuseOp::Readlink);
         self.fs.readlink(ino.0, move |r| {
             use std::os::unix::ffi::OsStrExt;
             match r {
@@ -297,10 +461,17 @@ impl Filesystem for LocaFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        metrics::fuse_op(FuseOp::Open);
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.op(FuseOp::Open);
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        self.fs.open(ino.0, write, reply);
+        let tx = OpenTx {
+            reply,
+            unique: req.unique().0,
+            ino: ino.0,
+            dev: Arc::clone(&self.dev),
+            store: self.store.clone(),
+        };
+        self.fs.open(ino.0, write, tx);
     }
 
     fn read(
@@ -314,7 +485,7 @@ impl Filesystem for LocaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        metrics::fuse_op(FuseOp::Read);
+        self.op(FuseOp::Read);
         self.fs.read(ino.0, fh.0, offset, size, move |r| match r {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(errno(&e)),
@@ -331,7 +502,7 @@ impl Filesystem for LocaFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Release);
+        self.op(FuseOp::Release);
         self.fs.release(fh.0);
         reply.ok();
     }
@@ -344,7 +515,7 @@ impl Filesystem for LocaFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Flush);
+        self.op(FuseOp::Flush);
         // Nothing to flush on a read-only file system: ENOSYS makes the
         // kernel stop sending FLUSH on every close() (a round trip per file).
         reply.error(Errno::ENOSYS);
@@ -364,7 +535,7 @@ impl Filesystem for LocaFs {
         offset: u64,
         reply: ReplyDirectory,
     ) {
-        metrics::fuse_op(FuseOp::Readdir);
+        self.op(FuseOp::Readdir);
         self.fs.readdir(ino.0, offset, reply);
     }
 
@@ -376,13 +547,13 @@ impl Filesystem for LocaFs {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
-        metrics::fuse_op(FuseOp::Readdirplus);
+        self.op(FuseOp::Readdirplus);
         self.fs
             .readdirplus(ino.0, offset, PlusReply(reply, self.opts.ttl));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        metrics::fuse_op(FuseOp::Statfs);
+        self.op(FuseOp::Statfs);
         self.fs.statfs(move |r| match r {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -399,7 +570,10 @@ impl Filesystem for LocaFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        metrics::fuse_op(FuseOp::Getxattr);
+        self.op(FuseOp::Getxattr);
+        if ino.0 == crate::namespace::ROOT && name == crate::fs::PING_XATTR {
+            return self.fs.ping(move |v| xattr_reply(&v, size, reply));
+        }
         self.fs.getxattr(ino.0, name, move |r| match r {
             Ok(v) => xattr_reply(&v, size, reply),
             Err(e) => reply.error(errno(&e)),
@@ -407,7 +581,7 @@ impl Filesystem for LocaFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        metrics::fuse_op(FuseOp::Listxattr);
+        self.op(FuseOp::Listxattr);
         self.fs.listxattr(ino.0, move |r| match r {
             Ok(v) => xattr_reply(&v, size, reply),
             Err(e) => reply.error(errno(&e)),
@@ -434,7 +608,7 @@ impl Filesystem for LocaFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -448,27 +622,27 @@ impl Filesystem for LocaFs {
         _r: u32,
         reply: ReplyEntry,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -482,12 +656,12 @@ impl Filesystem for LocaFs {
         _f: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -503,7 +677,7 @@ impl Filesystem for LocaFs {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -517,7 +691,7 @@ impl Filesystem for LocaFs {
         _f: i32,
         reply: ReplyCreate,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
@@ -531,14 +705,82 @@ impl Filesystem for LocaFs {
         _p: u32,
         reply: ReplyEmpty,
     ) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
 
     fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        metrics::fuse_op(FuseOp::Modify);
+        self.op(FuseOp::Modify);
         reply.error(errno(&self.fs.modify()));
     }
+}
+
+/// Chooses the kernel features of a new connection at INIT: run once per
+/// mount, by the process that holds it (`supervisor`), which keeps the
+/// answer in the shared state for every server. Returns the `shm::INIT_*`
+/// bits granted.
+pub fn negotiate(
+    config: &mut KernelConfig,
+    passthrough: bool,
+    kernel_open: bool,
+    posix_acl: bool,
+) -> Granted {
+    // READDIRPLUS_AUTO: the kernel asks for READDIRPLUS at the start
+    // of a listing and where lookups of the directory's entries follow
+    // (`ls -l`, scandir + stat), plain READDIR otherwise (`find`, an
+    // image folder scan), which needs no stat of the entries at the
+    // source (fuse_use_readdirplus in fs/fuse/readdir.c).
+    let wanted = InitFlags::FUSE_DO_READDIRPLUS
+        | InitFlags::FUSE_READDIRPLUS_AUTO
+        | InitFlags::FUSE_PARALLEL_DIROPS
+        | InitFlags::FUSE_CACHE_SYMLINKS
+        | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+    for flag in wanted.iter() {
+        let _ = config.add_capabilities(flag);
+    }
+    // POSIX ACLs: the kernel checks every access against the ACL of
+    // the entry (the source's `system.posix_acl_access`, which it asks
+    // for with GETXATTR and caches as long as the attributes), not the
+    // mode bits alone. It implies default_permissions (which the mount
+    // has anyway). Without it, a file the source's ACL keeps from a
+    // user would be readable through the mount by its mode bits.
+    if posix_acl {
+        if config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_ok() {
+            debug!("POSIX ACLs of the source enforced by the kernel");
+        } else {
+            warn!("this kernel cannot enforce POSIX ACLs on a FUSE mount: access through the mount is checked against the mode bits only, which an ACL at the source may narrow (see docs/security.md)");
+        }
+    }
+    // Loader reads in flight (each may hold a block) stay within 32.
+    let _ = config.set_max_background(32);
+    if kernel_open {
+        // The kernel takes ENOSYS to OPEN as "open without the daemon"
+        // only if it says so; an older one would fail the user's open().
+        if config
+            .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
+            .is_ok()
+        {
+            // Without OPEN the page cache is kept across opens: drop a
+            // file's pages when a refreshed attribute shows a new mtime
+            // or size (how a changed source file becomes visible).
+            let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
+            info!("open mode kernel: files are opened by the kernel without a request to the daemon and keep their page cache across opens; no passthrough (reads that miss the page cache go through the daemon)");
+            return crate::shm::INIT_KERNEL_OPEN;
+        }
+        info!("open mode kernel unavailable: this kernel cannot open files without the daemon; opens are served as in passthrough mode, without passthrough");
+    } else if passthrough {
+        if !crate::sys::has_cap_sys_admin() {
+            info!("passthrough off: it needs CAP_SYS_ADMIN; cached files are served through the daemon");
+        } else if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            debug!("passthrough on for fully cached files");
+            return crate::shm::INIT_PASSTHROUGH;
+        } else {
+            info!("passthrough off: this kernel does not offer it");
+        }
+    }
+    0
 }
 
 /// Answers an xattr request of `size` bytes with `value`: its size when

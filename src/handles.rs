@@ -252,6 +252,67 @@ impl<B, P> OpenFiles<B, P> {
         self.inner.lock().handles.get(&fh).cloned()
     }
 
+    /// Puts back handle `fh` on `file` of `ino` as an earlier server of
+    /// this mount opened it (a server restarted over a live mount). A
+    /// passthrough handle gives `Some(prepared)`: its inode's backing and
+    /// pin, taken by the inode's first such handle and dropped by the
+    /// others (they share the first one's). Handles made from now on get
+    /// numbers above every one put back.
+    pub fn restore(
+        &self,
+        fh: u64,
+        ino: u64,
+        file: Arc<FileVersion>,
+        passthrough: Option<Prepared<B, P>>,
+    ) {
+        let mut unused = None;
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        inner.next_fh = inner.next_fh.max(fh + 1);
+        let st = inner.inodes.entry(ino).or_insert(InodeState {
+            cached_opens: 0,
+            passthrough: None,
+        });
+        let is_pt = passthrough.is_some();
+        match (passthrough, &mut st.passthrough) {
+            (Some(prepared), Some(p)) => {
+                p.opens += 1;
+                unused = Some(prepared);
+            }
+            (Some(prepared), slot @ None) => {
+                *slot = Some(Box::new(Passthrough {
+                    opens: 1,
+                    key: file.key,
+                    prepared,
+                }));
+            }
+            (None, _) => st.cached_opens += 1,
+        }
+        inner.handles.insert(
+            fh,
+            Arc::new(Handle {
+                ino,
+                file,
+                passthrough: is_pt,
+                seq: Mutex::default(),
+            }),
+        );
+        drop(guard);
+        drop(unused);
+    }
+
+    /// The mode handle `fh` was opened in (for an OPEN the kernel sends
+    /// again, answered with the handle already made for it).
+    pub fn mode_of(&self, fh: u64, keep_cache: bool) -> Option<OpenMode<B>> {
+        let inner = self.inner.lock();
+        let h = inner.handles.get(&fh)?;
+        if !h.passthrough {
+            return Some(OpenMode::Cached { keep_cache });
+        }
+        let p = inner.inodes.get(&h.ino)?.passthrough.as_ref()?;
+        Some(OpenMode::Passthrough(Arc::clone(&p.prepared.backing)))
+    }
+
     /// Forgets a handle. Returns it, and whether it was the last passthrough
     /// open of its inode: its backing is then kept in the idle table, and
     /// its pin given back.
@@ -615,6 +676,38 @@ mod tests {
         t.forget_idle(&f.key);
         assert_eq!(t.idle_count(), 0);
         assert!(t.take_idle(7, &f.key).is_none());
+    }
+
+    #[test]
+    fn handles_put_back_after_a_restart_share_their_inodes_passthrough() {
+        let t: OpenFiles<u32, Pin> = OpenFiles::default();
+        let count = Arc::default();
+        let f = fv(10);
+        // Two passthrough handles of inode 7 and a cached one of inode 8,
+        // as the dead server left them; each passthrough one brings the
+        // inode's backing and pin, the second is given back.
+        t.restore(4, 7, f.clone(), pinned(&count));
+        t.restore(9, 7, f.clone(), pinned(&count));
+        t.restore(5, 8, fv(11), None);
+        assert_eq!(pins(&count), 1);
+        assert!(matches!(
+            t.mode_of(4, false),
+            Some(OpenMode::Passthrough(_))
+        ));
+        assert!(matches!(
+            t.mode_of(5, true),
+            Some(OpenMode::Cached { keep_cache: true })
+        ));
+        // A new open of inode 7 joins its passthrough; numbers go on above.
+        let (fh, m) = t.open(7, f.clone(), None, false).unwrap();
+        assert!(fh > 9);
+        assert!(matches!(m, OpenMode::Passthrough(_)));
+        assert!(!t.release(4).unwrap().1);
+        assert!(!t.release(fh).unwrap().1);
+        assert!(t.release(9).unwrap().1, "the last close of the inode");
+        assert_eq!(pins(&count), 0);
+        assert!(t.release(5).is_some());
+        assert_eq!(t.open_count(), 0);
     }
 
     #[test]

@@ -31,6 +31,19 @@ pub enum LockError {
 }
 
 impl DatasetLock {
+    /// The lock held through `file`, a descriptor another process took it
+    /// with and passed on (a takeover of the mount): the same open file,
+    /// so the same lock.
+    pub fn from_file(file: File) -> Self {
+        DatasetLock { _file: file }
+    }
+
+    /// The descriptor the lock is held through (to pass it on).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self._file.as_fd()
+    }
+
     /// Takes the lock, waiting at most 200 ms (`locafs cache ls` and the
     /// budget probe it with a shared lock for an instant); an error that
     /// names the holder if a mount holds it.

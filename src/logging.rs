@@ -15,7 +15,7 @@ use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 
 /// The format of log lines (`--log-format`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
     #[default]

@@ -1,236 +1,106 @@
-//! Running a mount: checks, daemonizing, wiring the parts together (source,
-//! namespace, cache, reader, FUSE adapter), mounting, reporting readiness,
-//! and unmounting cleanly on SIGINT/SIGTERM or when someone runs `umount`.
+//! What serves a mount: the `Server` wires the parts together (source,
+//! namespace, cache, reader, FUSE adapter) in the shared state and serves
+//! a connection's descriptors, and reports readiness; `Mount` is a
+//! connection, the lock and a server in one process (tests, benchmarks).
+//! `locafs mount`'s entry and the process holding the mount are
+//! `supervisor`'s; this module never looks at what is mounted where.
 //!
 //! Everything that can be wrong with the user's input is found by
 //! `config::resolve` before this mounts anything.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::disk::DiskCache;
 use crate::cache::{BlockStore, CompleteFiles};
-use crate::config::{MountConfig, MountRequest};
+use crate::config::MountConfig;
 use crate::fuse::{FuseOptions, LocaFs};
 use crate::logging::short_io;
 use crate::namespace::Namespace;
 use crate::prefetch::ReadAhead;
 use crate::private_dir::PrivateDir;
 use crate::reader::{Reader, ReaderConfig};
+use crate::shm::SharedState;
 use crate::source::object::ObjectSource;
 use crate::source::{DirSource, Source};
 use crate::source_guard::{GuardConfig, SourceGuard};
 use crate::stats::Stats;
 use crate::units::format_size;
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 
 /// Set in the environment of the background child of `--daemon`: it prints
 /// READY on stdout once mounted.
-const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
-
-/// `locafs mount` (`daemon`: return once the mount is live, see
-/// [`daemonize`]).
-pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
-    if let Err(e) = clear_dead_mount(&args) {
-        crate::logging::say(&e.to_string());
-        return ExitCode::from(2);
-    }
-    let cfg = match crate::config::resolve(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            crate::logging::say(&e.to_string());
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(msg) = check_fuse_access() {
-        // The setup's problem, as a refused mount(2) is (exit 2: a restart
-        // will not help), and nothing left behind.
-        crate::logging::say(&msg);
-        forget_new_dataset_dir(&cfg);
-        return ExitCode::from(2);
-    }
-    if daemon {
-        // (The daemon resolves again and finds nothing left to change: what
-        // this one changed is told here.)
-        for n in &cfg.notes {
-            eprintln!("locafs: {n}");
-        }
-        let code = daemonize();
-        if code != 0 {
-            forget_new_dataset_dir(&cfg);
-        }
-        return ExitCode::from(code);
-    }
-    crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
-    match run(cfg.clone()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, msg)) => {
-            // One line: on stderr the log line would say it twice.
-            if crate::logging::logs_to_file() {
-                error!("{msg}");
-            }
-            crate::logging::say(&msg);
-            forget_new_dataset_dir(&cfg);
-            ExitCode::from(code)
-        }
-    }
-}
+pub(crate) const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 
 /// A mount that failed leaves nothing behind: the data set's cache
 /// directory, if this attempt made it, goes (with its booking in the
 /// budget), unless a mount holds it now.
-fn forget_new_dataset_dir(cfg: &MountConfig) {
+pub fn forget_new_dataset_dir(cfg: &MountConfig) {
     if cfg.dataset_dir_created {
         let _ = crate::budget::remove_dataset(&cfg.cache, &cfg.dataset_name);
     }
 }
 
-/// If the mountpoint holds a dead locafs mount (its daemon died: every
-/// access fails with "Transport endpoint is not connected"), detaches it so
-/// that a restart (systemd Restart=on-failure, a remount) mounts again over
-/// the same cache (`dead_mount`). An error if a locafs mount there does not
-/// answer.
-fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
-    let mp = match (&args.mountpoint, args.config_file()) {
-        (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(&c) {
-            Ok(crate::config::ConfigFile {
-                mountpoint: Some(m),
-                ..
-            }) => m,
-            _ => return Ok(()),
-        },
-        _ => return Ok(()),
-    };
-    crate::dead_mount::clear(&mp).map(|_| ())
-}
-
-/// Whether this process can mount at all, and if not, the one line that
-/// says why and what to do: it needs /dev/fuse open for reading and
-/// writing, and without CAP_SYS_ADMIN (an ordinary user) the setuid helper
-/// `fusermount3`, through which fuser mounts when mount(2) is refused.
-/// Checked before anything is opened, so that a user sees this rather
-/// than "Permission denied" or "No such file or directory" from fuser.
-fn check_fuse_access() -> Result<(), String> {
-    const DEV: &str = "/dev/fuse";
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            return Err(format!(
-                "{DEV} does not exist: this system offers no FUSE (in a container, add --device {DEV})"
-            ));
-        }
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(DEV)
-            .map(|m| format!("mode {:04o}", m.permissions().mode() & 0o7777))
-            .unwrap_or_else(|_| "mode unknown".into());
-        return Err(format!(
-            "cannot open {DEV} ({}, {mode}): mounting as a user needs {DEV} readable and writable by all (mode 0666, most distributions' default); ask an administrator, or mount as root",
-            short_io(&e)
-        ));
-    }
-    if !crate::sys::has_cap_sys_admin() && crate::sys::fusermount().is_none() {
-        return Err("mounting as a user needs fusermount3, the setuid FUSE helper (package fuse3: apt install fuse3, dnf install fuse3), and none was found; or mount as root".into());
-    }
-    Ok(())
-}
-
-/// Starts this same command without --daemon in a new session and waits
-/// until it says READY (exit 0) or dies (its exit status and message).
-fn daemonize() -> u8 {
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            crate::logging::say(&format!("cannot find own executable: {e}"));
-            return 1;
-        }
-    };
-    let args: Vec<_> = std::env::args_os()
-        .skip(1)
-        .filter(|a| a != "--daemon")
-        .collect();
-    let mut cmd = Command::new(exe);
-    cmd.args(args)
-        .env(READY_ENV, "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: setsid is async-signal-safe; it detaches the child from our
-    // terminal and process group.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            crate::logging::say(&format!("cannot start the daemon: {e}"));
-            return 1;
-        }
-    };
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
-    }
-    // (A closed stdout or stderr is no reason to fail a mount that is live.)
-    if let Some(summary) = line.trim_end().strip_prefix("READY") {
-        let _ = writeln!(std::io::stdout(), "locafs: {}", summary.trim());
-        return 0;
-    }
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
-    let mut stderr = std::io::stderr();
-    let _ = write!(stderr, "{err}");
-    if err.is_empty() {
-        crate::logging::say("the daemon exited before the mount was ready");
-    }
-    if status == 0 {
-        1
-    } else {
-        status as u8
-    }
-}
-
-/// Mounts and serves until unmounted or signalled.
-fn run(cfg: MountConfig) -> Result<(), (u8, String)> {
-    let source: Arc<dyn Source> = match &cfg.object {
+/// The source a mount reads: a directory, or an object store (built
+/// without a request: the holder asked the store once before mounting).
+pub fn open_source(cfg: &MountConfig) -> Result<Arc<dyn Source>, (u8, String)> {
+    Ok(match &cfg.object {
         None => Arc::new(DirSource::new(cfg.source.clone())),
-        // One listing request before anything is mounted: a missing bucket,
-        // refused credentials or a dead endpoint end here, with exit 2;
-        // except a store that does not answer when an earlier mount left
-        // its tree and cache: those are served, as while a store stalls.
-        Some(spec) => match ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout) {
-            Ok(s) => Arc::new(s),
+        Some(spec) => {
+            Arc::new(ObjectSource::unprobed(spec, cfg.source_timeout).map_err(|e| (2, e))?)
+        }
+    })
+}
+
+/// Asks an object store once, before anything is mounted: a missing
+/// bucket, refused credentials or a dead endpoint end here, with exit 2;
+/// except a store that does not answer when an earlier mount left its tree
+/// and cache: those are served, as while a store stalls. Nothing to ask of
+/// a directory (`config::resolve` looked at it).
+pub fn probe_source(cfg: &MountConfig) -> Result<(), (u8, String)> {
+    if let Some(spec) = &cfg.object {
+        match ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout) {
+            Ok(_) => {}
             Err(crate::source::object::ProbeError::Unreachable(why))
-                if cfg.dataset_dir.join("manifest").is_file() =>
+                if cfg.dataset_dir.join(MANIFEST).is_file() =>
             {
-                tracing::warn!(
+                warn!(
                     "{why}: mounting the tree and cache the last mount left; what is not \
                      cached fails until the store answers"
                 );
-                Arc::new(ObjectSource::unprobed(spec, cfg.source_timeout).map_err(|e| (2, e))?)
             }
             Err(e) => return Err((2, e.to_string())),
-        },
-    };
-    let mount = Mount::start(&cfg, source)?;
-    announce_ready(&mount.summary);
-    mount.serve_until_stopped();
+        }
+    }
     Ok(())
 }
 
-/// A live mount and everything behind it. Dropping it unmounts.
+/// A live mount and everything behind it, in one process: the FUSE
+/// connection and the data set's lock (what the holder process keeps,
+/// `supervisor`) and one server over them. For tests and benchmarks,
+/// which put their own source behind a real mount; `locafs mount` runs
+/// the server in a process of its own. Dropping it unmounts.
 pub struct Mount {
     /// One line on what was mounted and the cache it uses.
+    pub summary: String,
+    server: Server,
+    conn: Option<crate::connection::Connection>,
+    _lock: crate::lock::DatasetLock,
+}
+
+/// What serves one mount: the source, namespace, cache, reader,
+/// read-ahead, peers and control socket, and the FUSE session over the
+/// connection's descriptors. It never mounts or unmounts: the connection
+/// is its holder's, and a server that dies (or is replaced) leaves it
+/// live for the next, which finds the namespace and the open handles in
+/// the shared state. Dropping it stops it.
+pub struct Server {
+    /// One line on what is mounted and the cache it uses.
     pub summary: String,
     saver: Arc<ManifestSaver>,
     peer_node: Option<Arc<crate::peer::PeerNode>>,
@@ -240,10 +110,25 @@ pub struct Mount {
     stats: Arc<Stats>,
     rt: Option<tokio::runtime::Runtime>,
     /// Books the cache's use in the shared budget; dropped (booked out)
-    /// before the lock, so that no neighbour takes this data set for an
-    /// unmounted one while it is still booked in.
+    /// when the server stops.
     budget: Option<crate::budget::BudgetKeeper>,
-    _lock: crate::lock::DatasetLock,
+    /// What the FUSE adapter is built from, until [`Server::serve`].
+    parts: Option<FsParts>,
+    state: Arc<SharedState>,
+    /// Whether the namespace was attached (an earlier server's) rather
+    /// than built.
+    pub attached: bool,
+}
+
+/// The FUSE adapter's ingredients, kept from [`Server::build`] to
+/// [`Server::serve`] (the adapter needs the connection's descriptor).
+struct FsParts {
+    ns: Arc<Namespace>,
+    reader: Arc<Reader>,
+    complete: Arc<dyn CompleteFiles>,
+    opts: FuseOptions,
+    fuse_threads: usize,
+    kernel_readahead: u64,
 }
 
 /// Books the cache in its directory's shared budget and keeps it booked:
@@ -310,11 +195,141 @@ fn start_budget(
 }
 
 impl Mount {
-    /// Builds the parts (cache, namespace, reader, read-ahead, control
-    /// socket) over `source` and mounts them on `cfg.mountpoint`. The source
-    /// is a parameter so that tests and benchmarks can put a slow or failing
-    /// source behind a real mount.
+    /// Builds a server over `source` (cache, namespace, reader,
+    /// read-ahead, control socket), then mounts `cfg.mountpoint` and
+    /// serves it. The source is a parameter so that tests and benchmarks
+    /// can put a slow or failing source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
+        let lock =
+            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
+        let state =
+            SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
+        let mut server = Server::build(cfg, source, &state)?;
+        let mut conn = crate::connection::Connection::mount(cfg)
+            .map_err(|e| mount_failed(&cfg.mountpoint, &e))?;
+        let fds = dup_fds(&conn.server_fds(cfg.fuse_threads).map_err(io_err)?).map_err(io_err)?;
+        record_init(&state, conn.settled);
+        let h = state.header();
+        h.supervisor_pid
+            .store(std::process::id(), Ordering::Relaxed);
+        h.server_pid.store(std::process::id(), Ordering::Relaxed);
+        server.serve(fds, conn.settled)?;
+        Ok(Mount {
+            summary: server.summary.clone(),
+            server,
+            conn: Some(conn),
+            _lock: lock,
+        })
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.server.mountpoint
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.server.stats
+    }
+
+    /// The mount's namespace (what the kernel holds of it: lookup counts).
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.server.saver.ns
+    }
+
+    pub fn readahead(&self) -> &Arc<ReadAhead> {
+        &self.server.readahead
+    }
+
+    /// Serves until SIGINT/SIGTERM (then unmounts) or until someone
+    /// unmounts the file system.
+    pub fn serve_until_stopped(mut self) {
+        let Some(rt) = self.server.rt.as_ref() else {
+            return;
+        };
+        let server = &self.server;
+        let signalled = rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return false;
+            };
+            loop {
+                tokio::select! {
+                    _ = term.recv() => return true,
+                    _ = int.recv() => return true,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                        if server.finished() {
+                            return false;
+                        }
+                    }
+                }
+            }
+        });
+        if signalled {
+            info!(
+                "signal received: unmounting {}",
+                self.mountpoint().display()
+            );
+            crate::sys::sd_notify("STOPPING=1");
+        }
+        self.unmount();
+    }
+
+    /// Unmounts (detaching lazily if files are still open) and stops.
+    pub fn unmount(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if !self.server.finished() {
+            if let Err(e) = conn.unmount() {
+                warn!("unmount of {} failed: {e}", conn.mountpoint.display());
+            }
+        }
+        self.server.stop();
+        // (the connection's descriptors close with it: a lazily detached
+        // mount's open files get errors from now on)
+        drop(conn);
+        info!("unmounted {}", self.server.mountpoint.display());
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
+
+fn io_err(e: std::io::Error) -> (u8, String) {
+    (1, short_io(&e))
+}
+
+/// Owned copies of `fds` (the same open files: a copy handed to a server
+/// keeps nothing alive that the holder does not).
+pub fn dup_fds(fds: &[std::os::fd::BorrowedFd<'_>]) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+    fds.iter()
+        .map(|f| rustix::io::fcntl_dupfd_cloexec(f, 0).map_err(Into::into))
+        .collect()
+}
+
+/// Keeps what INIT settled in the shared state, for every server.
+pub fn record_init(state: &SharedState, settled: crate::connection::Settled) {
+    let h = state.header();
+    h.init_flags.store(settled.granted, Ordering::Release);
+    h.proto_minor.store(settled.minor, Ordering::Release);
+    h.init_done.store(1, Ordering::Release);
+}
+
+impl Server {
+    /// Builds the parts over `source`, in `state`: the namespace and open
+    /// handles an earlier server left there are taken over (a restart),
+    /// else the namespace comes from the manifest a previous mount saved,
+    /// or from the source's root.
+    pub fn build(
+        cfg: &MountConfig,
+        source: Arc<dyn Source>,
+        state: &Arc<SharedState>,
+    ) -> Result<Server, (u8, String)> {
         for n in &cfg.notes {
             info!("{n}");
         }
@@ -337,8 +352,6 @@ impl Mount {
             .build()
             .map_err(|e| (1, format!("cannot start the runtime: {e}")))?;
 
-        let lock =
-            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
         let stats = Arc::new(Stats::default());
         // Every call into the source from here on has a deadline and runs
         // on the guard's bounded threads (a hung NFS server holds those,
@@ -362,21 +375,22 @@ impl Mount {
                 .source_bad_replies
                 .set(Arc::new(move || s.bad_replies()));
         }
-        // The cache's books and the namespace's manifest load at once, on
-        // two threads: each is about half of a remount's time (500 k files,
+        // The cache's books and the namespace (attached to what an earlier
+        // server left, or loaded from the manifest) at once, on two
+        // threads: each is about half of a remount's time (500 k files,
         // page cache dropped: 0.34 s and 0.25 s, one after the other
         // before; docs/benchmarks.md, ninth scale pass).
         let (opened, restored) = std::thread::scope(|scope| {
             let restoring = std::thread::Builder::new()
                 .name("locafs-manifest".into())
-                .spawn_scoped(scope, || load_namespace(cfg, &source));
+                .spawn_scoped(scope, || load_namespace(cfg, &source, state));
             // Unbounded until the shared budget of the cache directory gives
             // this mount its grant (below, before anything is served).
             let opened = DiskCache::open_in(&cfg.dataset, None, cfg.block_size, Arc::clone(&stats));
             let restored = match restoring {
-                Ok(t) => t.join().ok().flatten(),
+                Ok(t) => t.join().unwrap_or(Loaded::None),
                 // No thread: loaded here, after the cache.
-                Err(_) => load_namespace(cfg, &source),
+                Err(_) => load_namespace(cfg, &source, state),
             };
             (opened, restored)
         });
@@ -399,9 +413,11 @@ impl Mount {
                 rec.other_block_size
             );
         }
+        let attached = matches!(restored, Loaded::Attached(_));
         let ns = match restore_namespace(restored, &cfg.dataset, &cache) {
             Some(ns) => ns,
-            None => Namespace::new(
+            None => Namespace::new_in(
+                state,
                 Arc::clone(&source),
                 cfg.revalidate,
                 cache.dataset_bytes_handle(),
@@ -499,6 +515,7 @@ impl Mount {
             readahead.set_peer_node(Arc::clone(node));
         }
         plug_views(&stats, &cache, &reader, &readahead);
+        plug_process(&stats, state);
         if let Some(addr) = cfg.metrics {
             let (st, source, mountpoint) = (
                 Arc::clone(&stats),
@@ -525,56 +542,6 @@ impl Mount {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,
         };
-        let fs = LocaFs::new(
-            Arc::clone(&ns),
-            Arc::clone(&reader),
-            Some(complete),
-            Arc::clone(&stats),
-            rt.handle().clone(),
-            FuseOptions {
-                ttl,
-                passthrough: cfg.passthrough,
-                kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
-                source_label: cfg.source.display().to_string(),
-                mount_label: cfg.mountpoint.display().to_string(),
-                control_socket,
-                posix_acl: ns.has_acls(),
-            },
-            Arc::clone(&readahead),
-        );
-        let mut fuse_cfg = fuser::Config::default();
-        fuse_cfg.mount_options = vec![
-            fuser::MountOption::FSName(format!("locafs:{}", cfg.source.display())),
-            // fuser's own mount(2) drops MountOption::Subtype; the kernel takes
-            // it as an option, so the type reads "fuse.locafs" (mount -t, findmnt).
-            fuser::MountOption::CUSTOM("subtype=locafs".into()),
-            fuser::MountOption::RO,
-            fuser::MountOption::DefaultPermissions,
-            fuser::MountOption::NoDev,
-            fuser::MountOption::NoSuid,
-        ];
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            fuse_cfg.acl = fuser::SessionACL::All;
-        }
-        fuse_cfg.n_threads = Some(cfg.fuse_threads);
-        fuse_cfg.clone_fd = true;
-        let session = fuser::spawn_mount(fs, &cfg.mountpoint, &fuse_cfg)
-            .map_err(|e| mount_failed(&cfg.mountpoint, &e))?;
-        // Larger kernel read-ahead: bigger reads reach the daemon (its
-        // 128 KiB default caps a sequential read served by the daemon at
-        // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).
-        if cfg.kernel_readahead > 0 {
-            match crate::sys::set_bdi_readahead(&cfg.mountpoint, cfg.kernel_readahead) {
-                Ok(()) => debug!(
-                    "kernel read-ahead on the mount: {}",
-                    format_size(cfg.kernel_readahead)
-                ),
-                Err(e) => info!(
-                    "kernel read-ahead left at the kernel's default (setting it needs root): {e}"
-                ),
-            }
-        }
         let summary = format!(
             "mounted {} on {} (read-only); cache {} may hold {} of the budget {}",
             cfg.source.display(),
@@ -583,7 +550,6 @@ impl Mount {
             format_size(share.grant),
             format_size(share.limit),
         );
-        info!("{summary}");
 
         let saver = ManifestSaver {
             ns: Arc::clone(&ns),
@@ -603,92 +569,136 @@ impl Mount {
                 }
             });
         }
-        Ok(Mount {
+        let posix_acl = ns.has_acls();
+        let parts = FsParts {
+            ns,
+            reader,
+            complete,
+            opts: FuseOptions {
+                ttl,
+                passthrough: cfg.passthrough,
+                kernel_open: cfg.open_mode == crate::config::OpenMode::Kernel,
+                source_label: cfg.source.display().to_string(),
+                mount_label: cfg.mountpoint.display().to_string(),
+                control_socket,
+                posix_acl,
+            },
+            fuse_threads: cfg.fuse_threads,
+            kernel_readahead: cfg.kernel_readahead,
+        };
+        Ok(Server {
             peer_node,
             saver,
             summary,
             mountpoint: cfg.mountpoint.clone(),
-            session: Some(session),
+            session: None,
             readahead,
             stats,
             rt: Some(rt),
             budget: Some(budget),
-            _lock: lock,
+            parts: Some(parts),
+            state: Arc::clone(state),
+            attached,
         })
     }
 
-    pub fn mountpoint(&self) -> &Path {
-        &self.mountpoint
+    /// Serves the connection read through `fds` (its descriptor and
+    /// clones, one FUSE thread each), whose INIT settled `settled`: puts
+    /// back the handles an earlier server left, then asks the kernel to
+    /// send again what that server took and did not answer.
+    pub fn serve(
+        &mut self,
+        fds: Vec<std::os::fd::OwnedFd>,
+        settled: crate::connection::Settled,
+    ) -> Result<(), (u8, String)> {
+        let Some(p) = self.parts.take() else {
+            return Err((1, "already serving".into()));
+        };
+        let rt = self.rt.as_ref().ok_or((1, "stopped".to_string()))?;
+        let first = fds.first().ok_or((1, "no FUSE descriptor".to_string()))?;
+        let dev =
+            Arc::new(rustix::io::fcntl_dupfd_cloexec(first, 0).map_err(|e| io_err(e.into()))?);
+        let resend = Arc::clone(&dev);
+        let mut fs = LocaFs::new(
+            p.ns,
+            p.reader,
+            Some(p.complete),
+            Arc::clone(&self.stats),
+            rt.handle().clone(),
+            p.opts,
+            Arc::clone(&self.readahead),
+            dev,
+        );
+        fs.apply_init(settled.granted);
+        fs.count_requests_in(Arc::clone(&self.state));
+        let (store, saved, backings) = crate::handle_store::HandleStore::attach(&self.state)
+            .ok_or((1, "the shared handle table is in use".to_string()))?;
+        let (handles, closed) = fs.restore(Arc::new(store), saved, backings);
+        if handles > 0 || closed > 0 {
+            info!("took over {handles} open handles; closed {closed} passthrough backings no handle uses");
+        }
+        let mut fuse_cfg = fuser::Config::default();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            fuse_cfg.acl = fuser::SessionACL::All;
+        }
+        let _ = p.fuse_threads;
+        let session = fuser::Session::from_fds_initialized(
+            fs,
+            fds,
+            fuse_cfg.acl,
+            fuser::Version(7, settled.minor),
+            fuse_cfg,
+        )
+        .and_then(|s| s.spawn())
+        .map_err(|e| (1, format!("FUSE session: {e}")))?;
+        self.session = Some(session);
+        if settled.minor >= crate::connection::RESEND_MINOR {
+            if let Err(e) = crate::connection::notify_resend(resend.as_fd()) {
+                warn!("the kernel did not take FUSE_NOTIFY_RESEND: {e}");
+            }
+        }
+        // Larger kernel read-ahead: bigger reads reach the daemon (its
+        // 128 KiB default caps a sequential read served by the daemon at
+        // ~0.3 GB/s here, against 1.4 GB/s with 4 MiB).
+        if p.kernel_readahead > 0 {
+            match crate::sys::set_bdi_readahead(&self.mountpoint, p.kernel_readahead) {
+                Ok(()) => debug!(
+                    "kernel read-ahead on the mount: {}",
+                    format_size(p.kernel_readahead)
+                ),
+                Err(e) => info!(
+                    "kernel read-ahead left at the kernel's default (setting it needs root): {e}"
+                ),
+            }
+        }
+        info!("{}", self.summary);
+        Ok(())
+    }
+
+    /// Whether the session ended (the file system was unmounted, or its
+    /// connection aborted).
+    pub fn finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
 
-    /// The mount's namespace (what the kernel holds of it: lookup counts).
-    pub fn namespace(&self) -> &Arc<Namespace> {
-        &self.saver.ns
-    }
-
-    pub fn readahead(&self) -> &Arc<ReadAhead> {
-        &self.readahead
-    }
-
-    /// Serves until SIGINT/SIGTERM (then unmounts) or until someone
-    /// unmounts the file system.
-    pub fn serve_until_stopped(mut self) {
-        let Some(rt) = self.rt.as_ref() else { return };
-        let finished = || self.session.as_ref().is_none_or(|s| s.guard.is_finished());
-        let signalled = rt.block_on(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return false;
-            };
-            loop {
-                tokio::select! {
-                    _ = term.recv() => return true,
-                    _ = int.recv() => return true,
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                        if finished() {
-                            return false;
-                        }
-                    }
-                }
-            }
-        });
-        if signalled {
-            info!("signal received: unmounting {}", self.mountpoint.display());
-            crate::sys::sd_notify("STOPPING=1");
-        }
-        self.unmount();
-    }
-
-    /// Unmounts (detaching lazily if files are still open) and stops.
-    pub fn unmount(&mut self) {
-        let Some(session) = self.session.take() else {
+    /// Stops serving: saves the manifest, books the cache out of the
+    /// budget, closes the peer endpoint and the control socket. Call it
+    /// once the session ended (after an unmount); the connection is not
+    /// touched.
+    pub fn stop(&mut self) {
+        let Some(rt) = self.rt.take() else {
             return;
         };
-        if !session.guard.is_finished() {
-            match crate::sys::unmount(&self.mountpoint) {
-                Ok(()) => {
-                    let _ = session.join();
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    warn!(
-                        "{} is busy: detaching it (open files get errors from now on)",
-                        self.mountpoint.display()
-                    );
-                    let _ = crate::sys::lazy_unmount(&self.mountpoint);
-                }
-                Err(e) => warn!("unmount of {} failed: {e}", self.mountpoint.display()),
+        if let Some(session) = self.session.take() {
+            if session.guard.is_finished() {
+                let _ = session.join();
             }
-        } else {
-            let _ = session.join();
         }
-        info!("unmounted {}", self.mountpoint.display());
         self.saver.save();
         // Booked out with what the cache holds now (it stays for the next
         // mount), while the cache is still here to say so.
@@ -696,15 +706,15 @@ impl Mount {
         if let Some(node) = &self.peer_node {
             node.close();
         }
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_timeout(Duration::from_secs(2));
-        }
+        // (the control socket, in the abstract namespace, goes with the
+        // runtime that listens on it)
+        rt.shutdown_timeout(Duration::from_secs(2));
     }
 }
 
-impl Drop for Mount {
+impl Drop for Server {
     fn drop(&mut self) {
-        self.unmount();
+        self.stop();
     }
 }
 
@@ -713,7 +723,7 @@ impl Drop for Mount {
 /// what it takes; anything else exit 1. A user's mount goes through
 /// fusermount3, whose refusal (several lines on its stderr) is said on one
 /// line.
-fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
+pub(crate) fn mount_failed(mountpoint: &Path, e: &std::io::Error) -> (u8, String) {
     if e.raw_os_error().is_none() {
         let why = e.to_string();
         let why: Vec<&str> = why
@@ -769,13 +779,68 @@ fn plug_views(
     }));
 }
 
+/// Plugs the processes behind the mount (from the shared state's header)
+/// into `stats`.
+fn plug_process(stats: &Stats, state: &Arc<SharedState>) {
+    let st = Arc::downgrade(state);
+    stats.process.set(Arc::new(move || {
+        let Some(st) = st.upgrade() else {
+            return Default::default();
+        };
+        let h = st.header();
+        let restarts = h.restarts.load(Ordering::Relaxed);
+        let last = (restarts > 0).then(|| h.last_restart_ms.load(Ordering::Relaxed));
+        crate::stats::ProcessSnapshot {
+            pid: std::process::id(),
+            supervisor_pid: h.supervisor_pid.load(Ordering::Relaxed),
+            restarts,
+            last_restart: last.map(|ms| ms as f64 / 1000.0),
+            last_restart_reason: last
+                .map(|_| crate::shm::reason_name(h.last_reason.load(Ordering::Relaxed)).into()),
+            last_restart_detail: last.map(|_| h.last_detail.load(Ordering::Relaxed)),
+        }
+    }));
+}
+
 /// How often the namespace manifest is saved while mounted (if it changed).
 const MANIFEST_EVERY: Duration = Duration::from_secs(300);
 
-/// Loads the namespace from the manifest a previous mount left, if usable,
-/// with the manifest's size; its known bytes go to a sink of its own until
-/// [`restore_namespace`] hands them to the cache.
-fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>) -> Option<(Namespace, u64)> {
+/// The namespace a server starts from.
+enum Loaded {
+    /// The one an earlier server of this mount left in the shared state.
+    Attached(Namespace),
+    /// Restored from the manifest a previous mount saved (and its size).
+    Manifest(Namespace, u64),
+    None,
+}
+
+/// The namespace an earlier server of this mount left in `state`, if any;
+/// else the one in the manifest a previous mount left, if usable, with the
+/// manifest's size (its known bytes go to a sink of its own until
+/// [`restore_namespace`] hands them to the cache).
+fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>, state: &Arc<SharedState>) -> Loaded {
+    match Namespace::attach(state, Arc::clone(source), cfg.revalidate, Arc::default()) {
+        Ok(Some(ns)) => {
+            info!(
+                "namespace: {} inodes taken over from the server this one replaces",
+                ns.len()
+            );
+            return Loaded::Attached(ns);
+        }
+        Ok(None) => {}
+        Err(e) => warn!("namespace: the shared state's cannot be used: {e}"),
+    }
+    match load_manifest(cfg, source, state) {
+        Some((ns, len)) => Loaded::Manifest(ns, len),
+        None => Loaded::None,
+    }
+}
+
+fn load_manifest(
+    cfg: &MountConfig,
+    source: &Arc<dyn Source>,
+    state: &Arc<SharedState>,
+) -> Option<(Namespace, u64)> {
     let data = cfg.dataset.read(MANIFEST).ok()?;
     let data_len = data.len() as u64;
     let m = crate::manifest::decode(data)?;
@@ -788,7 +853,14 @@ fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>) -> Option<(Namesp
         .as_secs();
     let age = Duration::from_secs(now.checked_sub(m.saved_unix_s)?);
     let n = m.len();
-    let ns = Namespace::restore(Arc::clone(source), cfg.revalidate, Arc::default(), m, age)?;
+    let ns = Namespace::restore_in(
+        state,
+        Arc::clone(source),
+        cfg.revalidate,
+        Arc::default(),
+        m,
+        age,
+    )?;
     info!(
         "namespace: {n} entries from the manifest saved {}s ago",
         age.as_secs()
@@ -797,17 +869,23 @@ fn load_namespace(cfg: &MountConfig, source: &Arc<dyn Source>) -> Option<(Namesp
 }
 
 /// The namespace [`load_namespace`] gave, tied to the cache (its known
-/// bytes, the manifest's room in the cache's bound); None, and the
-/// manifest removed, if there was none or there is no room for it.
-fn restore_namespace(
-    loaded: Option<(Namespace, u64)>,
-    dir: &PrivateDir,
-    cache: &DiskCache,
-) -> Option<Namespace> {
-    let usable = loaded.filter(|(_, len)| cache.reserve_aux(*len));
-    let Some((ns, _)) = usable else {
-        let _ = dir.remove_file(MANIFEST);
-        return None;
+/// bytes; a manifest's room in the cache's bound); None, and the manifest
+/// removed, if there was none or there is no room for it.
+fn restore_namespace(loaded: Loaded, dir: &PrivateDir, cache: &DiskCache) -> Option<Namespace> {
+    let ns = match loaded {
+        Loaded::Attached(ns) => {
+            // The manifest on disk counts in the cache's bound, as the
+            // server before booked it.
+            let len = dir.stat(MANIFEST).map_or(0, |m| m.st_size as u64);
+            let _ = cache.reserve_aux(len);
+            ns.set_known_sink(cache.dataset_bytes_handle());
+            return Some(ns);
+        }
+        Loaded::Manifest(ns, len) if cache.reserve_aux(len) => ns,
+        _ => {
+            let _ = dir.remove_file(MANIFEST);
+            return None;
+        }
     };
     ns.set_known_sink(cache.dataset_bytes_handle());
     Some(ns)
@@ -877,9 +955,9 @@ impl ManifestSaver {
     }
 }
 
-/// Tells whoever waits (the --daemon parent, systemd) that the mount is live,
-/// then detaches a daemon child's output from the parent's pipes.
-fn announce_ready(summary: &str) {
+/// Tells whoever waits (the --daemon parent, systemd) that the mount is
+/// live, then detaches a daemon child's output from the parent's pipes.
+pub fn announce_ready(summary: &str) {
     crate::sys::sd_notify("READY=1");
     if std::env::var_os(READY_ENV).is_none() {
         return;
@@ -887,6 +965,16 @@ fn announce_ready(summary: &str) {
     let mut out = std::io::stdout();
     let _ = writeln!(out, "READY {summary}");
     let _ = out.flush();
+    detach_output();
+}
+
+/// In a `--daemon` child (or a server it started), points stdout and
+/// stderr (unless logs go to a file) at /dev/null: the parent that read
+/// them has gone once the mount is live.
+pub fn detach_output() {
+    if std::env::var_os(READY_ENV).is_none() {
+        return;
+    }
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         use std::os::fd::AsRawFd;
         // SAFETY: dup2 onto our own stdout/stderr descriptors.

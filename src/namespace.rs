@@ -46,6 +46,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
+use crate::shm::{Pod, Region, SharedState, ShmVec};
 use crate::source::{Acls, DirName, EntryKind, Source, SourceAttr, SourceVersion};
 use crate::source_guard::{is_timeout, timed_out};
 use crate::stats::Stats;
@@ -72,16 +73,25 @@ const AHEAD: u8 = 4;
 /// instead of a table of versions by inode in the open-file table: 24
 /// bytes plus a hash table's slack for every file ever opened.
 const OPENED: u8 = 8;
+/// `Node::flags`: the entry is in no directory run (it left the tree, and
+/// the kernel still holds it): a server that attaches to the shared state
+/// rebuilds each directory's runs from the nodes whose parent it is,
+/// without these.
+const DETACHED: u8 = 16;
+/// `Node::flags`: the entry is in its directory's side run (found by a
+/// lookup since the last listing), not the main one: the runs a new server
+/// rebuilds give every entry the readdir position it had.
+const SIDE: u8 = 32;
 /// `Node::flags`: the entry's POSIX ACLs were read from the source (none,
-/// unless `ACL_SOME`): kept, like the attributes, as the last known answer.
-const ACL_KNOWN: u8 = 16;
+/// unless `Inner::acls` holds one for it): kept, like the attributes, as
+/// the last known answer. The ACLs themselves live in this process only:
+/// a server that attaches to the shared state clears this bit and
+/// [`ACL_FRESH`] on every record, so that they are read again.
+const ACL_KNOWN: u8 = 64;
 /// `Node::flags`: the ACLs were read since the attributes last were (a
 /// fresh read of the attributes clears it): they are answered without
 /// asking the source while the attributes are fresh.
-const ACL_FRESH: u8 = 32;
-/// `Node::flags`: the entry has an ACL, held in `Inner::acls` (the only
-/// memory an ACL costs; an entry without one costs these bits).
-const ACL_SOME: u8 = 64;
+const ACL_FRESH: u8 = 128;
 /// `Node::checked` counts ticks of this many ms since the namespace started
 /// (u32: 2.2 years). Rounded down, so an entry is revalidated up to one tick
 /// early, never late.
@@ -89,12 +99,14 @@ const TICK_MS: u64 = 16;
 /// Dead name bytes below which the arena is never compacted.
 const COMPACT_MIN: usize = 1 << 20;
 
-/// One inode: 48 bytes, no heap of its own.
+/// One inode: 48 bytes, no heap of its own. It lives in the shared state
+/// (`shm`), so its layout is fixed (`repr(C)`).
 ///
 /// atime and ctime are not kept: both are answered as mtime (what rclone
 /// and mountpoint-s3 answer too; training loaders read neither). st_blocks
 /// is kept exactly, as a code (see [`blocks_code`]).
 #[derive(Debug)]
+#[repr(C)]
 struct Node {
     /// A file's size; a directory's index in `Inner::dirs` (`NO_DIR` when
     /// it has none), its size being kept in its `Dir`.
@@ -116,10 +128,42 @@ struct Node {
     blocks: u8,
     name_len: u8,
     kind: u8,
-    /// `GONE`, `UNKNOWN`, `AHEAD`, `OPENED`, `ACL_KNOWN`, `ACL_FRESH`,
-    /// `ACL_SOME`.
+    /// `GONE`, `UNKNOWN`, `AHEAD`, `OPENED`, `DETACHED`, `SIDE`,
+    /// `ACL_KNOWN`, `ACL_FRESH`.
     flags: u8,
 }
+
+// SAFETY: repr(C), plain integers (and an atomic integer), no padding.
+unsafe impl Pod for Node {}
+
+/// What a directory keeps in the shared state beside its node (by
+/// directory index): its size, and when it was last listed in full
+/// (`NEVER`: not since the mount). The rest of [`Dir`] is rebuilt.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct DirMeta {
+    size: u64,
+    listed_ms: u64,
+}
+
+// SAFETY: repr(C), two integers.
+unsafe impl Pod for DirMeta {}
+
+/// `DirMeta::listed_ms` of a directory not listed in full.
+const NEVER: u64 = u64::MAX;
+
+/// A source inode whose st_blocks is not its size rounded to a unit
+/// (`BLOCKS_OTHER`), as stored in the shared state: a log, the last entry
+/// of an inode wins.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct OddBlocks {
+    src_ino: u64,
+    blocks: u64,
+}
+
+// SAFETY: repr(C), two integers.
+unsafe impl Pod for OddBlocks {}
 
 impl Node {
     /// Whether the attributes were read from the source (not only listed).
@@ -225,6 +269,10 @@ const BLOCKS_OTHER: u8 = 255;
 /// number: n lookups of new names in a flat directory move O(n sqrt n)
 /// entries, not O(n^2). A lookup searches both runs; `readdir` positions
 /// count `children` first, then `side`.
+///
+/// `listed_ms` and `size` are copies of the directory's [`DirMeta`] in the
+/// shared state (written through by [`Inner::set_dir_meta`]); the runs are
+/// rebuilt from the nodes by a server that attaches ([`Inner::rebuild`]).
 #[derive(Debug, Default)]
 struct Dir {
     children: Vec<u32>,
@@ -373,23 +421,30 @@ type Class = [u32; 5];
 
 #[derive(Debug)]
 struct Inner {
+    /// The shared state the tables below live in (its header: the
+    /// intents, the live name arena).
+    state: Arc<SharedState>,
     /// Node of inode `i` at index `i - 1`.
-    nodes: Vec<Node>,
+    nodes: ShmVec<Node>,
     /// Every name, back to back.
-    names: Vec<u8>,
+    names: Names,
     /// Bytes of `names` no node uses any more.
     dead_names: usize,
     /// Entries that left the tree since the last sweep.
     unlinked: u64,
     dirs: Vec<Dir>,
+    /// Each directory's [`DirMeta`], by the same index as `dirs`.
+    dir_meta: ShmVec<DirMeta>,
     /// Directories of gone nodes, free for the next directory.
     free_dirs: Vec<u32>,
-    classes: Vec<Class>,
+    classes: ShmVec<Class>,
     class_ids: HashMap<Class, u32>,
     /// st_blocks of the source inodes whose blocks are not their size
     /// rounded to a unit (`BLOCKS_OTHER`): by source inode, which hard
     /// links share. Kept for the mount's life (one entry per such inode).
     odd_blocks: HashMap<u64, u64>,
+    /// `odd_blocks` as the shared state keeps it (a log).
+    odd_log: ShmVec<OddBlocks>,
     known_bytes: u64,
     /// Where `known_bytes` is published (the cache policy reads it).
     known_sink: Arc<AtomicU64>,
@@ -398,7 +453,8 @@ struct Inner {
     /// Child entries moved by inserts into, and merges of, directory runs
     /// (tests check that lookups are not quadratic).
     moves: u64,
-    /// The POSIX ACLs of the entries that have one (`ACL_SOME`), by inode:
+    /// The POSIX ACLs of the entries that have one, by inode (in this
+    /// process only: see [`ACL_KNOWN`]):
     /// one map entry per such entry, the values shared.
     acls: HashMap<u32, Arc<Acls>>,
     /// Every distinct ACL value held, each once (files under one default
@@ -417,33 +473,153 @@ fn too_many() -> io::Error {
     )
 }
 
+/// The name arena: two regions of the shared state, one live
+/// (`Header::names_active`), the other written by a compaction, then
+/// switched to.
+#[derive(Debug)]
+struct Names {
+    arenas: [ShmVec<u8>; 2],
+}
+
+impl Names {
+    fn active(&self) -> usize {
+        let h = self.arenas[0].state().header();
+        h.names_active.load(Ordering::Acquire) as usize & 1
+    }
+
+    fn live(&self) -> &ShmVec<u8> {
+        &self.arenas[self.active()]
+    }
+
+    fn len(&self) -> usize {
+        self.live().len()
+    }
+
+    fn get(&self, r: Range<usize>) -> Option<&[u8]> {
+        self.live().get(r)
+    }
+
+    fn extend_from_slice(&mut self, name: &[u8]) -> io::Result<()> {
+        let a = self.active();
+        self.arenas[a]
+            .extend_from_slice(name)
+            .map_err(|_| too_many())
+    }
+}
+
+/// The tables of the namespace in `state`, and nothing else of it (its
+/// derived indexes empty).
+fn tables(state: &Arc<SharedState>, known_sink: Arc<AtomicU64>) -> io::Result<Inner> {
+    let busy = || io::Error::other("the shared state's namespace is in use in this process");
+    Ok(Inner {
+        state: Arc::clone(state),
+        nodes: state.vec(Region::Nodes).ok_or_else(busy)?,
+        names: Names {
+            arenas: [
+                state.vec(Region::NamesA).ok_or_else(busy)?,
+                state.vec(Region::NamesB).ok_or_else(busy)?,
+            ],
+        },
+        dead_names: 0,
+        unlinked: 0,
+        dirs: Vec::new(),
+        dir_meta: state.vec(Region::Dirs).ok_or_else(busy)?,
+        free_dirs: Vec::new(),
+        classes: state.vec(Region::Classes).ok_or_else(busy)?,
+        class_ids: HashMap::new(),
+        odd_blocks: HashMap::new(),
+        odd_log: state.vec(Region::OddBlocks).ok_or_else(busy)?,
+        known_bytes: 0,
+        known_sink,
+        changes: 0,
+        moves: 0,
+        acls: HashMap::new(),
+        acl_values: HashSet::new(),
+        acl_values_pruned: 0,
+        no_acls: Arc::default(),
+    })
+}
+
 impl Inner {
-    fn new(known_sink: Arc<AtomicU64>, capacity: usize) -> Self {
-        Inner {
-            nodes: Vec::with_capacity(capacity),
-            names: Vec::new(),
-            dead_names: 0,
-            unlinked: 0,
-            dirs: Vec::new(),
-            free_dirs: Vec::new(),
-            classes: Vec::new(),
-            class_ids: HashMap::new(),
-            odd_blocks: HashMap::new(),
-            known_bytes: 0,
-            known_sink,
-            changes: 0,
-            moves: 0,
-            acls: HashMap::new(),
-            acl_values: HashSet::new(),
-            acl_values_pruned: 0,
-            no_acls: Arc::default(),
+    /// An empty namespace in `state`: whatever its tables held (a server
+    /// that died while it built a namespace there) is dropped.
+    fn new(state: &Arc<SharedState>, known_sink: Arc<AtomicU64>) -> io::Result<Self> {
+        let h = state.header();
+        h.ns_ready.store(0, Ordering::Release);
+        let mut inner = tables(state, known_sink)?;
+        inner.nodes.clear_and_release();
+        for a in &mut inner.names.arenas {
+            a.clear_and_release();
         }
+        inner.dir_meta.clear_and_release();
+        inner.classes.clear_and_release();
+        inner.odd_log.clear_and_release();
+        h.names_active.store(0, Ordering::Release);
+        h.names_switching.store(0, Ordering::Release);
+        h.intent_node.store(0, Ordering::Release);
+        h.intent_dir.store(0, Ordering::Release);
+        Ok(inner)
+    }
+
+    /// An empty namespace in a state of its own (nothing outlives it).
+    #[cfg(test)]
+    fn private(known_sink: Arc<AtomicU64>) -> Self {
+        let state = SharedState::create().expect("memfd for the namespace");
+        Inner::new(&state, known_sink).expect("a new state")
+    }
+
+    /// Writes a directory's size and listing time through to its
+    /// [`DirMeta`] in the shared state.
+    fn set_dir_meta(&mut self, d: u32, size: Option<u64>, listed_ms: Option<Option<u64>>) {
+        let Some(dir) = self.dirs.get_mut(d as usize) else {
+            return;
+        };
+        if let Some(s) = size {
+            dir.size = s;
+        }
+        if let Some(l) = listed_ms {
+            dir.listed_ms = l;
+        }
+        let meta = DirMeta {
+            size: dir.size,
+            listed_ms: dir.listed_ms.unwrap_or(NEVER),
+        };
+        if let Some(m) = self.dir_meta.get_mut(d as usize) {
+            *m = meta;
+        }
+    }
+
+    /// Marks `ino`'s record as in the middle of a change (until
+    /// [`Inner::done_node`]): a server that finds the mark when it attaches
+    /// reads the entry's attributes from the source again.
+    fn intend_node(&self, ino: u64) {
+        self.state.header().intent_node.store(ino, Ordering::SeqCst);
+        // (the record's stores come after the mark, also for the compiler)
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    fn done_node(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.state.header().intent_node.store(0, Ordering::SeqCst);
+    }
+
+    /// Marks directory `ino`'s runs as in the middle of a change (until
+    /// [`Inner::done_dir`]): a server that finds the mark when it attaches
+    /// lists the directory again before it trusts its runs.
+    fn intend_dir(&self, ino: u64) {
+        self.state.header().intent_dir.store(ino, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    fn done_dir(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.state.header().intent_dir.store(0, Ordering::SeqCst);
     }
 
     /// The ACLs the namespace holds for `ino` (none if it holds none).
     fn acls_of(&self, ino: u64) -> Arc<Acls> {
-        let some = self.node(ino).is_some_and(|n| n.flags & ACL_SOME != 0);
-        let held = some.then(|| self.acls.get(&(ino as u32))).flatten();
+        let live = self.node(ino).is_some();
+        let held = live.then(|| self.acls.get(&(ino as u32))).flatten();
         held.map_or_else(|| Arc::clone(&self.no_acls), Arc::clone)
     }
 
@@ -454,11 +630,9 @@ impl Inner {
         };
         n.flags |= ACL_KNOWN | ACL_FRESH;
         if acls.is_empty() {
-            n.flags &= !ACL_SOME;
             self.acls.remove(&(ino as u32));
             return Arc::clone(&self.no_acls);
         }
-        n.flags |= ACL_SOME;
         let value = match self.acl_values.get(&acls) {
             Some(v) => Arc::clone(v),
             None => {
@@ -546,27 +720,53 @@ impl Inner {
         n.known().then(|| self.attr(n))
     }
 
-    fn class(&mut self, a: &SourceAttr) -> u32 {
+    fn class(&mut self, a: &SourceAttr) -> io::Result<u32> {
         let key = [a.mode, a.uid, a.gid, a.nlink, a.rdev];
         if let Some(id) = self.class_ids.get(&key) {
-            return *id;
+            return Ok(*id);
         }
         let id = self.classes.len() as u32;
-        self.classes.push(key);
+        self.classes.push(key).map_err(|_| too_many())?;
         self.class_ids.insert(key, id);
-        id
+        Ok(id)
     }
 
     /// Stores `a` as the attributes of `ino`, checked at `now` (ms).
-    fn set_attr(&mut self, ino: u64, a: &SourceAttr, now: u64) {
-        let class = self.class(a);
+    fn set_attr(&mut self, ino: u64, a: &SourceAttr, now: u64) -> io::Result<()> {
+        let class = self.class(a)?;
         let blocks = blocks_code(a.size, a.blocks);
-        if blocks == BLOCKS_OTHER {
-            self.odd_blocks.insert(a.ino, a.blocks);
+        if blocks == BLOCKS_OTHER && self.odd_blocks.insert(a.ino, a.blocks) != Some(a.blocks) {
+            // (full: this mount still knows; a restarted server answers
+            // the size rounded up)
+            let _ = self.odd_log.push(OddBlocks {
+                src_ino: a.ino,
+                blocks: a.blocks,
+            });
         }
-        let Some(n) = self.node_mut(ino) else {
-            return;
-        };
+        if self.node(ino).is_none() {
+            return Ok(());
+        }
+        // Several stores to one record: marked until done.
+        self.intend_node(ino);
+        let dir_size = self.set_node_attr(ino, a, class, blocks, now);
+        if let Some(d) = dir_size {
+            self.set_dir_meta(d, Some(a.size), None);
+        }
+        self.done_node();
+        Ok(())
+    }
+
+    /// The stores of [`Inner::set_attr`] to the record (`checked` last);
+    /// a directory's index if its size is to be stored in its `DirMeta`.
+    fn set_node_attr(
+        &mut self,
+        ino: u64,
+        a: &SourceAttr,
+        class: u32,
+        blocks: u8,
+        now: u64,
+    ) -> Option<u32> {
+        let n = self.node_mut(ino)?;
         if !Namespace::is_version(n, &a.version()) {
             // The kernel's pages, if any, are of the old version. (A
             // directory or a listed, never stat-ed entry was never opened.)
@@ -576,7 +776,6 @@ impl Inner {
         n.mtime_ns = a.mtime_ns;
         n.src_ino = a.ino;
         n.class = class;
-        n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
         // The ACLs are read again after the attributes (the last known
         // ones stay, for when the source does not answer).
         n.flags &= !(UNKNOWN | AHEAD | ACL_FRESH);
@@ -585,14 +784,14 @@ impl Inner {
         if n.is_dir() == (a.kind == EntryKind::Dir) {
             n.kind = kind_code(a.kind);
         }
-        if n.is_dir() {
-            let d = n.dir() as usize;
-            if let Some(dir) = self.dirs.get_mut(d) {
-                dir.size = a.size;
-            }
+        let dir = if n.is_dir() {
+            Some(n.dir())
         } else {
             n.size = a.size;
-        }
+            None
+        };
+        n.checked = (now / TICK_MS).min(u32::MAX as u64) as u32;
+        dir
     }
 
     fn path(&self, mut ino: u64) -> Option<PathBuf> {
@@ -653,6 +852,13 @@ impl Inner {
         }
         merged.extend_from_slice(&main[from..]);
         self.moves += merged.len() as u64;
+        // (callers hold the directory's intent: the flags may be cleared
+        // one by one)
+        for s in &side {
+            if let Some(n) = self.node_mut(*s as u64) {
+                n.flags &= !SIDE;
+            }
+        }
         if let Some(dir) = self.dir_mut(ino) {
             dir.set_children(merged);
         }
@@ -666,10 +872,29 @@ impl Inner {
         self.changes += 1;
         self.known_bytes = (self.known_bytes + size(new)).saturating_sub(size(old));
         self.known_sink.store(self.known_bytes, Ordering::Relaxed);
+        self.state
+            .header()
+            .known_bytes
+            .store(self.known_bytes, Ordering::Relaxed);
     }
 
     /// A new inode `name` under `parent` (not linked into its listing).
     fn push(&mut self, parent: u64, name: &[u8], attr: SourceAttr, now: u64) -> io::Result<u64> {
+        self.push_flagged(parent, name, attr, now, 0)
+    }
+
+    /// [`Inner::push`] with `flags` set in the record from the start. The
+    /// record is whole (attributes, flags, a directory's `DirMeta`) before
+    /// the push that publishes it: a server that dies at any point leaves
+    /// no half-made entry.
+    fn push_flagged(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        attr: SourceAttr,
+        now: u64,
+        flags: u8,
+    ) -> io::Result<u64> {
         let name_len = u8::try_from(name.len())
             .map_err(|_| io::Error::from_raw_os_error(libc::ENAMETOOLONG))?;
         let name_off = u32::try_from(self.names.len()).map_err(|_| too_many())?;
@@ -679,37 +904,66 @@ impl Inner {
             return Err(too_many());
         }
         let parent = u32::try_from(parent).map_err(|_| too_many())?;
-        self.account(None, Some(&attr));
-        self.names.extend_from_slice(name);
+        let class = self.class(&attr)?;
+        let blocks = blocks_code(attr.size, attr.blocks);
+        if blocks == BLOCKS_OTHER
+            && self.odd_blocks.insert(attr.ino, attr.blocks) != Some(attr.blocks)
+        {
+            let _ = self.odd_log.push(OddBlocks {
+                src_ino: attr.ino,
+                blocks: attr.blocks,
+            });
+        }
+        // The name and the directory first; the node that uses them last
+        // (its push publishes it).
+        self.names.extend_from_slice(name)?;
         let dir = if attr.kind == EntryKind::Dir {
             match self.free_dirs.pop() {
-                Some(d) => d,
+                Some(d) => {
+                    self.dirs[d as usize] = Dir::default();
+                    self.set_dir_meta(d, Some(attr.size), Some(None));
+                    d
+                }
                 None => {
-                    self.dirs.push(Dir::default());
+                    self.dir_meta
+                        .push(DirMeta {
+                            size: attr.size,
+                            listed_ms: NEVER,
+                        })
+                        .map_err(|_| too_many())?;
+                    self.dirs.push(Dir {
+                        size: attr.size,
+                        ..Dir::default()
+                    });
                     (self.dirs.len() - 1) as u32
                 }
             }
         } else {
             NO_DIR
         };
-        self.nodes.push(Node {
+        let pushed = self.nodes.push(Node {
             // (a directory's index in `dirs`: see `Node::size`)
-            size: dir as u64,
-            mtime_ns: 0,
-            src_ino: 0,
+            size: if dir == NO_DIR { attr.size } else { dir as u64 },
+            mtime_ns: attr.mtime_ns,
+            src_ino: attr.ino,
             parent,
             name_off,
-            checked: 0,
+            checked: (now / TICK_MS).min(u32::MAX as u64) as u32,
             lookups: AtomicU32::new(0),
-            class: 0,
-            blocks: BLOCKS_ZERO,
+            class,
+            blocks,
             name_len,
             kind: kind_code(attr.kind),
-            flags: 0,
+            flags,
         });
-        let ino = self.nodes.len() as u64;
-        self.set_attr(ino, &attr, now);
-        Ok(ino)
+        if pushed.is_err() {
+            if dir != NO_DIR {
+                self.free_dirs.push(dir);
+            }
+            return Err(too_many());
+        }
+        self.account(None, Some(&attr));
+        Ok(self.nodes.len() as u64)
     }
 
     /// A new inode `name` under `parent` known only from a listing (its
@@ -721,9 +975,7 @@ impl Inner {
         kind: EntryKind,
         src_ino: u64,
     ) -> io::Result<u64> {
-        let ino = self.push(parent, name, placeholder(kind, src_ino), 0)?;
-        self.mark_unknown(ino);
-        Ok(ino)
+        self.push_flagged(parent, name, placeholder(kind, src_ino), 0, UNKNOWN)
     }
 
     /// The attributes of `ino` are not known (a listed entry, or one a
@@ -758,32 +1010,72 @@ impl Inner {
                     && (old.ino == attr.ino || listed)
                 {
                     self.account(Some(&old), Some(&attr));
-                    self.set_attr(ino, &attr, now);
+                    self.set_attr(ino, &attr, now)?;
                     Ok(ino)
                 } else {
                     // Replaced by another object: a new inode.
-                    self.account(Some(&old), None);
-                    let new = self.push(parent, name, attr, now)?;
-                    self.dir_mut(parent)
-                        .ok_or_else(enoent)?
-                        .set(slot, new as u32);
-                    self.unlinked(ino);
-                    Ok(new)
+                    self.intend_dir(parent);
+                    let r = self.replace_child(parent, name, slot, ino, &old, attr, now);
+                    self.done_dir();
+                    r
                 }
             }
             Err(i) => {
-                let new = self.push(parent, name, attr, now)?;
-                let dir = self.dir_mut(parent).ok_or_else(enoent)?;
-                let moved = dir.side.len() - i;
-                dir.side.insert(i, new as u32);
-                let full = dir.side_full();
-                self.moves += moved as u64;
-                if full {
-                    self.merge_side(parent);
-                }
-                Ok(new)
+                self.intend_dir(parent);
+                let r = self.insert_side(parent, name, i, attr, now);
+                self.done_dir();
+                r
             }
         }
+    }
+
+    /// The child `ino` at `slot` of `parent` is another object now: a new
+    /// inode takes its place in the run.
+    #[allow(clippy::too_many_arguments)]
+    fn replace_child(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        slot: Slot,
+        ino: u64,
+        old: &SourceAttr,
+        attr: SourceAttr,
+        now: u64,
+    ) -> io::Result<u64> {
+        self.account(Some(old), None);
+        let side = if matches!(slot, Slot::Side(_)) {
+            SIDE
+        } else {
+            0
+        };
+        let new = self.push_flagged(parent, name, attr, now, side)?;
+        self.dir_mut(parent)
+            .ok_or_else(enoent)?
+            .set(slot, new as u32);
+        self.unlinked(ino);
+        Ok(new)
+    }
+
+    /// A name new to `parent` goes into its side run at `i` (merged into
+    /// the main run when the side run is full).
+    fn insert_side(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        i: usize,
+        attr: SourceAttr,
+        now: u64,
+    ) -> io::Result<u64> {
+        let new = self.push_flagged(parent, name, attr, now, SIDE)?;
+        let dir = self.dir_mut(parent).ok_or_else(enoent)?;
+        let moved = dir.side.len() - i;
+        dir.side.insert(i, new as u32);
+        let full = dir.side_full();
+        self.moves += moved as u64;
+        if full {
+            self.merge_side(parent);
+        }
+        Ok(new)
     }
 
     /// Calls `f(parent, node)` for every node of the tree, that is every
@@ -861,7 +1153,9 @@ impl Inner {
             let ino = dir.remove(slot);
             let old = self.attr_of(ino as u64);
             self.account(old.as_ref(), None);
+            self.intend_dir(parent);
             self.unlinked(ino as u64);
+            self.done_dir();
         }
     }
 
@@ -920,6 +1214,9 @@ impl Inner {
     /// it (else when it forgets it).
     fn unlinked(&mut self, ino: u64) {
         self.unlinked += 1;
+        if let Some(n) = self.node_mut(ino) {
+            n.flags |= DETACHED;
+        }
         let unused = self
             .node(ino)
             .is_some_and(|n| n.lookups.load(Ordering::Relaxed) == 0);
@@ -955,11 +1252,10 @@ impl Inner {
         let Some(node) = self.nodes.get_mut(i).filter(|n| n.flags & GONE == 0) else {
             return;
         };
+        // GONE first: a server that attaches takes the record for gone
+        // whatever of the rest was done.
         node.flags |= GONE;
-        if node.flags & ACL_SOME != 0 {
-            node.flags &= !ACL_SOME;
-            self.acls.remove(&(ino as u32));
-        }
+        self.acls.remove(&(ino as u32));
         self.dead_names += node.name_len as usize;
         node.name_len = 0;
         let d = node.dir();
@@ -968,6 +1264,7 @@ impl Inner {
         }
         if let Some(dir) = self.dirs.get_mut(d as usize) {
             *dir = Dir::default();
+            self.set_dir_meta(d, Some(0), Some(None));
             self.free_dirs.push(d);
         }
         if self.dead_names >= COMPACT_MIN && self.dead_names * 2 >= self.names.len() {
@@ -975,17 +1272,229 @@ impl Inner {
         }
     }
 
-    /// Rewrites the name arena without the names of gone nodes.
+    /// Rewrites the name arena without the names of gone nodes: into the
+    /// other arena, then the records' offsets, then the switch. A server
+    /// killed while the offsets are rewritten finds `names_switching` set
+    /// and the other arena whole, and redoes the offsets
+    /// ([`Inner::finish_switch`]: they are the running sum of the lengths of
+    /// the records not gone, in record order).
     fn compact_names(&mut self) {
-        let mut names = Vec::with_capacity(self.names.len() - self.dead_names);
-        for n in self.nodes.iter_mut().filter(|n| n.flags & GONE == 0) {
+        let from = self.names.active();
+        let to = 1 - from;
+        let [a, b] = &mut self.names.arenas;
+        let (old, new) = if from == 0 { (&*a, b) } else { (&*b, a) };
+        new.clear_and_release();
+        for n in self.nodes.iter().filter(|n| n.flags & GONE == 0) {
             let at = n.name_off as usize;
-            let off = names.len() as u32;
-            names.extend_from_slice(&self.names[at..at + n.name_len as usize]);
-            n.name_off = off;
+            let name = old.get(at..at + n.name_len as usize).unwrap_or(&[]);
+            // (never full: the new arena is smaller than the old)
+            let _ = new.extend_from_slice(name);
         }
-        self.names = names;
+        let h = self.state.header();
+        h.names_switching.store(to as u32 + 1, Ordering::Release);
+        self.finish_switch(to);
         self.dead_names = 0;
+    }
+
+    /// Points every record not gone at its name in arena `to` (written
+    /// whole by a compaction; `names_switching` is `to + 1` meanwhile),
+    /// switches to it and frees the other.
+    fn finish_switch(&mut self, to: usize) {
+        let mut off = 0u32;
+        for n in self.nodes.iter_mut().filter(|n| n.flags & GONE == 0) {
+            n.name_off = off;
+            off += n.name_len as u32;
+        }
+        let h = self.state.header();
+        h.names_active.store(to as u32, Ordering::Release);
+        h.names_switching.store(0, Ordering::Release);
+        self.names.arenas[1 - to].clear_and_release();
+    }
+
+    /// Rebuilds what a server keeps beside the shared tables (each
+    /// directory's runs, the free directories, the interned classes' map,
+    /// the odd blocks' map, the byte counts) from the tables an earlier
+    /// server left, and undoes what it was in the middle of: a name
+    /// compaction is finished; an entry whose record was being changed is
+    /// read from the source again before it is answered; a directory whose
+    /// runs were being changed is listed again, its entries' attributes
+    /// revalidated. One pass over the records, then a sort of each run by
+    /// name (the records of a run are nearly in name order already: a
+    /// listing adds its new entries in order).
+    fn rebuild(&mut self) {
+        let h = Arc::clone(&self.state);
+        let h = h.header();
+        match h.names_switching.load(Ordering::Acquire) {
+            0 => {
+                // (a compaction that had not finished writing the other arena)
+                let other = 1 - self.names.active();
+                if !self.names.arenas[other].is_empty() {
+                    self.names.arenas[other].clear_and_release();
+                }
+            }
+            t => self.finish_switch((t - 1) as usize & 1),
+        }
+        let node_intent = h.intent_node.swap(0, Ordering::AcqRel);
+        let dir_intent = h.intent_dir.swap(0, Ordering::AcqRel);
+        if let Some(n) = self.node_mut(node_intent) {
+            n.flags |= UNKNOWN;
+            n.checked = 0;
+        }
+        self.dirs = self
+            .dir_meta
+            .iter()
+            .map(|m| Dir {
+                size: m.size,
+                listed_ms: (m.listed_ms != NEVER).then_some(m.listed_ms),
+                ..Dir::default()
+            })
+            .collect();
+        self.class_ids = self
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (*c, i as u32))
+            .collect();
+        self.odd_blocks = self.odd_log.iter().map(|o| (o.src_ino, o.blocks)).collect();
+        let mut used_dirs = vec![false; self.dirs.len()];
+        let (mut live_names, mut detached) = (0usize, 0u64);
+        for i in 0..self.nodes.len() {
+            let ino = i as u64 + 1;
+            // The ACLs the dead server held went with it: read again.
+            if let Some(n) = self.node_mut(ino) {
+                n.flags &= !(ACL_KNOWN | ACL_FRESH);
+            }
+            let n = &self.nodes[i];
+            if n.flags & GONE != 0 {
+                continue;
+            }
+            live_names += n.name_len as usize;
+            if n.is_dir() {
+                if let Some(u) = used_dirs.get_mut(n.dir() as usize) {
+                    *u = true;
+                }
+            }
+            if ino == ROOT {
+                continue;
+            }
+            // A child is younger than its parent, which is a live directory.
+            let parent = n.parent as u64;
+            let pd = self
+                .node(parent)
+                .filter(|p| parent < ino && p.is_dir())
+                .map(|p| p.dir() as usize);
+            let side = n.flags & SIDE != 0;
+            match pd.and_then(|d| self.dirs.get_mut(d)) {
+                Some(dir) if n.flags & DETACHED == 0 => {
+                    if side {
+                        dir.side.push(ino as u32);
+                    } else {
+                        dir.children.push(ino as u32);
+                    }
+                }
+                _ => {
+                    detached += 1;
+                    let n = &mut self.nodes[i];
+                    n.flags |= DETACHED;
+                    n.flags &= !SIDE;
+                }
+            }
+        }
+        // (stat-ahead was started by the dead server: not any more)
+        for n in self.nodes.iter_mut() {
+            n.flags &= !AHEAD;
+        }
+        self.free_dirs = used_dirs
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| !**u)
+            .map(|(d, _)| d as u32)
+            .collect();
+        self.dead_names = self.names.len().saturating_sub(live_names);
+        self.unlinked = detached;
+        self.known_bytes = h.known_bytes.load(Ordering::Relaxed);
+        self.known_sink.store(self.known_bytes, Ordering::Relaxed);
+        for d in 0..self.dirs.len() {
+            self.sort_runs(d);
+        }
+        if let Some(d) = self
+            .node(dir_intent)
+            .filter(|n| n.is_dir())
+            .map(|n| n.dir())
+        {
+            self.set_dir_meta(d, None, Some(None));
+            let kids: Vec<u32> = self.dirs[d as usize]
+                .children
+                .iter()
+                .chain(&self.dirs[d as usize].side)
+                .copied()
+                .collect();
+            for c in kids {
+                if let Some(n) = self.node_mut(c as u64) {
+                    n.checked = 0;
+                }
+            }
+        }
+        // (so that the manifest is saved again)
+        self.changes = 1;
+    }
+
+    /// Sorts directory `d`'s two runs by name, and keeps one entry of each
+    /// name (the oldest: a server killed as it replaced an entry left the
+    /// new one beside the old, never answered).
+    fn sort_runs(&mut self, d: usize) {
+        let mut main = std::mem::take(&mut self.dirs[d].children);
+        let mut side = std::mem::take(&mut self.dirs[d].side);
+        if main.is_empty() && side.is_empty() {
+            return;
+        }
+        let mut dropped = Vec::new();
+        for run in [&mut main, &mut side] {
+            run.sort_by(|a, b| {
+                self.name_of(*a as u64)
+                    .cmp(self.name_of(*b as u64))
+                    .then(a.cmp(b))
+            });
+            run.dedup_by(|later, earlier| {
+                let same = self.name_of(*later as u64) == self.name_of(*earlier as u64);
+                if same {
+                    dropped.push(*later);
+                }
+                same
+            });
+        }
+        if !main.is_empty() && !side.is_empty() {
+            // (the same name in both runs: the older entry stays, in its run)
+            let mut out_of_main = Vec::new();
+            side.retain(|s| {
+                let name = self.name_of(*s as u64);
+                match main.binary_search_by(|c| self.name_of(*c as u64).cmp(name)) {
+                    Ok(i) if main[i] < *s => {
+                        dropped.push(*s);
+                        false
+                    }
+                    Ok(i) => {
+                        out_of_main.push(i);
+                        true
+                    }
+                    Err(_) => true,
+                }
+            });
+            out_of_main.sort_unstable();
+            for i in out_of_main.into_iter().rev() {
+                dropped.push(main.remove(i));
+            }
+        }
+        for ino in dropped {
+            if let Some(n) = self.node_mut(ino as u64) {
+                n.flags |= DETACHED;
+                n.flags &= !SIDE;
+            }
+            self.unlinked += 1;
+        }
+        main.shrink_to_fit();
+        self.dirs[d].set_children(main);
+        self.dirs[d].side = side;
     }
 }
 
@@ -1104,7 +1613,21 @@ static STALE: crate::logging::RateLimit = crate::logging::RateLimit::new(60_000)
 impl Namespace {
     /// `known_sink` receives the total size of the files seen so far, as it
     /// changes (the cache policy measures "passes over the data set" by it).
+    /// The namespace lives in a shared state of its own: nothing of it
+    /// outlives this process (see [`Namespace::new_in`]).
     pub fn new(
+        source: Arc<dyn Source>,
+        revalidate: Option<Duration>,
+        known_sink: Arc<AtomicU64>,
+    ) -> io::Result<Self> {
+        Self::new_in(&SharedState::create()?, source, revalidate, known_sink)
+    }
+
+    /// A namespace of the source's root alone, built in `state` (whatever
+    /// namespace it held is dropped), where a server started after this
+    /// one dies finds it ([`Namespace::attach`]).
+    pub fn new_in(
+        state: &Arc<SharedState>,
         source: Arc<dyn Source>,
         revalidate: Option<Duration>,
         known_sink: Arc<AtomicU64>,
@@ -1116,19 +1639,76 @@ impl Namespace {
                 "the source is not a directory",
             ));
         }
-        let ns = Namespace {
+        let mut inner = Inner::new(state, known_sink)?;
+        inner.push(ROOT, b"", root, 0)?;
+        Ok(Self::ready(source, revalidate, Instant::now(), inner))
+    }
+
+    /// The namespace `inner` (whole) from now on, with its clock started at
+    /// `started`: published in the shared state as the one to attach to.
+    fn ready(
+        source: Arc<dyn Source>,
+        revalidate: Option<Duration>,
+        started: Instant,
+        inner: Inner,
+    ) -> Self {
+        let h = inner.state.header();
+        let age = started.elapsed().as_nanos() as u64;
+        h.started_mono_ns.store(
+            crate::shm::monotonic_ns().saturating_sub(age),
+            Ordering::Release,
+        );
+        h.ns_ready.store(1, Ordering::Release);
+        Namespace {
             listing_attrs: source.listing_carries_attrs(),
             acls_on: source.has_acls(),
             source,
             revalidate,
-            started: Instant::now(),
-            inner: RwLock::new(Inner::new(known_sink, 0)),
+            started,
+            inner: RwLock::new(inner),
             last_known: Mutex::default(),
             stats: None,
             relists: Mutex::default(),
-        };
-        ns.inner.write().push(ROOT, b"", root, 0)?;
-        Ok(ns)
+        }
+    }
+
+    /// The namespace an earlier server built in `state` (None if none was
+    /// finished there), as it left it: every inode number, name,
+    /// attribute, listing and kernel lookup count. Only the indexes
+    /// derived from the records are rebuilt ([`Inner::rebuild`], one pass
+    /// over the records); a change the server was in the middle of is
+    /// undone to what can be trusted (docs/architecture.md).
+    pub fn attach(
+        state: &Arc<SharedState>,
+        source: Arc<dyn Source>,
+        revalidate: Option<Duration>,
+        known_sink: Arc<AtomicU64>,
+    ) -> io::Result<Option<Self>> {
+        let h = state.header();
+        if h.ns_ready.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        let mut inner = tables(state, known_sink)?;
+        if inner.nodes.first().is_none_or(|n| !n.is_dir()) {
+            return Ok(None);
+        }
+        inner.rebuild();
+        let since =
+            crate::shm::monotonic_ns().saturating_sub(h.started_mono_ns.load(Ordering::Acquire));
+        let started = Instant::now()
+            .checked_sub(Duration::from_nanos(since))
+            .unwrap_or_else(Instant::now);
+        Ok(Some(Namespace {
+            listing_attrs: source.listing_carries_attrs(),
+            acls_on: source.has_acls(),
+            source,
+            revalidate,
+            started,
+            inner: RwLock::new(inner),
+            last_known: Mutex::default(),
+            stats: None,
+            relists: Mutex::default(),
+        }))
     }
 
     /// Rebuilds the namespace from a manifest saved `age` ago, if it is
@@ -1145,11 +1725,25 @@ impl Namespace {
         manifest: crate::manifest::Manifest,
         age: Duration,
     ) -> Option<Self> {
+        let state = SharedState::create().ok()?;
+        Self::restore_in(&state, source, revalidate, known_sink, manifest, age)
+    }
+
+    /// [`Namespace::restore`] built in `state` (see
+    /// [`Namespace::new_in`]).
+    pub fn restore_in(
+        state: &Arc<SharedState>,
+        source: Arc<dyn Source>,
+        revalidate: Option<Duration>,
+        known_sink: Arc<AtomicU64>,
+        manifest: crate::manifest::Manifest,
+        age: Duration,
+    ) -> Option<Self> {
         let started = Instant::now().checked_sub(age)?;
         if revalidate.is_some_and(|r| age >= r) {
             return None;
         }
-        let mut inner = Inner::new(known_sink, manifest.len());
+        let mut inner = Inner::new(state, known_sink).ok()?;
         let mut records = 0;
         for r in manifest.records() {
             records += 1;
@@ -1162,7 +1756,8 @@ impl Namespace {
                 inner.dir_mut(r.parent)?.children.push(ino as u32);
             }
             if r.listed {
-                inner.dir_mut(ino)?.listed_ms = Some(0);
+                let d = inner.node(ino)?.dir();
+                inner.set_dir_meta(d, None, Some(Some(0)));
             }
             if !r.known {
                 inner.mark_unknown(ino);
@@ -1184,17 +1779,7 @@ impl Namespace {
         }
         inner.dirs = dirs;
         inner.changes = 0;
-        Some(Namespace {
-            listing_attrs: source.listing_carries_attrs(),
-            acls_on: source.has_acls(),
-            source,
-            revalidate,
-            started,
-            inner: RwLock::new(inner),
-            last_known: Mutex::default(),
-            stats: None,
-            relists: Mutex::default(),
-        })
+        Some(Self::ready(source, revalidate, started, inner))
     }
 
     /// Reports the total size of the files seen to `sink` from now on
@@ -1754,7 +2339,7 @@ impl Namespace {
             return Err(enoent());
         }
         inner.account(Some(&old), Some(&attr));
-        inner.set_attr(ino, &attr, ask.at_ms);
+        inner.set_attr(ino, &attr, ask.at_ms)?;
         Ok(attr)
     }
 
@@ -1853,6 +2438,11 @@ impl Namespace {
         // The old listing, sorted by name (taken out; put back below).
         // (the side run merged in first: names found by lookups since the
         // last listing)
+        if inner.dir_of(ino).is_none() {
+            return Err(enoent());
+        }
+        // Many stores to the directory's entries: marked until done.
+        inner.intend_dir(ino);
         if inner.dir_of(ino).is_some_and(|d| !d.side.is_empty()) {
             inner.merge_side(ino);
         }
@@ -1897,7 +2487,9 @@ impl Namespace {
             if let Some(a) = &e.attr {
                 let prev = inner.attr_of(c);
                 inner.account(prev.as_ref(), Some(a));
-                inner.set_attr(c, a, now);
+                if let Err(e) = inner.set_attr(c, a, now) {
+                    warn!("{:?}: attributes of {name:?} not kept: {e}", path);
+                }
             }
             children.push(c as u32);
         }
@@ -1909,10 +2501,13 @@ impl Namespace {
         }
         children.shrink_to_fit();
         inner.changes += 1;
-        if let Some(dir) = inner.dir_mut(ino) {
-            dir.set_children(children);
-            dir.listed_ms = Some(now);
+        if let Some(d) = inner.node(ino).map(|n| n.dir()) {
+            if let Some(dir) = inner.dirs.get_mut(d as usize) {
+                dir.set_children(children);
+            }
+            inner.set_dir_meta(d, None, Some(Some(now)));
         }
+        inner.done_dir();
         Ok(())
     }
 
@@ -2296,9 +2891,124 @@ mod tests {
         (0..d.len()).map(|i| d.get(i).unwrap()).collect()
     }
 
+    /// What a new server makes of the tables `inner` leaves (dropped as a
+    /// killed server's is: only the shared state remains).
+    fn attached(inner: Inner) -> Inner {
+        let state = Arc::clone(&inner.state);
+        drop(inner);
+        let mut again = tables(&state, Arc::default()).unwrap();
+        again.rebuild();
+        again
+    }
+
+    /// The names of a directory's entries in readdir order.
+    fn names(inner: &Inner, ino: u64) -> Vec<String> {
+        run(inner, ino)
+            .iter()
+            .map(|c| String::from_utf8_lossy(inner.name_of(*c as u64)).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_name_compaction_killed_half_way_is_finished_by_the_next_server() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let mut inos = Vec::new();
+        for i in 0..200u64 {
+            let name = format!("{i:0>200}");
+            let ino = inner
+                .upsert_child(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i), 0)
+                .unwrap();
+            inos.push((name, ino));
+        }
+        // Half of them gone (not held by the kernel, out of the tree).
+        for (name, _) in inos.iter().step_by(2) {
+            inner.remove_child(ROOT, name.as_bytes());
+        }
+        let (len, dead) = (inner.names.len(), inner.dead_names);
+        assert!(dead > 0 && len > dead);
+        let before = names(&inner, ROOT);
+        // Killed after the other arena was written whole and half of the
+        // offsets were rewritten: what compact_names does, cut short.
+        let to = 1 - inner.names.active();
+        let live: Vec<Vec<u8>> = inner
+            .nodes
+            .iter()
+            .filter(|n| n.flags & GONE == 0)
+            .map(|n| inner.name(n).to_vec())
+            .collect();
+        for name in &live {
+            inner.names.arenas[to].extend_from_slice(name).unwrap();
+        }
+        inner
+            .state
+            .header()
+            .names_switching
+            .store(to as u32 + 1, Ordering::Release);
+        let mut off = 0;
+        for n in inner
+            .nodes
+            .iter_mut()
+            .take(50)
+            .filter(|n| n.flags & GONE == 0)
+        {
+            n.name_off = off;
+            off += n.name_len as u32;
+        }
+        let again = attached(inner);
+        assert_eq!(again.names.active(), to);
+        assert_eq!(again.names.len(), live.iter().map(Vec::len).sum::<usize>());
+        let after = names(&again, ROOT);
+        assert_eq!(after.len(), before.len());
+        for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+            assert_eq!(a, b, "entry {i}");
+        }
+        for (name, ino) in inos.iter().skip(1).step_by(2) {
+            let dir = again.dir_of(ROOT).unwrap();
+            assert_eq!(again.child(dir, name.as_bytes()), Some(*ino));
+        }
+    }
+
+    #[test]
+    fn a_change_killed_half_way_is_undone_to_what_can_be_trusted() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let d = inner
+            .upsert_child(ROOT, b"d", attr(EntryKind::Dir, 2), 5000)
+            .unwrap();
+        let a = inner
+            .upsert_child(d, b"a", attr(EntryKind::File, 3), 5000)
+            .unwrap();
+        let b = inner
+            .upsert_child(ROOT, b"b", attr(EntryKind::File, 4), 5000)
+            .unwrap();
+        let dm = inner.node(d).unwrap().dir();
+        inner.set_dir_meta(dm, None, Some(Some(5000)));
+        // Killed while replacing `a` by another object: the new record is
+        // pushed, not yet in the run; and while `b`'s record was changed.
+        inner.intend_dir(d);
+        let twin = inner
+            .push_flagged(d, b"a", attr(EntryKind::File, 30), 6000, 0)
+            .unwrap();
+        inner.intend_node(b);
+        let again = attached(inner);
+        // One `a`: the one the kernel may know (the older), the other out.
+        assert_eq!(run(&again, d), vec![a as u32]);
+        assert!(again.node(twin).unwrap().flags & DETACHED != 0);
+        // The directory is listed again before it is trusted, its entries'
+        // attributes revalidated, and `b` stat-ed before it is answered.
+        assert_eq!(again.dir_of(d).unwrap().listed_ms, None);
+        assert_eq!(again.node(a).unwrap().checked, 0);
+        assert!(!again.node(b).unwrap().known());
+        assert!(again.node(d).unwrap().known());
+        let h = again.state.header();
+        assert_eq!(h.intent_dir.load(Ordering::Relaxed), 0);
+        assert_eq!(h.intent_node.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn only_entries_with_an_acl_hold_one_and_equal_acls_are_held_once() {
-        let mut inner = Inner::new(Arc::default(), 0);
+        let mut inner = Inner::private(Arc::default());
         inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
         let files: Vec<u64> = (0..100u64)
             .map(|i| {
@@ -2336,7 +3046,9 @@ mod tests {
         // when the source does not answer) but marks it to be read again.
         let n = |inner: &Inner, f: u64| inner.node(f).unwrap().flags;
         assert_ne!(n(&inner, files[52]) & ACL_FRESH, 0);
-        inner.set_attr(files[52], &attr(EntryKind::File, 62), 100);
+        inner
+            .set_attr(files[52], &attr(EntryKind::File, 62), 100)
+            .unwrap();
         assert_eq!(n(&inner, files[52]) & (ACL_FRESH | ACL_KNOWN), ACL_KNOWN);
         assert_eq!(
             inner.acls_of(files[52]).access.as_deref(),
@@ -2356,7 +3068,7 @@ mod tests {
 
     #[test]
     fn attributes_round_trip_through_the_48_byte_record() {
-        let mut inner = Inner::new(Arc::default(), 0);
+        let mut inner = Inner::private(Arc::default());
         let mut root = attr(EntryKind::Dir, 1);
         (root.size, root.blocks, root.mtime_ns) = (4096, 8, 1_700_000_000_123_456_789);
         inner.push(ROOT, b"", root, 0).unwrap();
@@ -2394,7 +3106,7 @@ mod tests {
         let got = inner.attr_of(sub).unwrap();
         assert_eq!((got.size, got.blocks), (12288, 24));
         (d.size, d.blocks) = (4096, 8);
-        inner.set_attr(sub, &d, 1);
+        inner.set_attr(sub, &d, 1).unwrap();
         assert_eq!(inner.attr_of(sub).unwrap().size, 4096);
         assert_eq!(run(&inner, sub), vec![sub as u32 + 1]);
         assert_eq!(inner.attr_of(ROOT).unwrap().size, 4096);
@@ -2449,7 +3161,7 @@ mod tests {
                 1 => format!("ILSVRC2012_val_{i:08}.JPEG"),
                 _ => format!("img_{}_{i:06}", i % 7),
             };
-            let mut inner = Inner::new(Arc::default(), 0);
+            let mut inner = Inner::private(Arc::default());
             inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
             let mut model = std::collections::BTreeMap::new();
             let mut kids = Vec::new();
@@ -2498,7 +3210,7 @@ mod tests {
 
     #[test]
     fn lookups_of_new_names_in_a_directory_never_listed_are_not_quadratic() {
-        let mut inner = Inner::new(Arc::default(), 0);
+        let mut inner = Inner::private(Arc::default());
         inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
         let n: u64 = 20_000;
         // Every name once, in a scrambled order (7919 is prime to n).

@@ -107,6 +107,35 @@ pub struct Stats {
     /// longer or shorter than the range asked, a listing page past its
     /// bound or repeating its continuation token); each failed its call.
     pub source_bad_replies: ViewSlot<u64>,
+    /// The serving process, the one holding the mount, and the restarts.
+    pub process: ViewSlot<ProcessSnapshot>,
+}
+
+/// The processes behind a mount: the one serving it now, the one that
+/// holds it (and starts a server again when one dies), and the restarts
+/// so far (filled from the shared state, `supervisor`). The counters of
+/// this snapshot count from the serving process's start.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessSnapshot {
+    /// The serving process.
+    #[serde(default)]
+    pub pid: u32,
+    /// The process that holds the mount.
+    #[serde(default)]
+    pub supervisor_pid: u32,
+    /// Servers started after the first: crashes, kills, the watchdog's
+    /// replacements, takeovers.
+    #[serde(default)]
+    pub restarts: u64,
+    /// When the last one was started (Unix seconds); None without one.
+    #[serde(default)]
+    pub last_restart: Option<f64>,
+    /// Why: `signal`, `exit`, `watchdog` or `takeover`.
+    #[serde(default)]
+    pub last_restart_reason: Option<String>,
+    /// The signal that killed the server replaced, or its exit status.
+    #[serde(default)]
+    pub last_restart_detail: Option<i32>,
 }
 
 /// The budget that every mount of one cache directory shares (filled from
@@ -273,6 +302,7 @@ impl Default for Stats {
             source_skipped: ViewSlot::default(),
             source_throttled: ViewSlot::default(),
             source_bad_replies: ViewSlot::default(),
+            process: ViewSlot::default(),
         }
     }
 }
@@ -386,6 +416,9 @@ pub struct StatsSnapshot {
     /// The cache directory's shared budget.
     #[serde(flatten, default)]
     pub budget: BudgetSnapshot,
+    /// The serving and holding processes, and the restarts.
+    #[serde(flatten, default)]
+    pub process: ProcessSnapshot,
     /// Bytes of blocks in the memory tier: for the exporter, not part of
     /// the JSON schema (always 0 in a snapshot read from a mount).
     #[serde(skip)]
@@ -453,6 +486,7 @@ impl Stats {
             peers: self.peers.get(),
             read_ahead: self.read_ahead.get(),
             budget: self.budget.get(),
+            process: self.process.get(),
             memory_cache_bytes: self.memory_cache.get(),
         }
     }
@@ -510,11 +544,33 @@ impl StatsSnapshot {
         )
     }
 
+    /// The serving and holding processes and the restarts, in one line.
+    fn process_line(&self) -> String {
+        let p = &self.process;
+        let mut line = format!(
+            "server {} (held by {}), {} restarts",
+            p.pid, p.supervisor_pid, p.restarts
+        );
+        if let (Some(at), Some(why)) = (p.last_restart, &p.last_restart_reason) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(at);
+            line += &format!(
+                ", the last {:.0} s ago ({why} {})",
+                (now - at).max(0.0),
+                p.last_restart_detail.unwrap_or(0)
+            );
+        }
+        line
+    }
+
     /// The short human table of `locafs stats`.
     pub fn table(&self) -> String {
         let mut rows: Vec<(&str, String)> = vec![
             ("mount", format!("{} <- {}", self.mountpoint, self.source)),
             ("uptime", format!("{:.0} s", self.uptime_s)),
+            ("processes", self.process_line()),
             (
                 "cache",
                 format!(

@@ -162,7 +162,7 @@ pub fn is_mountpoint(p: &Path) -> bool {
 
 /// The /proc/self/mountinfo line of the mount whose root is `p` (the last
 /// one if several are stacked).
-fn mountinfo_line(p: &Path) -> Option<String> {
+pub fn mountinfo_line(p: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let target = p.as_os_str().as_bytes();
     info.lines()

@@ -10,7 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A size or duration that does not parse: what was written and why (one
 /// line, without the option's name: the caller knows it).
@@ -54,6 +54,14 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+/// Written back as a plain number of bytes (what [`parse_size`] reads):
+/// the options a holder hands its server (`config::serving_toml`).
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.to_string())
+    }
+}
+
 /// A length of time, written as [`parse_duration`] reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Span(pub Duration);
@@ -71,6 +79,13 @@ impl<'de> Deserialize<'de> for Span {
         String::deserialize(d)?
             .parse()
             .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Written back in milliseconds (what [`parse_duration`] reads).
+impl Serialize for Span {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}ms", self.0.as_nanos() as f64 / 1e6))
     }
 }
 

@@ -319,10 +319,11 @@ fn a_source_whose_server_is_stopped_does_not_freeze_a_real_mount() {
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(fs::metadata(mnt.join("late.bin")).unwrap().len(), 100_000);
     let listing = (listing(&mnt), listing(&mnt.join("sub")));
-    let pid = m.pid().unwrap();
+    // (the serving processes, not the ones holding the mounts)
+    let pid = common::restart::server_pid(&mnt).unwrap();
     let threads_before = threads(pid).expect("Threads of the daemon");
 
-    let server_pid = server.pid().unwrap();
+    let server_pid = common::restart::server_pid(&server.mnt).unwrap();
     signal(server_pid, Signal::STOP).unwrap();
     let cont = ResumeOnDrop(server_pid);
     let resume = move || {

@@ -70,6 +70,20 @@ fn cargo_deb_package_installs_and_runs() {
         assert!(list.contains(f), "{f} missing from the package:\n{list}");
     }
 
+    // An upgrade restarts the running locafs@ units (their mounts stay:
+    // systemd's file descriptor store), never inside a --root install.
+    let postinst = Command::new("dpkg-deb")
+        .arg("-I")
+        .arg(&deb)
+        .arg("postinst")
+        .output()
+        .unwrap();
+    let postinst = String::from_utf8_lossy(&postinst.stdout);
+    assert!(
+        postinst.contains("systemctl try-restart") && postinst.contains("DPKG_ROOT"),
+        "{postinst}"
+    );
+
     // dpkg -i into a scratch root with its own dpkg database.
     let sys = tempfile::tempdir().unwrap();
     let db = sys.path().join("var/lib/dpkg");

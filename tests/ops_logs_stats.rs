@@ -90,6 +90,10 @@ fn stats_json_schema_and_watch() {
         "cache_budget_effective_bytes",
         "cache_dir_used_bytes",
         "cache_grant_bytes",
+        // The processes: the server, its holder, the restarts.
+        "pid",
+        "supervisor_pid",
+        "restarts",
     ];
     for k in strings {
         assert!(obj[k].is_string(), "{k}: {v}");
@@ -110,9 +114,16 @@ fn stats_json_schema_and_watch() {
     // This mount's own share of the cache directory.
     assert!(obj["cache_shares"].as_array().is_some_and(|p| p.len() == 1));
     assert!(obj["uptime_s"].is_f64());
+    // No restart yet: the last one's time, reason and detail are null; the
+    // server is not its holder.
+    for k in ["last_restart", "last_restart_reason", "last_restart_detail"] {
+        assert!(obj[k].is_null(), "{k}: {v}");
+    }
+    assert_eq!(obj["restarts"], 0, "{v}");
+    assert_ne!(obj["pid"], obj["supervisor_pid"], "{v}");
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 8,
+        strings.len() + counts.len() + 11,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();

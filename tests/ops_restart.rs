@@ -4,8 +4,9 @@
 //! cache (the kernel still answers `stat` from the attributes it cached, so
 //! the dead mount is recognised by what it cannot cache: `dead_mount`).
 //! And what a restart must leave alone: a locafs mount whose daemon is
-//! stopped (reported, exit 2, without hanging), a live locafs mount, and a
-//! mount of another type.
+//! stopped (reported, exit 2, without hanging), a live locafs mount (the
+//! same command takes it over, without taking it away; another data set
+//! is refused), and a mount of another type.
 //!
 //! The same through systemd's `Restart=on-failure` is in tests/ops_systemd.rs.
 
@@ -154,10 +155,13 @@ fn a_stopped_daemon_is_reported_and_left_alone() {
     guard.pids.push(pid);
     assert!(run("stat", &sc.mnt).status.success());
 
+    // The daemon is the mount's holder (its serving process goes on
+    // answering: the mount is alive, and the same command asks the holder
+    // for a takeover, which it cannot answer).
     signal(pid, Signal::STOP).unwrap();
     let _resume = ResumeOnDrop(pid);
     // The same command must neither hang on the stopped daemon nor take
-    // its mount away: exit 2 and what to do. (Run in a thread so that a
+    // its mount away: exit 2 and what it found. (Run in a thread so that a
     // hang fails the test instead of blocking it.)
     let child = Command::new(bin())
         .arg("mount")
@@ -199,7 +203,6 @@ fn a_stopped_daemon_is_reported_and_left_alone() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("does not answer"), "{err}");
-    assert!(err.contains("umount -l"), "{err}");
     signal(pid, Signal::CONT).unwrap();
     // Its mount is still there and serves again.
     assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
@@ -219,14 +222,41 @@ fn a_live_mount_and_other_mounts_are_not_touched() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let pid = daemon_pid(&sc);
     guard.pids.push(pid);
+    // The same command over the live mount takes it over (issue 35: an
+    // upgrade or new options): the mount is never taken away, the daemon
+    // before hands it over and exits.
     let out = mount_daemon(&sc);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // (the lock file still names the holder that took the lock: the lock
+    // itself was handed over)
+    let pid2 = stats_of(&sc.mnt)["supervisor_pid"].as_u64().unwrap() as u32;
+    guard.pids.push(pid2);
+    assert_ne!(pid2, pid);
+    wait_until("the daemon before to exit", Duration::from_secs(20), || {
+        !alive(pid)
+    });
+    assert_eq!(mount_type(&sc.mnt).as_deref(), Some("fuse.locafs"));
+    let stacked = mountinfo().iter().filter(|m| m.point == sc.mnt).count();
+    assert_eq!(stacked, 1);
+    sc.check_files_through_mount();
+    // Another data set (another cache) over it is refused (its holder is
+    // not this mount's), and the mount is untouched.
+    let other_cache = sc.dir.path().join("other-cache");
+    let out = Command::new(bin())
+        .arg("mount")
+        .arg(&sc.src)
+        .arg(&sc.mnt)
+        .arg("--cache-dir")
+        .arg(&other_cache)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("something is already mounted there"),
+        text(&out.stderr).contains("a locafs mount is live there"),
         "{}",
         text(&out.stderr)
     );
-    assert!(alive(pid));
+    assert!(alive(pid2));
     sc.check_files_through_mount();
     drop(guard);
 

@@ -177,7 +177,8 @@ fn a_flood_from_one_host_and_a_reader_that_never_reads_neither_starve_an_honest_
     for n in [&target, &honest] {
         n.wait_peers_in_state(&peers, &["up", "self"], Duration::from_secs(20));
     }
-    let pid = target.pid().unwrap();
+    // (the serving process, not the one holding the mount)
+    let pid = common::restart::server_pid(&target.mountpoint).unwrap();
     eprintln!("target before: (VmRSS, VmHWM) {:?}", memory_of(pid));
 
     let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(

@@ -733,7 +733,8 @@ fn an_accept_that_fails_pauses_instead_of_spinning() {
         };
         UnixStream::connect_addr(&addr).expect("connect")
     };
-    let pid = m.pid().unwrap();
+    // The serving process (the control socket is its; `m` is the holder).
+    let pid = common::restart::server_pid(&s.mnt).unwrap();
     let open_fds = || fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as u64;
     use rustix::process::{prlimit, Pid, Resource, Rlimit};
     let p = Pid::from_raw(pid as i32);
@@ -818,7 +819,8 @@ fn a_source_that_does_not_answer_at_start_ends_the_mount_command() {
         &server_cache,
         &["--no-readahead", "--no-passthrough", "--revalidate", "0s"],
     );
-    let server_pid = server.pid().unwrap();
+    // (its serving process: stopping its holder would stop nothing)
+    let server_pid = common::restart::server_pid(&server_mnt).unwrap();
     signal(server_pid, Signal::STOP).unwrap();
     let cont = ResumeOnDrop(server_pid);
     for daemon in [false, true] {

@@ -263,7 +263,15 @@ pub trait CompleteFiles: Send + Sync + 'static {
     fn pin_complete(&self, _file: &FileVersion) -> bool {
         false
     }
-    /// Gives back one pin taken by `open_complete` or `pin_complete`.
+    /// Pins a file the kernel already reads through a passthrough backing
+    /// that an earlier server of this mount registered (a server restarted
+    /// over a live mount): it was verified before that open, so only its
+    /// being whole is checked. False if it is not.
+    fn pin_in_use(&self, file: &FileVersion) -> bool {
+        self.pin_complete(file)
+    }
+    /// Gives back one pin taken by `open_complete`, `pin_complete` or
+    /// `pin_in_use`.
     fn unpin(&self, file: &FileVersion);
     /// What to call with a version's key when its cached file is deleted or
     /// loses a block, so that nobody keeps reading it as complete (kept

@@ -1,6 +1,6 @@
 //! The command line: clap's types for every subcommand and the front ends of
 //! `locafs stats` ([`stats`]), `warm` and `plan` ([`control`]); `mount` hands
-//! over to `mount::main`. Called as `mount.fuse.locafs`, the binary is its
+//! over to `supervisor::entry::main`. Called as `mount.fuse.locafs`, the binary is its
 //! own mount(8) helper ([`mount_helper`]). The library below does not import this module:
 //! the command line depends on the library, never the other way round.
 //!
@@ -86,6 +86,10 @@ pub enum Command {
     /// See and clean the cache directory that many data sets share:
     /// `cache ls`, `cache rm DATASET`, `cache gc --older-than 30d --to 500G`.
     Cache(CacheArgs),
+    /// The serving process of a mount, started by `locafs mount` (which
+    /// holds the mount and starts another when one dies): not for users.
+    #[command(name = "__serve", hide = true)]
+    Serve,
 }
 
 /// Arguments of `locafs mount`: what to mount (resolved by
@@ -111,12 +115,13 @@ pub fn main() -> ExitCode {
         Err(e) => return parse_error(e),
     };
     match cli.command {
-        Command::Mount(args) => crate::mount::main(args.request, args.daemon),
+        Command::Mount(args) => crate::supervisor::entry::main(args.request, args.daemon),
         Command::Stats(args) => stats::main(args),
         Command::Warm(args) => control::warm(args),
         Command::Plan(args) => control::plan(args),
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
+        Command::Serve => crate::supervisor::serve_main(),
         Command::Secret(args) => secret::main(args),
     }
 }
@@ -124,11 +129,14 @@ pub fn main() -> ExitCode {
 /// A command whose reader went away (`locafs where MNT | head -1`) ends
 /// quietly, as Unix tools do: SIGPIPE gets its default action back (Rust
 /// ignores it, and `println!` then panics on EPIPE), for every command but
-/// `mount`, whose daemon writes to sockets (peers, metrics, the control
+/// `mount` (and its `__serve`), whose daemon writes to sockets (peers, metrics, the control
 /// socket) and must never die of a client that went away; what `mount`
 /// prints, it prints ignoring errors.
 fn quiet_on_closed_pipes(command: Option<&std::ffi::OsStr>) {
-    if command == Some(std::ffi::OsStr::new("mount")) {
+    // (`__serve`: the process serving a mount, which `mount` starts)
+    if command == Some(std::ffi::OsStr::new("mount"))
+        || command == Some(std::ffi::OsStr::new("__serve"))
+    {
         return;
     }
     // SAFETY: sets the disposition of one signal, before any thread exists.

@@ -117,6 +117,9 @@ fn update(s: &StatsSnapshot) {
     counter!("locafs_cache_corrupt_blocks_total").absolute(s.corrupt_blocks);
     gauge!("locafs_memory_cache_bytes").set(s.memory_cache_bytes as f64);
     gauge!("locafs_open_handles").set(s.open_handles as f64);
+    let p = &s.process;
+    counter!("locafs_restarts_total").absolute(p.restarts);
+    gauge!("locafs_last_restart_time_seconds").set(p.last_restart.unwrap_or(0.0));
     gauge!("locafs_passthrough_kept").set(s.passthrough_kept as f64);
     counter!("locafs_opens_total").absolute(s.opens);
     counter!("locafs_passthrough_opens_total").absolute(s.passthrough_opens);

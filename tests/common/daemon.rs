@@ -307,6 +307,18 @@ impl Mount {
         })
     }
 
+    /// A guard over a holder process started some other way (the restart
+    /// tests' role processes), with its stderr in `stderr_path` (removed
+    /// on drop).
+    pub fn adopt(child: Child, mnt: &Path, stderr_path: PathBuf) -> Mount {
+        Mount {
+            child: Some(child),
+            mnt: mnt.to_owned(),
+            stderr_path,
+            keep_stderr: false,
+        }
+    }
+
     /// Waits (at most `limit`) until a FUSE mount shows on the mountpoint;
     /// an error with the daemon's stderr if it exits first or never does.
     pub fn wait_mounted(&mut self, limit: Duration) -> Result<(), String> {

@@ -36,6 +36,9 @@
 //!   fill its containers.
 //! - [`gcs`]: a GCS emulator (fake-gcs-server) and a client to fill its
 //!   buckets.
+//! - [`restart`]: the serving process of a mount (find it, kill it, wait
+//!   for its replacement), and mounts whose holder and servers are the
+//!   test binary in a role, with a gate that stops a server mid-request.
 //! - [`proxy`]: an HTTP proxy before it that counts GETs per key and adds
 //!   latency, a bandwidth cap, 503 SlowDown answers or a stall.
 //! - [`hostile`]: a hostile object store (S3, GCS's XML API and Azure
@@ -60,6 +63,7 @@ pub mod netns;
 pub mod pki;
 pub mod prom;
 pub mod proxy;
+pub mod restart;
 pub mod s3;
 pub mod s3s;
 pub mod server;

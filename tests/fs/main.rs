@@ -19,18 +19,21 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fakes::{Backing, Kernel, MemCache, MemComplete, MemSource};
 use locafs::cache::{FileVersion, VersionKey};
-use locafs::fs::{DirPlusReply, DirReply, FsCore, FsOptions, OpenReply, Opened, STATS_XATTR};
+use locafs::fs::{
+    DirPlusReply, DirReply, FsCore, FsOptions, HandleJournal, OpenReply, Opened, Restored,
+    STATS_XATTR,
+};
 use locafs::handles::OpenMode;
 use locafs::namespace::{Namespace, ROOT};
 use locafs::prefetch::{ReadAhead, ReadAheadConfig};
 use locafs::reader::{Reader, ReaderConfig};
-use locafs::source::{EntryKind, SourceAttr};
+use locafs::source::{EntryKind, SourceAttr, SourceVersion};
 use locafs::stats::Stats;
 
 const BS: u64 = 4096;
@@ -53,6 +56,8 @@ struct Harness {
 struct OpenTx {
     kernel: Arc<Kernel>,
     tx: mpsc::Sender<io::Result<Opened<Backing>>>,
+    /// The request's id (0: none).
+    unique: u64,
 }
 
 impl OpenReply<Backing> for OpenTx {
@@ -61,6 +66,23 @@ impl OpenReply<Backing> for OpenTx {
     }
     fn done(self, r: io::Result<Opened<Backing>>) {
         let _ = self.tx.send(r);
+    }
+    fn request_id(&self) -> u64 {
+        self.unique
+    }
+}
+
+/// Handles the core recorded (a server's journal in the shared state):
+/// (fh, ino, request id) of the live ones.
+#[derive(Default)]
+struct Journal(Mutex<Vec<(u64, u64, u64)>>);
+
+impl HandleJournal<Backing> for Journal {
+    fn opened(&self, fh: u64, ino: u64, _v: &SourceVersion, _m: &OpenMode<Backing>, unique: u64) {
+        self.0.lock().unwrap().push((fh, ino, unique));
+    }
+    fn released(&self, fh: u64) {
+        self.0.lock().unwrap().retain(|h| h.0 != fh);
     }
 }
 
@@ -242,10 +264,21 @@ impl Harness {
     }
 
     fn open_rx(&self, ino: u64, write: bool) -> mpsc::Receiver<io::Result<Opened<Backing>>> {
+        self.open_rx_id(ino, write, 0)
+    }
+
+    /// An open by request `unique`.
+    fn open_rx_id(
+        &self,
+        ino: u64,
+        write: bool,
+        unique: u64,
+    ) -> mpsc::Receiver<io::Result<Opened<Backing>>> {
         let (tx, rx) = mpsc::channel();
         let reply = OpenTx {
             kernel: Arc::clone(&self.kernel),
             tx,
+            unique,
         };
         self.fs.open(ino, write, reply);
         rx
@@ -436,6 +469,49 @@ fn a_cached_file_opens_in_passthrough_with_one_pin_and_its_backing_is_kept_after
     h.fs.release(w.fh);
     assert_eq!(h.complete.all_pins(), 0);
     assert!(!h.complete.unpin_underflow.load(SeqCst));
+}
+
+/// A server killed after it recorded a handle and before the kernel got
+/// the OPEN's reply: the next server puts the handle back, and the OPEN the
+/// kernel sends again (its id with the resend bit) gets that handle, not a
+/// second one that nothing would ever release.
+#[test]
+fn an_open_sent_again_after_a_restart_gets_the_handle_made_for_it() {
+    const RESEND: u64 = 1 << 63;
+    let src = MemSource::new();
+    let a = data(3 * BS as usize, 4);
+    src.write("a", &a);
+    let h = Harness::new(src.clone(), None);
+    let journal = Arc::new(Journal::default());
+    h.fs.set_journal(journal.clone());
+    let ino = h.ino("a");
+    let x = wait(h.open_rx_id(ino, false, 77)).unwrap();
+    assert_eq!(*journal.0.lock().unwrap(), vec![(x.fh, ino, 77)]);
+    // The next server, over the same namespace.
+    let h2 = Harness::new(src, None);
+    assert_eq!(h2.ino("a"), ino);
+    let version = h2.lookup("a").unwrap().1.version();
+    let put = h2.fs.restore_handles(vec![Restored {
+        fh: x.fh,
+        ino,
+        version,
+        backing: None,
+        keep_cache: true,
+        unique: 77,
+    }]);
+    assert_eq!(put, 1);
+    assert_eq!(h2.stats.open_handles.load(SeqCst), 1);
+    let again = wait(h2.open_rx_id(ino, false, 77 | RESEND)).unwrap();
+    assert_eq!(again.fh, x.fh);
+    assert_eq!(keep_cache(&again), Some(true));
+    // Only that once, and only for that id: other opens get new handles,
+    // numbered above.
+    let other = wait(h2.open_rx_id(ino, false, 78 | RESEND)).unwrap();
+    assert!(other.fh > x.fh);
+    assert_eq!(h2.read(ino, x.fh, 0, 100).unwrap(), &a[..100]);
+    h2.fs.release(x.fh);
+    h2.fs.release(other.fh);
+    assert_eq!(h2.stats.open_handles.load(SeqCst), 0);
 }
 
 #[test]
@@ -685,6 +761,7 @@ fn requests_that_need_the_source_return_before_it_answers() {
             OpenTx {
                 kernel,
                 tx: open_tx,
+                unique: 0,
             },
         );
         fs.getattr(ino, move |r| drop(attr_tx.send(r)));

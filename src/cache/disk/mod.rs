@@ -1409,6 +1409,16 @@ impl CompleteFiles for DiskCache {
         true
     }
 
+    fn pin_in_use(&self, file: &FileVersion) -> bool {
+        let mut st = self.state.lock();
+        match st.books.get(&file.key) {
+            Some(e) if e.complete() => {}
+            _ => return false,
+        }
+        st.books.pin_held(&file.key);
+        true
+    }
+
     fn unpin(&self, file: &FileVersion) {
         self.unpin_passthrough(file);
     }

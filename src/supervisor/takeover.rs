@@ -1,0 +1,466 @@
+//! Handing a live mount to a new holder: `locafs mount SRC MNT [options]`
+//! (a newer binary, or new options) over a live locafs mount of the same
+//! data set. The holder listens on a Unix socket in the abstract namespace
+//! named after the data set's cache directory (no file in the cache
+//! directory that another user could take first or that could be
+//! replaced); each end checks the other's credentials (`SO_PEERCRED`): the
+//! holder talks only to its own user or root, and the new `locafs mount`
+//! only to a holder of its own user or root, so that a socket of that
+//! name bound first by someone else gets neither a mount nor descriptors.
+//! The new `locafs mount` connects, and:
+//!
+//! 1. the holder offers what cannot change on a live mount ([`Offer`]:
+//!    the source, the cache directory, the block size, the open mode,
+//!    the state's layout);
+//! 2. the new one refuses (`REFUSE why`: it exits 2, the mount untouched)
+//!    or takes (`TAKE`);
+//! 3. the holder kills its server (what it held the kernel sends again to
+//!    the next) and sends its descriptors over `SCM_RIGHTS`: the shared
+//!    state, the data set's lock, the connection's descriptors;
+//! 4. the new holder starts its own server with its own options and says
+//!    `READY` once it serves; the old holder then exits without
+//!    unmounting. If the new one goes away before, the old one serves
+//!    again.
+//!
+//! The protocol is lines of text and one message with descriptors; the
+//! compatibility check ([`refusal`]) is pure.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{MountConfig, OpenMode};
+
+/// The holder's socket: a name in the abstract namespace (shown with a
+/// leading `@`) derived from the data set's cache directory.
+pub fn socket_path(dataset_dir: &Path) -> PathBuf {
+    let h = blake3::hash(dataset_dir.as_os_str().as_encoded_bytes()).to_hex();
+    PathBuf::from(format!("@locafs-holder-{}", &h[..32]))
+}
+
+/// The abstract address of [`socket_path`]'s name.
+fn address(name: &Path) -> io::Result<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = name.as_os_str().as_encoded_bytes();
+    let name = name.strip_prefix(b"@").unwrap_or(name);
+    std::os::unix::net::SocketAddr::from_abstract_name(name)
+}
+
+/// Whether a socket of [`socket_path`]'s name listens (in this network
+/// namespace), from /proc/net/unix: nothing is connected to it.
+pub fn listening(name: &Path) -> bool {
+    let want = name.as_os_str().as_encoded_bytes();
+    std::fs::read("/proc/net/unix").is_ok_and(|t| {
+        t.split(|b| *b == b'\n')
+            .any(|l| l.split(|b| *b == b' ').next_back() == Some(want))
+    })
+}
+
+/// How long a holder may take to offer its mount.
+const OFFER_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether a peer of uid `uid` may be talked to: this user, or root.
+fn trusted(uid: rustix::process::Uid) -> bool {
+    uid == rustix::process::geteuid() || uid.is_root()
+}
+
+/// What a live mount is, as far as a takeover must keep it: offered by
+/// the holder, checked by the one that would take over.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Offer {
+    /// The shared state's layout (`shm::LAYOUT`).
+    pub layout: u64,
+    pub version: String,
+    pub source: PathBuf,
+    pub dataset_dir: PathBuf,
+    pub block_size: u64,
+    /// `passthrough` or `kernel`.
+    pub open_mode: String,
+    /// Whether the mount was made with passthrough allowed.
+    pub passthrough: bool,
+    /// What INIT settled (`shm::INIT_*`) and the kernel's FUSE minor.
+    pub granted: u64,
+    pub minor: u32,
+    /// The holder's pid.
+    pub pid: u32,
+}
+
+fn mode_name(m: OpenMode) -> &'static str {
+    match m {
+        OpenMode::Passthrough => "passthrough",
+        OpenMode::Kernel => "kernel",
+    }
+}
+
+impl Offer {
+    /// The offer of a mount made with `cfg`.
+    pub fn of(cfg: &MountConfig, granted: u64, minor: u32) -> Offer {
+        Offer {
+            layout: crate::shm::LAYOUT,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            source: cfg.source.clone(),
+            dataset_dir: cfg.dataset_dir.clone(),
+            block_size: cfg.block_size,
+            open_mode: mode_name(cfg.open_mode).to_string(),
+            passthrough: cfg.passthrough,
+            granted,
+            minor,
+            pid: std::process::id(),
+        }
+    }
+}
+
+/// A hash of what [`refusal`] compares (a mount made with `cfg`): kept in
+/// the shared state, so that a holder systemd starts with the state of the
+/// one before can tell whether its options fit the live mount.
+pub fn fixed_options(cfg: &MountConfig) -> u64 {
+    let text = format!(
+        "{}\0{}\0{}\0{}\0{}\0{}",
+        crate::shm::LAYOUT,
+        cfg.source.display(),
+        cfg.dataset_dir.display(),
+        cfg.block_size,
+        mode_name(cfg.open_mode),
+        cfg.passthrough
+    );
+    let h = blake3::hash(text.as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
+}
+
+/// Why a mount offered as `offer` cannot be taken over with `cfg`: the
+/// options that cannot change on a live mount; None if it can.
+pub fn refusal(offer: &Offer, cfg: &MountConfig) -> Option<String> {
+    let mut why = Vec::new();
+    if offer.layout != crate::shm::LAYOUT {
+        why.push(format!(
+            "the mount's state has layout {} (locafs {}), this locafs reads layout {}",
+            offer.layout,
+            offer.version,
+            crate::shm::LAYOUT
+        ));
+    }
+    if offer.source != cfg.source {
+        why.push(format!(
+            "the source is {}, not {}",
+            offer.source.display(),
+            cfg.source.display()
+        ));
+    }
+    if offer.dataset_dir != cfg.dataset_dir {
+        why.push(format!(
+            "the cache is {} (--cache-dir, --dataset-id), not {}",
+            offer.dataset_dir.display(),
+            cfg.dataset_dir.display()
+        ));
+    }
+    if offer.block_size != cfg.block_size {
+        why.push(format!(
+            "--block-size is {}, not {}",
+            crate::units::format_size(offer.block_size),
+            crate::units::format_size(cfg.block_size)
+        ));
+    }
+    if offer.open_mode != mode_name(cfg.open_mode) {
+        why.push(format!(
+            "--open-mode is {}, not {}",
+            offer.open_mode,
+            mode_name(cfg.open_mode)
+        ));
+    }
+    if !offer.passthrough && cfg.passthrough {
+        why.push(
+            "the mount was made with --no-passthrough: passthrough cannot be turned on".into(),
+        );
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// The holder's end: a listening socket, owner-only.
+pub struct Listener {
+    sock: UnixListener,
+}
+
+impl Listener {
+    /// Listens on the abstract socket `name` ([`socket_path`]); it goes
+    /// away with the descriptor.
+    pub fn bind(name: &Path) -> io::Result<Listener> {
+        let sock = UnixListener::bind_addr(&address(name)?)?;
+        sock.set_nonblocking(true)?;
+        Ok(Listener { sock })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// A connection waiting, if any, from a process of this user (or root);
+    /// others are dropped.
+    pub fn accept(&self) -> Option<UnixStream> {
+        let (s, _) = self.sock.accept().ok()?;
+        let cred = rustix::net::sockopt::socket_peercred(&s).ok()?;
+        if !trusted(cred.uid) {
+            tracing::warn!(
+                "takeover socket: refused a connection from uid {}",
+                cred.uid.as_raw()
+            );
+            return None;
+        }
+        s.set_nonblocking(false).ok()?;
+        Some(s)
+    }
+}
+
+/// One line (without its newline) from `r`, at most 64 KiB.
+pub fn read_line(r: &mut impl Read) -> io::Result<String> {
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match r.read(&mut byte)? {
+            0 => break,
+            _ if byte[0] == b'\n' => break,
+            _ => out.push(byte[0]),
+        }
+        if out.len() > 65536 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "line too long"));
+        }
+    }
+    if out.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+    }
+    String::from_utf8(out).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Sends `text` with the descriptors `fds`.
+pub fn send_fds(s: &UnixStream, text: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors for one message"));
+    }
+    let iov = [io::IoSlice::new(text)];
+    let n = rustix::net::sendmsg(s, &iov, &mut control, SendFlags::empty())?;
+    if n != text.len() {
+        return Err(io::Error::other("short send"));
+    }
+    Ok(())
+}
+
+/// Receives a message of text and at most `max` descriptors.
+pub fn recv_fds(s: &UnixStream, max: usize) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut buf = vec![0u8; 65536];
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let r = rustix::net::recvmsg(s, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let n = r.bytes;
+    let mut fds = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = msg {
+            fds.extend(it);
+        }
+    }
+    if n == 0 {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+    }
+    buf.truncate(n);
+    Ok((buf, fds))
+}
+
+/// What the holder sends with its descriptors: how many of each, in the
+/// order state, lock, FUSE descriptors.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Handover {
+    pub fuse: usize,
+    /// The pid of the server it stopped.
+    pub server_pid: u32,
+}
+
+/// What a new holder gets from the old one.
+pub struct Taken {
+    pub offer: Offer,
+    pub state: OwnedFd,
+    pub lock: OwnedFd,
+    pub fuse: Vec<OwnedFd>,
+    pub handover: Handover,
+    /// The connection to the old holder: `READY` goes there once a server
+    /// of the new holder serves.
+    pub stream: UnixStream,
+}
+
+/// Why a takeover did not happen.
+#[derive(Debug)]
+pub enum NotTaken {
+    /// No holder answered at the socket (exit 2, with the reason).
+    NoHolder(String),
+    /// The options differ where they cannot (exit 2; the mount untouched).
+    Refused(String),
+    /// The exchange failed half-way (exit 1).
+    Failed(String),
+}
+
+/// Takes over the mount whose holder listens at `socket`, with `cfg`.
+pub fn take(socket: &Path, cfg: &MountConfig) -> Result<Taken, NotTaken> {
+    let stream = address(socket)
+        .and_then(|a| UnixStream::connect_addr(&a))
+        .map_err(|e| NotTaken::NoHolder(format!("{}: {e}", socket.display())))?;
+    // (a socket of this name bound by another user is no holder of ours)
+    match rustix::net::sockopt::socket_peercred(&stream) {
+        Ok(c) if trusted(c.uid) => {}
+        Ok(c) => {
+            return Err(NotTaken::NoHolder(format!(
+                "{}: bound by uid {}, not by this user: not taken",
+                socket.display(),
+                c.uid.as_raw()
+            )))
+        }
+        Err(e) => return Err(NotTaken::NoHolder(format!("{}: {e}", socket.display()))),
+    }
+    // A holder answers at once (it waits on its socket); one that does not
+    // is stopped or hung: this command must not hang on it.
+    let _ = stream.set_read_timeout(Some(OFFER_WAIT));
+    let mut r = BufReader::new(&stream);
+    let line = read_offer(&mut r).map_err(|e| {
+        let why = if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            format!(
+                "the holder does not answer within {} s (stopped or hung)",
+                OFFER_WAIT.as_secs()
+            )
+        } else {
+            e.to_string()
+        };
+        NotTaken::NoHolder(format!("{}: {why}", socket.display()))
+    })?;
+    let offer: Offer = serde_json::from_str(&line).map_err(|e| {
+        NotTaken::NoHolder(format!("{}: not a locafs holder ({e})", socket.display()))
+    })?;
+    if let Some(why) = refusal(&offer, cfg) {
+        let _ = (&stream).write_all(format!("REFUSE {why}\n").as_bytes());
+        return Err(NotTaken::Refused(why));
+    }
+    (&stream)
+        .write_all(b"TAKE\n")
+        .map_err(|e| NotTaken::Failed(format!("takeover: {e}")))?;
+    // The holder stops its server first (at most a few seconds).
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+    let (text, mut fds) =
+        recv_fds(&stream, 300).map_err(|e| NotTaken::Failed(format!("takeover: {e}")))?;
+    let handover: Handover =
+        serde_json::from_slice(&text).map_err(|e| NotTaken::Failed(format!("takeover: {e}")))?;
+    if fds.len() != 2 + handover.fuse || handover.fuse == 0 {
+        return Err(NotTaken::Failed(format!(
+            "takeover: {} descriptors for {} FUSE ones",
+            fds.len(),
+            handover.fuse
+        )));
+    }
+    let fuse = fds.split_off(2);
+    let lock = fds.pop().expect("two");
+    let state = fds.pop().expect("one");
+    let _ = stream.set_read_timeout(None);
+    Ok(Taken {
+        offer,
+        state,
+        lock,
+        fuse,
+        handover,
+        stream,
+    })
+}
+
+fn read_offer(r: &mut BufReader<&UnixStream>) -> io::Result<String> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+    }
+    Ok(line.trim_end().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> MountConfig {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        let argv = ["locafs", "mount"].into_iter().map(String::from).chain([
+            src.display().to_string(),
+            mnt.display().to_string(),
+            "--cache-dir".into(),
+            dir.path().join("cache").display().to_string(),
+        ]);
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Mount(m) = cli.command else {
+            unreachable!()
+        };
+        let c = crate::config::resolve(&m.request).unwrap();
+        std::mem::forget(dir);
+        c
+    }
+
+    #[test]
+    fn only_options_a_live_mount_can_change_are_taken() {
+        let c = cfg();
+        let offer = Offer::of(&c, crate::shm::INIT_PASSTHROUGH, 45);
+        let mut new = c.clone();
+        new.memory_cache *= 2;
+        new.readahead.memory *= 2;
+        new.fuse_threads = 3;
+        new.cache_size = Some(1 << 40);
+        new.passthrough = false;
+        assert_eq!(refusal(&offer, &new), None);
+        let mut bs = c.clone();
+        bs.block_size = 4 << 20;
+        let why = refusal(&offer, &bs).expect("refused");
+        assert!(
+            why.contains("--block-size is 1.0 MiB, not 4.0 MiB"),
+            "{why}"
+        );
+        let mut other = c.clone();
+        other.source = "/elsewhere".into();
+        other.open_mode = OpenMode::Kernel;
+        let why = refusal(&offer, &other).expect("refused");
+        assert!(
+            why.contains("the source is") && why.contains("--open-mode"),
+            "{why}"
+        );
+        let mut old = offer.clone();
+        old.layout += 1;
+        assert!(refusal(&old, &c).unwrap().contains("layout"));
+        let mut nopt = offer.clone();
+        nopt.passthrough = false;
+        assert!(refusal(&nopt, &c).unwrap().contains("--no-passthrough"));
+    }
+
+    #[test]
+    fn descriptors_and_text_cross_a_socket_together() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let f = tempfile::tempfile().unwrap();
+        let g = tempfile::tempfile().unwrap();
+        send_fds(&a, b"{\"x\":1}", &[f.as_fd(), g.as_fd()]).unwrap();
+        let (text, fds) = recv_fds(&b, 8).unwrap();
+        assert_eq!(text, b"{\"x\":1}");
+        assert_eq!(fds.len(), 2);
+        let (sa, sb) = (
+            rustix::fs::fstat(&f).unwrap(),
+            rustix::fs::fstat(&fds[0]).unwrap(),
+        );
+        assert_eq!((sa.st_dev, sa.st_ino), (sb.st_dev, sb.st_ino));
+        drop(a);
+        assert!(recv_fds(&b, 8).is_err());
+        let _ = read_line(&mut std::io::empty()).unwrap_err();
+    }
+}

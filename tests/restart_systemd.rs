@@ -1,0 +1,336 @@
+//! `systemctl restart locafs@...` keeps the mount: the daemon keeps its
+//! descriptors (the FUSE connection's, the shared state, the lock) in
+//! systemd's file descriptor store, and on SIGTERM with a restart of its
+//! unit queued it leaves the mount to the daemon systemd starts next,
+//! which gets them back (LISTEN_FDS) and serves on: readers see no failed
+//! read. With no restart queued (`systemctl stop`) it unmounts and empties
+//! the store. This test plays systemd: the notify socket (receiving the
+//! descriptors), socket activation's environment for the next daemon,
+//! `systemctl list-jobs` (a script first in PATH), and the unit's cgroup
+//! (a cgroup of its own in the unified hierarchy, named like a unit, that
+//! the daemons start in and that is removed at the end).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::restart::server_pid;
+use common::*;
+
+/// What systemd keeps: the descriptors stored, by name.
+#[derive(Default)]
+struct FdStore {
+    fds: BTreeMap<String, Vec<OwnedFd>>,
+}
+
+impl FdStore {
+    /// Receives messages until one that is not about the store; returns it.
+    fn recv_until_other(&mut self, sock: &UnixDatagram) -> Option<String> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        loop {
+            let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(300))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let mut buf = vec![0u8; 4096];
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let r =
+                rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC).ok()?;
+            let text = String::from_utf8_lossy(&buf[..r.bytes]).into_owned();
+            let mut fds = Vec::new();
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(it) = m {
+                    fds.extend(it);
+                }
+            }
+            let name = text
+                .lines()
+                .find_map(|l| l.strip_prefix("FDNAME="))
+                .unwrap_or("stored")
+                .to_string();
+            if text.contains("FDSTOREREMOVE=1") {
+                self.fds.remove(&name);
+            } else if text.contains("FDSTORE=1") {
+                self.fds.entry(name).or_default().extend(fds);
+            } else {
+                return Some(text);
+            }
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.fds.values().map(Vec::len).sum()
+    }
+}
+
+/// Where cgroup v2 is mounted here (the unified hierarchy).
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 2 && f[2] == "cgroup2").then(|| f[1].into())
+    })
+}
+
+/// The unit's cgroup: a directory of the unified hierarchy named like a
+/// unit, removed when dropped (once its processes are gone).
+struct UnitCgroup {
+    dir: std::path::PathBuf,
+    procs: std::ffi::CString,
+}
+
+impl UnitCgroup {
+    fn create() -> Result<UnitCgroup, String> {
+        let root = cgroup2_root().ok_or("no cgroup2 hierarchy mounted")?;
+        let name = format!("locafs-test-{}@restart.service", std::process::id());
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let procs = std::ffi::CString::new(dir.join("cgroup.procs").into_os_string().into_vec())
+            .map_err(|e| e.to_string())?;
+        Ok(UnitCgroup { dir, procs })
+    }
+}
+
+impl Drop for UnitCgroup {
+    fn drop(&mut self) {
+        // (the daemons and their servers exit first; wait for the kernel
+        // to see them gone)
+        let _ = wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(self.dir.join("cgroup.procs"))
+                .is_ok_and(|t| t.trim().is_empty())
+        });
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Starts `locafs mount --config CONF` as systemd would: in the unit's
+/// cgroup, NOTIFY_SOCKET, PATH with the fake systemctl first, and the
+/// stored descriptors as LISTEN_FDS (at 3, 4, ...) with their names in
+/// LISTEN_FDNAMES.
+fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore, unit: &UnitCgroup) -> Child {
+    let procs = unit.procs.clone();
+    let mut names = Vec::new();
+    let mut raw = Vec::new();
+    for (name, fds) in &store.fds {
+        for f in fds {
+            names.push(name.clone());
+            raw.push(f.as_raw_fd());
+        }
+    }
+    let path = format!(
+        "{}:{}",
+        fake_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new("sh");
+    // LISTEN_PID is the daemon's own pid: sh's, which exec keeps.
+    c.arg("-c")
+        .arg(format!(
+            "LISTEN_PID=$$ exec {} mount --config {}",
+            bin(),
+            conf.display()
+        ))
+        .env("NOTIFY_SOCKET", notify)
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if !raw.is_empty() {
+        c.env("LISTEN_FDS", raw.len().to_string())
+            .env("LISTEN_FDNAMES", names.join(":"));
+    }
+    // SAFETY: between fork and exec: this process joins the unit's
+    // cgroup (open and write of a path made before the fork), then dup2
+    // of descriptors we own to 3.., which the daemon inherits.
+    unsafe {
+        c.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            // (first out of the way of 3.., then into place)
+            let high: Vec<i32> = raw
+                .iter()
+                .map(|fd| libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 1000))
+                .collect();
+            for (i, fd) in high.iter().enumerate() {
+                if libc::dup2(*fd, 3 + i as i32) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    c.spawn().unwrap()
+}
+
+#[test]
+fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
+    require_fuse!();
+    let unit = match UnitCgroup::create() {
+        Ok(u) => u,
+        Err(e) => skip!("a unit's cgroup cannot be made here: {e}"),
+    };
+    let sc = Scratch::new();
+    let files: Vec<(String, Vec<u8>)> = (0..20u64)
+        .map(|i| {
+            (
+                format!("f{i:02}.bin"),
+                pattern(i, 40_000 + 30_000 * i as usize),
+            )
+        })
+        .collect();
+    for (n, d) in &files {
+        std::fs::write(sc.src.join(n), d).unwrap();
+    }
+    let log = sc.dir.path().join("log.txt");
+    let conf = sc.dir.path().join("unit.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "source = \"{}\"\nmountpoint = \"{}\"\ncache-dir = \"{}\"\nlog-file = \"{}\"\n",
+            sc.src.display(),
+            sc.mnt.display(),
+            sc.cache.display(),
+            log.display()
+        ),
+    )
+    .unwrap();
+    // `systemctl list-jobs`: a restart job of whatever unit asks, while
+    // the flag file exists.
+    let fake_bin = sc.dir.path().join("bin");
+    std::fs::create_dir(&fake_bin).unwrap();
+    let flag = sc.dir.path().join("restart-queued");
+    let systemctl = fake_bin.join("systemctl");
+    std::fs::write(
+        &systemctl,
+        format!(
+            "#!/bin/sh\n[ -e {} ] || exit 0\nunit=$(basename \"$(sed -n 's/^0:://p' /proc/$PPID/cgroup)\")\necho \"42 $unit restart running\"\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let notify_path = sc.dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut store = FdStore::default();
+
+    let mut first = start(&conf, &notify_path, &fake_bin, &store, &unit);
+    assert_eq!(store.recv_until_other(&notify).as_deref(), Some("READY=1"));
+    // The state, the lock and the FUSE descriptors (8: --fuse-threads).
+    assert_eq!(store.fds["locafs-state"].len(), 1);
+    assert_eq!(store.fds["locafs-lock"].len(), 1);
+    assert_eq!(store.fds["locafs-fuse"].len(), 8);
+    let before = server_pid(&sc.mnt).unwrap();
+
+    // Readers all through the restart.
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|t| {
+            let (stop, mnt, files) = (Arc::clone(&stop), sc.mnt.clone(), files.clone());
+            std::thread::spawn(move || {
+                let (mut bad, mut n, mut i) = (Vec::new(), 0, t);
+                while !stop.load(Ordering::Relaxed) {
+                    let (name, want) = &files[i % files.len()];
+                    i += 1;
+                    match std::fs::read(mnt.join(name)) {
+                        Ok(got) if got == *want => n += 1,
+                        Ok(_) => bad.push(format!("{name}: wrong bytes")),
+                        Err(e) => bad.push(format!("{name}: {e}")),
+                    }
+                }
+                (bad, n)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // systemctl restart: a restart job is queued, SIGTERM, then the next
+    // daemon with the store.
+    std::fs::write(&flag, b"").unwrap();
+    signal(first.id(), Signal::TERM).unwrap();
+    assert_eq!(
+        store.recv_until_other(&notify).as_deref(),
+        Some("STOPPING=1")
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || first
+            .try_wait()
+            .ok()
+            .flatten()
+            .is_some()),
+        "the daemon did not exit"
+    );
+    assert_eq!(first.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        mount_type(&sc.mnt).as_deref(),
+        Some("fuse.locafs"),
+        "unmounted on restart"
+    );
+    std::fs::remove_file(&flag).unwrap();
+    let mut second = start(&conf, &notify_path, &fake_bin, &store, &unit);
+    assert_eq!(store.recv_until_other(&notify).as_deref(), Some("READY=1"));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (mut bad, mut reads) = (Vec::new(), 0);
+    for r in readers {
+        let (b, n) = r.join().unwrap();
+        bad.extend(b);
+        reads += n;
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    eprintln!("{reads} reads through the restart");
+    assert!(bad.is_empty(), "{bad:#?}\n{log_text}");
+    let st = stats_of(&sc.mnt);
+    assert_ne!(st["pid"], before);
+    assert_eq!(st["supervisor_pid"], second.id(), "{st}");
+    assert_eq!(st["restarts"], 1, "{st}");
+    assert!(
+        log_text.contains("stays mounted for the next holder"),
+        "{log_text}"
+    );
+    assert!(
+        log_text.contains("serving on the mount that systemd kept"),
+        "{log_text}"
+    );
+    assert_eq!(
+        store.fds["locafs-fuse"].len(),
+        8,
+        "stored again by the new daemon"
+    );
+
+    // systemctl stop: no restart queued: unmount, the store emptied.
+    signal(second.id(), Signal::TERM).unwrap();
+    assert_eq!(
+        store.recv_until_other(&notify).as_deref(),
+        Some("STOPPING=1")
+    );
+    assert!(wait_for(Duration::from_secs(20), || second
+        .try_wait()
+        .ok()
+        .flatten()
+        .is_some()));
+    assert_eq!(second.wait().unwrap().code(), Some(0));
+    assert!(mount_type(&sc.mnt).is_none(), "still mounted after stop");
+    // (what is left in the notify socket's queue)
+    notify
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let _ = store.recv_until_other(&notify);
+    assert_eq!(store.count(), 0, "the store still holds descriptors");
+    force_unmount(&sc.mnt);
+}
