@@ -1076,6 +1076,11 @@ mod tests {
             "{:?}",
             t.elapsed()
         );
+        // (Counted by the deadline thread right after it answered.)
+        let t = Instant::now();
+        while stats.source_timeouts.load(Relaxed) == 0 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(stats.source_timeouts.load(Relaxed), 1);
         // Stalled by now (a call waited a deadline, no answer since):
         // refused at once, on the calling thread.
