@@ -137,7 +137,8 @@ fn a_sidecar_shares_its_mount_with_a_trainer_and_unmounts_on_stop() {
     let stop_s = t0.elapsed().as_secs_f64();
     let logs = sidecar.logs();
     assert_eq!(sidecar.exit_code(), 0, "{logs}");
-    assert!(logs.contains("signal received: unmounting"), "{logs}");
+    // (the holder's line: "signal 15 received: unmounting MNT")
+    assert!(logs.contains("received: unmounting"), "{logs}");
     assert!(!is_mounted(&mnt), "left mounted on the host");
     assert_eq!(shared.mounts_under(), Vec::<std::path::PathBuf>::new());
     assert_eq!(fuse_mounts_in(&trainer), "", "left mounted in the trainer");
