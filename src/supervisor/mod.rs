@@ -249,6 +249,43 @@ struct Holder {
     stopping: bool,
 }
 
+/// The data set's lock, taken on the directory that is still at its path.
+/// Until the lock is held, the data set directory looks unmounted, and a
+/// neighbour's budget keeper may take it away (rename it to the trash and
+/// delete it) between `config::resolve` and this; then the directory is
+/// resolved (made) again and the lock taken on the new one.
+fn lock_in_place(
+    args: &MountRequest,
+    mut cfg: MountConfig,
+) -> Result<(MountConfig, crate::lock::DatasetLock), (u8, String)> {
+    let mut tries = 0;
+    loop {
+        let taken = crate::lock::DatasetLock::acquire(&cfg.dataset);
+        let here = || {
+            let held = rustix::fs::fstat(cfg.dataset.as_fd()).ok()?;
+            let now = rustix::fs::stat(cfg.dataset.path()).ok()?;
+            Some(held.st_dev == now.st_dev && held.st_ino == now.st_ino)
+        };
+        match taken {
+            Ok(lock) if here() == Some(true) => return Ok((cfg, lock)),
+            Err(e @ crate::lock::LockError::Held { .. }) => return Err((2, e.to_string())),
+            Err(e) if tries >= 3 || here() == Some(true) => return Err((2, e.to_string())),
+            _ if tries >= 3 => {
+                return Err((
+                    1,
+                    format!(
+                        "cache dir {}: removed again and again while mounting",
+                        cfg.dataset.path().display()
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        tries += 1;
+        cfg = crate::config::resolve(args).map_err(|e| (2, e.to_string()))?;
+    }
+}
+
 impl Holder {
     fn start(
         args: &MountRequest,
@@ -256,8 +293,7 @@ impl Holder {
         launcher: Box<dyn Launcher>,
     ) -> Result<Holder, (u8, String)> {
         crate::mount::probe_source(&cfg)?;
-        let lock =
-            crate::lock::DatasetLock::acquire(&cfg.dataset).map_err(|e| (2, e.to_string()))?;
+        let (cfg, lock) = lock_in_place(args, cfg)?;
         let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
         let config_fd = memfd_with("locafs-options", toml.as_bytes())
             .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
