@@ -101,21 +101,21 @@ fn holder_listens(args: &MountRequest) -> bool {
     })
 }
 
+/// The mountpoint the request names: on the command line, or in its
+/// configuration file (None if neither gives one: `resolve` says so).
+fn requested_mountpoint(args: &MountRequest) -> Option<std::path::PathBuf> {
+    match (&args.mountpoint, args.config_file()) {
+        (Some(m), _) => Some(m.clone()),
+        (None, Some(c)) => crate::config::read_config(&c).ok()?.mountpoint,
+        _ => None,
+    }
+}
+
 /// Whether the mountpoint the request names has a locafs mount on it
 /// (from /proc/self/mountinfo: the mount itself is not asked).
 fn live_locafs_mount(args: &MountRequest) -> bool {
-    let mp = match (&args.mountpoint, args.config_file()) {
-        (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(&c) {
-            Ok(crate::config::ConfigFile {
-                mountpoint: Some(m),
-                ..
-            }) => m,
-            _ => return false,
-        },
-        _ => return false,
-    };
-    crate::dead_mount::table_path(&mp)
+    requested_mountpoint(args)
+        .and_then(|mp| crate::dead_mount::table_path(&mp))
         .is_some_and(|abs| crate::sys::mount_fstype(&abs).as_deref() == Some("fuse.locafs"))
 }
 
@@ -125,18 +125,10 @@ fn live_locafs_mount(args: &MountRequest) -> bool {
 /// the same cache (`dead_mount`). An error if a locafs mount there does not
 /// answer.
 fn clear_dead_mount(args: &MountRequest) -> Result<(), String> {
-    let mp = match (&args.mountpoint, args.config_file()) {
-        (Some(m), _) => m.clone(),
-        (None, Some(c)) => match crate::config::read_config(&c) {
-            Ok(crate::config::ConfigFile {
-                mountpoint: Some(m),
-                ..
-            }) => m,
-            _ => return Ok(()),
-        },
-        _ => return Ok(()),
-    };
-    crate::dead_mount::clear(&mp).map(|_| ())
+    match requested_mountpoint(args) {
+        Some(mp) => crate::dead_mount::clear(&mp).map(|_| ()),
+        None => Ok(()),
+    }
 }
 
 /// Whether this process can mount at all, and if not, the one line that
