@@ -23,13 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fakes::StallSource;
-use locafs::cache::disk::DiskCache;
-use locafs::cache::BlockStore;
-use locafs::namespace::Namespace;
-use locafs::prefetch::{ReadAhead, ReadAheadConfig};
-use locafs::reader::{Reader, ReaderConfig};
 use locafs::source::Source;
-use locafs::stats::Stats;
 
 #[test]
 fn installing_a_plan_does_not_stall_the_runtime() {
@@ -50,53 +44,12 @@ fn installing_a_plan_does_not_stall_the_runtime() {
         .enable_all()
         .build()
         .unwrap();
-    let stats = Arc::new(Stats::default());
-    let (disk, _) = DiskCache::open(
-        &tmp.path().join("cache"),
-        Some(64 << 20),
-        1 << 20,
-        Arc::clone(&stats),
-    )
-    .unwrap();
-    let cache: Arc<dyn BlockStore> = Arc::new(disk);
     let stall = Arc::new(StallSource::new(&src));
-    let source: Arc<dyn Source> = Arc::clone(&stall) as Arc<dyn Source>;
-    let ns = Arc::new(
-        Namespace::new(
-            Arc::clone(&source),
-            Some(Duration::from_secs(3600)),
-            Arc::default(),
-        )
-        .unwrap(),
-    );
-    let reader = Reader::new(
-        ReaderConfig {
-            block_size: 1 << 20,
-            memory_bytes: 16 << 20,
-            write_queue_bytes: 16 << 20,
-            write_wait_bytes: 4 << 20,
-            source_timeout: Duration::from_secs(30),
-        },
-        cache,
-        Arc::clone(&source),
-        None,
-        rt.handle().clone(),
-        stats,
-    );
-    let ra = ReadAhead::new(
-        ReadAheadConfig {
-            sequential: false,
-            epoch: false,
-            max_window: 8 << 20,
-            memory: 64 << 20,
-            jobs: locafs::concurrency::Jobs::Fixed(2),
-            bandwidth: None,
-            small_file: 4 << 20,
-            plan_ahead: 64,
-        },
-        reader,
-        ns,
-        rt.handle().clone(),
+    let ra = common::inproc::read_ahead(
+        Arc::clone(&stall) as Arc<dyn Source>,
+        &tmp.path().join("cache"),
+        &rt,
+        2,
     );
 
     // The source holds every call from now on; two plans, one per worker.
