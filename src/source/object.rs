@@ -509,7 +509,9 @@ struct Watched {
 pub const MAX_REPLY_BODY: u64 = 16 << 20;
 
 /// What an answer's length must be, from what was asked: a ranged GET's
-/// data (206) exactly the range, anything else at most [`MAX_REPLY_BODY`].
+/// data (206) exactly the range; a HEAD's, nothing (it has no body: its
+/// `Content-Length` is the object's size); anything else at most
+/// [`MAX_REPLY_BODY`].
 /// A store that declares another length (`Content-Length`) is refused
 /// before a byte of the body is read, and not asked again (object_store
 /// retries transport errors, not a refused answer: `HttpErrorKind::Decode`).
@@ -522,13 +524,16 @@ enum ReplyCheck {
     Exactly(u64),
     /// At most this many.
     AtMost(u64),
+    /// No body (a HEAD): its declared length is the object's.
+    NoBody,
 }
 
 impl ReplyCheck {
-    /// The check for an answer of `status` to a request whose `Range`
-    /// header was `range`.
-    fn of(range: Option<&str>, status: u16) -> ReplyCheck {
-        match range.and_then(range_len) {
+    /// The check for an answer of `status` to a request (a HEAD or not)
+    /// whose `Range` header asked for `asked` bytes ([`range_len`]).
+    fn of(head: bool, asked: Option<u64>, status: u16) -> ReplyCheck {
+        match asked {
+            _ if head => ReplyCheck::NoBody,
             Some(n) if status == 206 => ReplyCheck::Exactly(n),
             _ => ReplyCheck::AtMost(MAX_REPLY_BODY),
         }
@@ -583,17 +588,18 @@ impl object_store::client::HttpService for Watched {
         req: object_store::client::HttpRequest,
     ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
         use object_store::client::{HttpError, HttpErrorKind, HttpResponseBody};
-        let range = req
+        let head = req.method().as_str() == "HEAD";
+        let asked = req
             .headers()
             .get("range")
             .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+            .and_then(range_len);
         let resp = self.inner.execute(req).await?;
         let s = resp.status().as_u16();
         if s == 503 || s == 429 {
             self.throttled.fetch_add(1, Relaxed);
         }
-        let check = ReplyCheck::of(range.as_deref(), s);
+        let check = ReplyCheck::of(head, asked, s);
         let declared = resp
             .headers()
             .get("content-length")
@@ -604,8 +610,9 @@ impl object_store::client::HttpService for Watched {
             return Err(HttpError::new(HttpErrorKind::Decode, BadReply(why)));
         }
         match check {
-            // Collected by the read, which stops at the range's end.
-            ReplyCheck::Exactly(_) => Ok(resp),
+            // Collected by the read, which stops at the range's end; a
+            // HEAD's body is empty whatever it declares (hyper reads none).
+            ReplyCheck::Exactly(_) | ReplyCheck::NoBody => Ok(resp),
             ReplyCheck::AtMost(n) => Ok(resp.map(|body| {
                 HttpResponseBody::new(Capped {
                     inner: body,
@@ -1804,7 +1811,7 @@ mod tests {
         assert_eq!(range_len("bytes=314572800-99"), None);
         assert_eq!(range_len("bytes=5-"), None);
         assert_eq!(range_len("items=0-9"), None);
-        let ranged = ReplyCheck::of(Some("bytes=0-99"), 206);
+        let ranged = ReplyCheck::of(false, range_len("bytes=0-99"), 206);
         assert_eq!(ranged, ReplyCheck::Exactly(100));
         assert_eq!(ranged.refuses(100), None);
         assert!(ranged.refuses(10 << 30).unwrap().contains("of 100 bytes"));
@@ -1812,14 +1819,19 @@ mod tests {
         // A listing, an error's text, a 200 to a ranged GET (object_store
         // refuses that itself): bounded, not exact.
         for check in [
-            ReplyCheck::of(None, 200),
-            ReplyCheck::of(Some("bytes=0-99"), 503),
-            ReplyCheck::of(Some("bytes=0-99"), 200),
+            ReplyCheck::of(false, None, 200),
+            ReplyCheck::of(false, Some(100), 503),
+            ReplyCheck::of(false, Some(100), 200),
         ] {
             assert_eq!(check, ReplyCheck::AtMost(MAX_REPLY_BODY));
             assert_eq!(check.refuses(MAX_REPLY_BODY), None);
             assert!(check.refuses(MAX_REPLY_BODY + 1).is_some());
         }
+        // A HEAD declares the object's size (a 1 GiB object's HEAD is no
+        // bad answer) and has no body.
+        let head = ReplyCheck::of(true, None, 200);
+        assert_eq!(head, ReplyCheck::NoBody);
+        assert_eq!(head.refuses(1 << 30), None);
     }
 
     fn chunks(
