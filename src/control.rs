@@ -13,8 +13,11 @@
 //! `where` and `plan`, and only about the files they could reach through
 //! the mount (a path whose directory they may not search is "not found",
 //! a listing shows only what they could list); `warm`, which makes the
-//! mount fetch and keep data, stays the owner's. Everyone else gets an
-//! error answer saying why. Why an abstract socket rather than a file: no
+//! mount fetch and keep data, stays the owner's. Everyone else gets one
+//! error answer saying why, and the connection is closed without a byte of
+//! their request read. A reader's request is bounded lower than the
+//! owner's ([`READER_MAX_REQUEST`]), and at most [`CONNECTIONS`] are served
+//! at once (one more is answered "busy"). Why an abstract socket rather than a file: no
 //! path to create (so no instant after `bind` in which a permissive umask
 //! lets others in, no stale file after a crash, no length limit and no
 //! fallback name in /tmp that another user could take first), and since
@@ -42,8 +45,19 @@ use crate::prefetch::ReadAhead;
 pub const CONTROL_XATTR: &str = "user.locafs.control";
 /// Read buffer of each end of a connection.
 const IO_BUFFER: usize = 1 << 20;
-/// Longest request line (a plan of a few million paths fits).
+/// Longest request line, and longest `where` payload, of the owner (a plan
+/// of a few million paths fits).
 const MAX_LINE: usize = 256 << 20;
+/// The same bound for a reader (another local user, `where` and `plan`
+/// only): a plan or a `where` of a million paths of 60 bytes (the JSON of
+/// a plan, or the NUL-separated payload of a `where`) fits; a larger data
+/// set is asked about in parts. It bounds what one reader's connection
+/// makes the daemon hold (root's daemon: the reader is not trusted with
+/// 256 MiB per connection).
+const READER_MAX_REQUEST: usize = 64 << 20;
+/// Control connections served at once (each holds a 1 MiB read buffer and
+/// up to a request); one more is answered "busy" and closed.
+const CONNECTIONS: usize = 64;
 
 /// A request on the control socket.
 #[derive(Debug, Serialize, Deserialize)]
@@ -362,6 +376,7 @@ pub fn serve(
     let _guard = rt.enter();
     let listener = tokio::net::UnixListener::from_std(std_listener)?;
     let root = Arc::new(root.to_owned());
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     rt.spawn(async move {
         let mut failing = false;
         loop {
@@ -379,9 +394,20 @@ pub fn serve(
                     continue;
                 }
             };
+            // At most CONNECTIONS at once; another is answered "busy" (a
+            // write into the fresh socket's empty buffer: it does not
+            // block) and closed.
+            let permit = match Arc::clone(&slots).try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    let _ = stream.try_write(&answer_line(&busy()));
+                    continue;
+                }
+            };
             let ra = Arc::clone(&ra);
             let root = Arc::clone(&root);
             tokio::spawn(async move {
+                let _permit = permit;
                 // Decided before any request is read (the check as another
                 // user goes through the mount: on the blocking pool).
                 let role = match caller_of(&stream) {
@@ -393,49 +419,95 @@ pub fn serve(
                     }
                     Err(e) => Role::Refused(format!("refused: who is asking is unknown ({e})")),
                 };
-                let root = Arc::clone(&root);
-                let (r, mut w) = stream.into_split();
-                // Requests of tens of MB (a plan or a `where` of millions of
-                // paths) in few reads.
-                let mut lines = BufReader::with_capacity(IO_BUFFER, r);
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    match (&mut lines)
-                        .take(MAX_LINE as u64)
-                        .read_line(&mut line)
-                        .await
-                    {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    let req = serde_json::from_str::<Request>(&line);
-                    // A `where` with a payload: that many raw bytes follow
-                    // the line.
-                    let mut payload = Vec::new();
-                    if let Ok(Request::Where {
-                        payload: Some(n), ..
-                    }) = &req
-                    {
-                        if *n > MAX_LINE as u64 {
-                            return;
-                        }
-                        payload.resize(*n as usize, 0);
-                        if lines.read_exact(&mut payload).await.is_err() {
-                            return;
-                        }
-                    }
-                    let resp = handle(&ra, req, payload, &role, &root).await;
-                    let mut out = serde_json::to_vec(&resp).unwrap_or_default();
-                    out.push(b'\n');
-                    if w.write_all(&out).await.is_err() {
+                let limit = match &role {
+                    Role::Owner => MAX_LINE,
+                    Role::Reader(_) => READER_MAX_REQUEST,
+                    // The one answer, and the connection is closed: not a
+                    // byte of the request is read (no buffer, no line).
+                    Role::Refused(why) => {
+                        let mut stream = stream;
+                        let _ = stream.write_all(&answer_line(&refused(why.clone()))).await;
                         return;
                     }
-                }
+                };
+                serve_connection(stream, ra, role, root, limit).await;
             });
         }
     });
     Ok(value)
+}
+
+/// One answer as the line written on the socket.
+fn answer_line(resp: &Response) -> Vec<u8> {
+    let mut out = serde_json::to_vec(resp).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// The answer to a connection past [`CONNECTIONS`].
+fn busy() -> Response {
+    Response {
+        ok: false,
+        error: Some(format!(
+            "busy: {CONNECTIONS} control connections are open at this mount; try again"
+        )),
+        ..Default::default()
+    }
+}
+
+/// The requests of one connection of an owner or a reader, each line (and
+/// a `where`'s payload) at most `limit` bytes; a longer one is answered
+/// with an error and the connection closed.
+async fn serve_connection(
+    stream: tokio::net::UnixStream,
+    ra: Arc<ReadAhead>,
+    role: Role,
+    root: Arc<PathBuf>,
+    limit: usize,
+) {
+    let (r, mut w) = stream.into_split();
+    // Requests of tens of MB (a plan or a `where` of millions of paths) in
+    // few reads.
+    let mut lines = BufReader::with_capacity(IO_BUFFER, r);
+    let mut line = String::new();
+    let too_long = |what: &str| Response {
+        ok: false,
+        error: Some(format!(
+            "bad request: {what} longer than {limit} bytes, the most this connection may send"
+        )),
+        ..Default::default()
+    };
+    loop {
+        line.clear();
+        match (&mut lines).take(limit as u64).read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) if n == limit && !line.ends_with('\n') => {
+                let _ = w.write_all(&answer_line(&too_long("a request line"))).await;
+                return;
+            }
+            Ok(_) => {}
+        }
+        let req = serde_json::from_str::<Request>(&line);
+        // A `where` with a payload: that many raw bytes follow the line.
+        let mut payload = Vec::new();
+        if let Ok(Request::Where {
+            payload: Some(n), ..
+        }) = &req
+        {
+            if *n > limit as u64 {
+                let _ = w.write_all(&answer_line(&too_long("a payload"))).await;
+                return;
+            }
+            payload.resize(*n as usize, 0);
+            if lines.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+        }
+        let resp = handle(&ra, req, payload, &role, &root).await;
+        if w.write_all(&answer_line(&resp)).await.is_err() {
+            return;
+        }
+    }
 }
 
 use tokio::io::AsyncReadExt;
@@ -749,15 +821,16 @@ impl Client {
         let mut out = serde_json::to_vec(req).map_err(|e| e.to_string())?;
         out.push(b'\n');
         let stream = self.stream.get_mut();
-        stream
+        // A write that fails may be the daemon having answered and closed
+        // without reading (a refusal, "busy", a request too long): its
+        // answer is read all the same.
+        let sent = stream
             .write_all(&out)
-            .and_then(|()| stream.write_all(payload))
-            .map_err(|e| format!("control socket: {e}"))?;
+            .and_then(|()| stream.write_all(payload));
         let mut line = String::new();
-        self.stream
-            .read_line(&mut line)
-            .map_err(|e| format!("control socket: {e}"))?;
+        let read = self.stream.read_line(&mut line);
         if line.is_empty() {
+            sent.and(read).map_err(|e| format!("control socket: {e}"))?;
             return Err("control socket closed".into());
         }
         let r: Response =

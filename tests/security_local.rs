@@ -674,6 +674,73 @@ print(s.makefile().readline())\n";
     assert_eq!(m.unmount().code(), Some(0));
 }
 
+/// The peak resident memory of process `pid` in KiB (/proc/PID/status).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_refused_caller_gets_its_answer_and_a_closed_connection_before_any_request_is_read() {
+    require_fuse!();
+    if let Err(why) = as_nobody("true") {
+        return skipped(module_path!(), &why);
+    }
+    let sh = Shared::new();
+    let s = &sh.s;
+    // A mount root nobody may not read: nobody is refused.
+    chmod(&s.src, 0o700);
+    let mut m = Mount::start(&s.src, &s.mnt, &s.cache, &[]);
+    let pid = m.pid().unwrap();
+    let name =
+        String::from_utf8(locafs::sys::getxattr(&s.mnt, "user.locafs.control").unwrap()).unwrap();
+    let before = peak_rss_kib(pid);
+    // A `where` announcing a payload of 256 MiB, and 4 MiB of it sent: a
+    // daemon that read the request would make room for it and wait for
+    // the rest (no answer within the minute).
+    let ask = r#"import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(60)
+s.connect('\0' + sys.argv[1][1:])
+try:
+    s.sendall(b'{"op": "where", "payload": 268435455}\n')
+    s.sendall(b'x' * (4 << 20))
+except OSError as e:
+    print('send failed:', type(e).__name__)
+f = s.makefile('rb')
+try:
+    print('answer:', f.readline().decode().strip())
+    print('closed' if f.read() == b'' else 'more')
+except ConnectionResetError:
+    print('closed')
+except socket.timeout:
+    print('no answer, still open')
+"#;
+    match python_as_nobody(ask, Path::new(&name)) {
+        Ok(out) => {
+            assert!(out.status.success(), "{}", text(&out));
+            let said = text(&out);
+            assert!(
+                said.contains("\"refused\":true")
+                    && said.contains("uid 65534 may not read the mount root"),
+                "{said}"
+            );
+            assert!(said.trim_end().ends_with("closed"), "{said}");
+            let grew = peak_rss_kib(pid).saturating_sub(before);
+            assert!(
+                grew < 64 << 10,
+                "the daemon's peak memory grew by {grew} KiB for a refused request"
+            );
+        }
+        Err(why) => skipped(module_path!(), &format!("the Python half: {why}")),
+    }
+    // The daemon still serves its owner.
+    let out = run_locafs(&[OsStr::new("where"), s.mnt.as_os_str()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(m.unmount().code(), Some(0));
+}
+
 #[test]
 fn no_control_socket_path_another_user_can_take_first() {
     require_fuse!();

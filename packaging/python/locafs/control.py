@@ -134,9 +134,14 @@ class Mount:
         address = "\0" + name[1:] if name.startswith("@") else name
         try:
             s.connect(address)
-            s.sendall(json.dumps(request).encode("utf-8") + b"\n")
-            if payload:
-                s.sendall(payload)
+            try:
+                s.sendall(json.dumps(request).encode("utf-8") + b"\n")
+                if payload:
+                    s.sendall(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                # The daemon answered without reading (a refusal, "busy"):
+                # its answer is read below.
+                pass
             with s.makefile("rb") as f:
                 line = f.readline()
         except OSError as e:
