@@ -970,27 +970,16 @@ pub fn open_cache_dirs(
     UsageError,
 > {
     use crate::private_dir::PrivateDir;
-    use std::os::unix::fs::DirBuilderExt;
-    let fail = |e: std::io::Error| {
+    // The path the admin gave may pass through symlinks (a link to the
+    // cache disk); below it, nothing is followed.
+    let cache = PrivateDir::open_root(cache_dir, true).map_err(|e| {
         usage(format!(
             "cache dir {}: {}",
             cache_dir.display(),
             short_io(&e)
         ))
-    };
-    if let Some(parent) = cache_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(fail)?;
-    }
-    match std::fs::DirBuilder::new()
-        .mode(crate::private_dir::DIR_MODE)
-        .create(cache_dir)
-    {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(fail(e)),
-        _ => {}
-    }
-    // The path the admin gave may pass through symlinks (a link to the
-    // cache disk); below it, nothing is followed.
-    let cache_dir = std::fs::canonicalize(cache_dir).map_err(fail)?;
+    })?;
+    let cache_dir = cache.path().to_owned();
     if cache_dir.starts_with(mountpoint) {
         return Err(usage(format!(
             "cache dir {} is inside the mountpoint",
@@ -1004,7 +993,6 @@ pub fn open_cache_dirs(
             short_io(&e)
         ))
     };
-    let cache = PrivateDir::open(&cache_dir).map_err(fail)?;
     private_top_files(&cache);
     let dataset = cache.subdir(id, true).map_err(fail)?;
     let mut notes = Vec::new();

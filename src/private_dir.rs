@@ -55,6 +55,8 @@ pub struct PrivateDir {
     path: Arc<Path>,
     /// Its mode before the check made it owner-only, if it did.
     was: Option<u32>,
+    /// Made by the call that opened it.
+    created: bool,
 }
 
 impl std::fmt::Debug for PrivateDir {
@@ -194,16 +196,35 @@ impl At<'_> {
 
 impl PrivateDir {
     /// Opens directory `path`, creating it (0700; missing parents with the
-    /// default mode) if it does not exist, and checks it.
+    /// default mode) if it does not exist, and checks it: [`Self::open_root`]
+    /// with `create`.
     pub fn create(path: &Path) -> io::Result<PrivateDir> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
+        Self::open_root(path, true)
+    }
+
+    /// Opens the directory `path` an admin named (a cache directory): with
+    /// `create`, creates it (0700; missing parents with the default mode)
+    /// if it does not exist. `path` may pass through symlinks (a link to
+    /// the cache disk): it is resolved first, and what it names opened and
+    /// checked ([`Self::path`] is then the resolved path); below it,
+    /// nothing is followed. [`Self::created`] says whether this call made
+    /// it.
+    pub fn open_root(path: &Path, create: bool) -> io::Result<PrivateDir> {
+        let mut created = false;
+        if create {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            match rustix::fs::mkdir(path, Mode::from_raw_mode(DIR_MODE)) {
+                Ok(()) => created = true,
+                Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
-        match rustix::fs::mkdir(path, Mode::from_raw_mode(DIR_MODE)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(e.into()),
-        }
-        Self::open(path)
+        let real = std::fs::canonicalize(path)?;
+        let mut dir = Self::open(&real)?;
+        dir.created = created;
+        Ok(dir)
     }
 
     /// Opens the existing directory `path` (its last component must not be
@@ -224,7 +245,14 @@ impl PrivateDir {
             fd: Arc::new(fd),
             path: Arc::from(path),
             was,
+            created: false,
         })
+    }
+
+    /// Whether the call that opened it created it ([`Self::open_root`],
+    /// [`Self::subdir`] with `create`).
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// Its mode before opening it made it owner-only (None: it was).
@@ -262,6 +290,7 @@ impl PrivateDir {
             fd: Arc::new(fd),
             path: Arc::from(path),
             was,
+            created: false,
         })
     }
 

@@ -716,3 +716,27 @@ fn a_data_set_being_read_loses_nothing_while_a_neighbour_deletes_an_unmounted_on
         .expect("budget.json");
     assert_eq!(ledger["deleting"], serde_json::json!({}), "{ledger}");
 }
+
+#[test]
+fn cache_ls_accepts_a_cache_directory_reached_through_a_symlink_as_mount_does() {
+    require_fuse!();
+    let s = Scratch::new();
+    let (src, files) = data_set(&s.src, "a", 3, 64 << 10);
+    // /var/cache/locafs as a link to the cache disk.
+    let link = s.path().join("cache-link");
+    fs::create_dir_all(&s.cache).unwrap();
+    std::os::unix::fs::symlink(&s.cache, &link).unwrap();
+    let mut m = Mount::start(&src, &s.mnt, &link, &[]);
+    read_all(&s.mnt, &files);
+    m.unmount();
+    let through_link = cache_ls(&link);
+    assert_eq!(
+        through_link["datasets"].as_array().map(Vec::len),
+        Some(1),
+        "{through_link}"
+    );
+    assert_eq!(
+        used_of(&through_link, &dataset_id_of(&s.cache)),
+        used_of(&cache_ls(&s.cache), &dataset_id_of(&s.cache))
+    );
+}

@@ -61,7 +61,9 @@ pub fn main(args: CacheArgs) -> ExitCode {
     let dir = args
         .cache_dir
         .unwrap_or_else(crate::config::default_cache_dir);
-    let dir = match PrivateDir::open(&dir) {
+    // As `mount` opens it: the path may pass through symlinks (a link to
+    // the cache disk).
+    let dir = match PrivateDir::open_root(&dir, false) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             eprintln!("locafs: cache dir {}: no such directory", dir.display());
