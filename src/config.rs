@@ -822,8 +822,10 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
-    let dataset_dir_created = std::fs::symlink_metadata(cache_dir.join(&id)).is_err();
     let (cache, dataset, notes) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
+    // Made by this call (not looked up beforehand: another mount may make
+    // it in between, and then it is not this one's to remove).
+    let dataset_dir_created = dataset.created();
     let cache_dir = cache.path().to_owned();
     let dataset_dir = dataset.path().to_owned();
     let id_for_peers = id;
@@ -955,7 +957,8 @@ pub const OWNER_ONLY_MARK: &str = "owner-only";
 /// (no [`OWNER_ONLY_MARK`] in it: a cache of an older locafs, whose
 /// directories were 0755 and files 0644), everything in it is made
 /// owner-only once; the files at the top of the cache directory (the
-/// ledger) are at every start. Also what it changed, in words.
+/// ledger) are at every start. Also what it changed, in words. Whether
+/// this call made the data set's directory: `created()` of the second.
 #[allow(clippy::type_complexity)]
 pub fn open_cache_dirs(
     cache_dir: &Path,

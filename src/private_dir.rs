@@ -275,9 +275,10 @@ impl PrivateDir {
     pub fn subdir(&self, rel: impl AsRef<Path>, create: bool) -> io::Result<PrivateDir> {
         let rel = rel.as_ref();
         let path = self.path.join(rel);
+        let mut created = false;
         if create {
             match self.mkdir(rel) {
-                Ok(()) => {}
+                Ok(()) => created = true,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(with_path(&path, e, || self.is_link(rel))),
             }
@@ -290,7 +291,7 @@ impl PrivateDir {
             fd: Arc::new(fd),
             path: Arc::from(path),
             was,
-            created: false,
+            created,
         })
     }
 
@@ -617,6 +618,19 @@ mod tests {
         assert_eq!(mode(&d.path().join("c/ds")), 0o700);
         assert_eq!(mode(&d.path().join("c/ds2")), 0o600);
         assert_eq!(mode(&d.path().join("c/ds/x")), 0o600);
+    }
+
+    #[test]
+    fn created_says_whether_this_call_made_the_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let top = PrivateDir::open_root(&d.path().join("c"), true).unwrap();
+        assert!(top.created());
+        assert!(top.subdir("ds", true).unwrap().created());
+        assert!(!top.subdir("ds", true).unwrap().created());
+        assert!(!top.subdir("ds", false).unwrap().created());
+        assert!(!PrivateDir::open_root(&d.path().join("c"), true)
+            .unwrap()
+            .created());
     }
 
     #[test]
