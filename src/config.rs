@@ -735,7 +735,8 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
         None => source_dir(&source_arg, metadata_timeout)?,
     };
     let mountpoint = if live {
-        live_path(mp).ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))?
+        crate::dead_mount::table_path(mp)
+            .ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))?
     } else {
         check_mountpoint(mp)?
     };
@@ -873,17 +874,6 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
         log_file: f.log_file,
         metrics,
     })
-}
-
-/// The absolute path of a live mountpoint, without looking at it (its
-/// parent is made canonical, not the mount).
-pub fn live_path(mp: &Path) -> Option<PathBuf> {
-    let name = mp.file_name()?;
-    let parent = match mp.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    Some(std::fs::canonicalize(parent).ok()?.join(name))
 }
 
 /// The canonical path of an existing, empty directory with nothing
