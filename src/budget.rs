@@ -566,17 +566,12 @@ pub fn list(cache_dir: &PrivateDir) -> io::Result<(Ledger, Vec<DatasetInfo>)> {
     };
     let mut out = Vec::new();
     for id in dataset_dirs(cache_dir)? {
-        let Some(dir) = dataset(cache_dir, &id) else {
-            tracing::warn!(
-                "{}: not listed: {}",
-                cache_dir.display(&id).display(),
-                cache_dir
-                    .subdir(&id, false)
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default()
-            );
-            continue;
+        let dir = match cache_dir.subdir(&id, false) {
+            Ok(dir) => dir,
+            Err(e) => {
+                tracing::warn!("{}: not listed: {e}", cache_dir.display(&id).display());
+                continue;
+            }
         };
         let pid = mounted_by(&dir);
         let rec = ledger.datasets.get(&id).cloned();
