@@ -876,7 +876,8 @@ pub struct ObjectSource {
     /// See [`Built::bad_replies`].
     bad_replies: Arc<AtomicU64>,
     /// Whether the store's listings carry ETags: [`LISTINGS_UNKNOWN`] until a
-    /// listing showed an object. A HEAD's attributes follow the listings'
+    /// listing showed an object (a HEAD's answer asks one first:
+    /// `settle_listing_etags`). A HEAD's attributes follow the listings'
     /// rule, so that both name a version alike.
     listing_etags: std::sync::atomic::AtomicU8,
 }
@@ -942,10 +943,7 @@ impl ObjectSource {
             let p = key_prefix(&prefix, Path::new(""));
             // A key that cannot be a name is still an answer: the bucket
             // is there and the credentials are taken.
-            any_key_under(&*paged, p.as_deref()).await.map(|u| match u {
-                Under::Object { etag } => Some(etag),
-                Under::Nothing | Under::Other => None,
-            })
+            any_key_under(&*paged, p.as_deref()).await.map(|_| ())
         };
         let what = match spec.scheme {
             Scheme::Azure => "container",
@@ -958,12 +956,7 @@ impl ObjectSource {
             .map(|e| format!(" at {e}"))
             .unwrap_or_default();
         match r {
-            Ok(Ok(Ok(etags))) => {
-                if let Some(e) = etags {
-                    src.note_listing_etags(e);
-                }
-                Ok(src)
-            }
+            Ok(Ok(Ok(()))) => Ok(src),
             Ok(Ok(Err(e))) => Err({
                 let text = one_line(&e);
                 let missing = matches!(e, object_store::Error::NotFound { .. })
@@ -1069,9 +1062,30 @@ impl ObjectSource {
         self.listing_etags.store(v, Relaxed);
     }
 
+    /// Whether the store's listings carry ETags, settled by one page of one
+    /// key under the data set's root while no listing has shown an object
+    /// yet (a key that cannot be a name, or none, leaves it unknown).
+    fn settle_listing_etags(&self) -> io::Result<()> {
+        if self.listing_etags.load(Relaxed) != LISTINGS_UNKNOWN {
+            return Ok(());
+        }
+        let paged = Arc::clone(&self.paged);
+        let root = key_prefix(&self.prefix, Path::new(""));
+        let under = self.run(async move { any_key_under(&*paged, root.as_deref()).await })?;
+        if let Under::Object { etag } = under.map_err(store_io)? {
+            self.note_listing_etags(etag);
+        }
+        Ok(())
+    }
+
     /// A HEAD's attributes, named as a listing of the same object would
     /// name them; the HEAD's ETag is remembered for the GETs' `If-Match`.
-    fn head_attr(&self, rel: &Path, m: &ObjectMeta) -> SourceAttr {
+    /// Before any listing showed an object (a mount started from its saved
+    /// tree stats before it lists), the listings' rule is settled first:
+    /// else a store whose listings carry no ETag would see the version a
+    /// HEAD named by its ETag as another than the one its listing names.
+    fn head_attr(&self, rel: &Path, m: &ObjectMeta) -> io::Result<SourceAttr> {
+        self.settle_listing_etags()?;
         let lacking = self.listing_etags.load(Relaxed) == LISTINGS_LACK_ETAGS;
         let a = if lacking {
             file_attr(&ObjectMeta {
@@ -1085,7 +1099,7 @@ impl ObjectSource {
             self.etags
                 .insert((rel.to_owned(), a.ino), Arc::from(e.as_str()));
         }
-        a
+        Ok(a)
     }
 
     fn key(&self, rel: &Path) -> io::Result<Key> {
@@ -1489,7 +1503,7 @@ impl Source for ObjectSource {
             }
         })?;
         match r.map_err(store_io)? {
-            Some(m) => Ok(self.head_attr(rel, &m)),
+            Some(m) => self.head_attr(rel, &m),
             None => Ok(dir_attr(prefix.as_deref().unwrap_or(""))),
         }
     }
@@ -1970,5 +1984,83 @@ mod tests {
         s.region = Some("x".into());
         let e = s.build(Duration::from_secs(5)).err().unwrap();
         assert!(e.contains("--region is for s3:// only"), "{e}");
+    }
+
+    /// A store whose listings carry no ETag while its HEADs and GETs do (as
+    /// s3s-fs): an in-memory store behind a listing that drops them.
+    struct ListsWithoutEtags(Arc<object_store::memory::InMemory>);
+
+    #[async_trait::async_trait]
+    impl PaginatedListStore for ListsWithoutEtags {
+        async fn list_paginated(
+            &self,
+            prefix: Option<&str>,
+            opts: PaginatedListOptions,
+        ) -> object_store::Result<object_store::list::PaginatedListResult> {
+            let prefix = prefix.unwrap_or("");
+            let all: Vec<ObjectMeta> = self.0.list(None).map(|m| m.unwrap()).collect().await;
+            let mut result = object_store::ListResult {
+                common_prefixes: Vec::new(),
+                objects: Vec::new(),
+                extensions: Default::default(),
+            };
+            for m in all {
+                let Some(rest) = m.location.as_ref().strip_prefix(prefix) else {
+                    continue;
+                };
+                match rest.split_once('/') {
+                    Some((d, _)) if opts.delimiter.is_some() => {
+                        let p = Key::parse(format!("{prefix}{d}")).unwrap();
+                        if !result.common_prefixes.contains(&p) {
+                            result.common_prefixes.push(p);
+                        }
+                    }
+                    _ => result.objects.push(ObjectMeta { e_tag: None, ..m }),
+                }
+            }
+            result.objects.truncate(opts.max_keys.unwrap_or(usize::MAX));
+            Ok(object_store::list::PaginatedListResult {
+                result,
+                page_token: None,
+            })
+        }
+    }
+
+    fn without_listed_etags(keys: &[&str]) -> ObjectSource {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for k in keys {
+            let put = mem.put(
+                &Key::parse(*k).unwrap(),
+                Bytes::from_static(b"bytes").into(),
+            );
+            rt.block_on(put).unwrap();
+        }
+        let built = Built {
+            store: Arc::clone(&mem) as Arc<dyn ObjectStore>,
+            paged: Arc::new(ListsWithoutEtags(mem)),
+            throttled: Arc::default(),
+            bad_replies: Arc::default(),
+            resume: Resume::StartAfter,
+        };
+        ObjectSource::new(built, "", "test").unwrap()
+    }
+
+    #[test]
+    fn a_head_before_any_listing_names_a_version_as_its_listing_does() {
+        // A mount started from its saved tree stats a file before it lists
+        // anything: the HEAD's ETag must not name the version when the
+        // listings name it by its time.
+        let src = without_listed_etags(&["d/f", "e"]);
+        let head = src.stat(Path::new("d/f")).unwrap();
+        let listed = src.list(Path::new("d")).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].1.ino, head.ino, "the HEAD named another version");
+        assert_eq!(head.ino, no_etag_ino(head.mtime_ns));
+        assert_eq!((head.size, head.mtime_ns), (5, listed[0].1.mtime_ns));
+        // The ETag the HEAD saw goes with the GETs of that version.
+        assert!(src.etags.get(&(PathBuf::from("d/f"), head.ino)).is_some());
     }
 }
