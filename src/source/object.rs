@@ -866,7 +866,11 @@ pub struct ObjectSource {
     /// The source's own runtime (see the module comment); shut down in the
     /// background when the source is dropped, wherever that happens.
     rt: Option<tokio::runtime::Runtime>,
-    etags: moka::sync::Cache<(PathBuf, u64), Arc<str>>,
+    /// ETags seen, by path, `ino` and size: versions whose listing carried
+    /// no ETag share one `ino` per second ([`no_etag_ino`]), so the size
+    /// keeps a same-second replacement of another size from being asked
+    /// with its predecessor's ETag.
+    etags: moka::sync::Cache<(PathBuf, u64, u64), Arc<str>>,
     /// Keys skipped because they cannot be file names, each warned about
     /// once.
     warned: parking_lot::Mutex<HashSet<String>>,
@@ -1097,7 +1101,7 @@ impl ObjectSource {
         };
         if let Some(e) = &m.e_tag {
             self.etags
-                .insert((rel.to_owned(), a.ino), Arc::from(e.as_str()));
+                .insert((rel.to_owned(), a.ino, a.size), Arc::from(e.as_str()));
         }
         Ok(a)
     }
@@ -1246,7 +1250,7 @@ impl ObjectSource {
             let a = file_attr(&f);
             if let Some(e) = &f.e_tag {
                 self.etags
-                    .insert((rel.join(name), a.ino), Arc::from(e.as_str()));
+                    .insert((rel.join(name), a.ino, a.size), Arc::from(e.as_str()));
             }
             out.insert(name.to_owned(), a);
         }
@@ -1542,7 +1546,7 @@ impl Source for ObjectSource {
             return Ok(Bytes::new());
         }
         let key = self.key(rel).map_err(|e| SourceError::io(rel, e))?;
-        let known = self.etags.get(&(rel.to_owned(), version.ino));
+        let known = self.etags.get(&(rel.to_owned(), version.ino, version.size));
         let if_match = known.as_ref().map(|e| e.to_string());
         let store = Arc::clone(&self.store);
         let bad = Arc::clone(&self.bad_replies);
@@ -1586,8 +1590,10 @@ impl Source for ObjectSource {
         // next GETs, and checked on their answers).
         if known.is_none() {
             if let Some(e) = &meta.e_tag {
-                self.etags
-                    .insert((rel.to_owned(), version.ino), Arc::from(e.as_str()));
+                self.etags.insert(
+                    (rel.to_owned(), version.ino, version.size),
+                    Arc::from(e.as_str()),
+                );
             }
         }
         Ok(bytes)
@@ -2026,26 +2032,32 @@ mod tests {
         }
     }
 
-    fn without_listed_etags(keys: &[&str]) -> ObjectSource {
-        let mem = Arc::new(object_store::memory::InMemory::new());
+    type Mem = Arc<object_store::memory::InMemory>;
+
+    fn put(mem: &Mem, key: &str, bytes: &'static [u8]) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
+        let key = Key::parse(key).unwrap();
+        rt.block_on(mem.put(&key, Bytes::from_static(bytes).into()))
+            .unwrap();
+    }
+
+    /// A source over `keys` (each holding `bytes`) in a store whose
+    /// listings carry no ETag, and the store.
+    fn without_listed_etags(keys: &[&str]) -> (ObjectSource, Mem) {
+        let mem: Mem = Arc::default();
         for k in keys {
-            let put = mem.put(
-                &Key::parse(*k).unwrap(),
-                Bytes::from_static(b"bytes").into(),
-            );
-            rt.block_on(put).unwrap();
+            put(&mem, k, b"bytes");
         }
         let built = Built {
             store: Arc::clone(&mem) as Arc<dyn ObjectStore>,
-            paged: Arc::new(ListsWithoutEtags(mem)),
+            paged: Arc::new(ListsWithoutEtags(Arc::clone(&mem))),
             throttled: Arc::default(),
             bad_replies: Arc::default(),
             resume: Resume::StartAfter,
         };
-        ObjectSource::new(built, "", "test").unwrap()
+        (ObjectSource::new(built, "", "test").unwrap(), mem)
     }
 
     #[test]
@@ -2053,7 +2065,7 @@ mod tests {
         // A mount started from its saved tree stats a file before it lists
         // anything: the HEAD's ETag must not name the version when the
         // listings name it by its time.
-        let src = without_listed_etags(&["d/f", "e"]);
+        let (src, _) = without_listed_etags(&["d/f", "e"]);
         let head = src.stat(Path::new("d/f")).unwrap();
         let listed = src.list(Path::new("d")).unwrap();
         assert_eq!(listed.len(), 1);
@@ -2061,6 +2073,37 @@ mod tests {
         assert_eq!(head.ino, no_etag_ino(head.mtime_ns));
         assert_eq!((head.size, head.mtime_ns), (5, listed[0].1.mtime_ns));
         // The ETag the HEAD saw goes with the GETs of that version.
-        assert!(src.etags.get(&(PathBuf::from("d/f"), head.ino)).is_some());
+        assert!(src
+            .etags
+            .get(&(PathBuf::from("d/f"), head.ino, head.size))
+            .is_some());
+    }
+
+    #[test]
+    fn a_same_second_replacement_of_another_size_is_read_as_itself() {
+        // Without ETags in the listings, both versions share one `ino`
+        // (their second); the ETag the first GET of the old one remembered
+        // must not be the new one's `If-Match`.
+        let (src, mem) = without_listed_etags(&[]);
+        let listed = |src: &ObjectSource| src.list(Path::new("")).unwrap()[0].1;
+        let f = Path::new("f");
+        for _ in 0..5 {
+            put(&mem, "f", b"bytes");
+            let old = listed(&src);
+            assert_eq!(&src.read_at(f, &old.version(), 0, 5).unwrap()[..], b"bytes");
+            put(&mem, "f", b"longer");
+            let new = listed(&src);
+            if new.mtime_ns != old.mtime_ns {
+                // The second turned between the two: try again.
+                continue;
+            }
+            assert_eq!((new.ino, new.size), (old.ino, 6));
+            let got = src.read_at(f, &new.version(), 0, 6);
+            assert_eq!(&got.unwrap()[..], b"longer");
+            let gone = src.read_at(f, &old.version(), 0, 5);
+            assert!(matches!(gone, Err(SourceError::Changed { .. })), "{gone:?}");
+            return;
+        }
+        panic!("no two puts within one second in five tries");
     }
 }
