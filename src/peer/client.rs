@@ -7,8 +7,8 @@
 //! never more than [`MAX_ATTEMPTS`] members, each within `--peer-timeout`;
 //! after that the reader goes to the source. An owner that is listed but
 //! not reached yet (the mesh still forming: `Member::is_expected`) is waited
-//! for, at most `--peer-timeout` (that wait is one of the attempts), and
-//! asked the moment it connects; if it does not come in time the block is
+//! for, at most `--peer-timeout`, and asked the moment it connects (the wait
+//! and the ask are that member's one attempt); if it does not come in time the block is
 //! read from the source at once and counted
 //! (`peer_unreached_source_blocks`): asking the next member instead would
 //! only make that member read the source. A member that answers `Busy`
@@ -220,8 +220,8 @@ impl PeerClient {
                 if !m.is_expected() {
                     continue;
                 }
-                // The owner is listed but not reached yet: wait for it.
-                attempts += 1;
+                // The owner is listed but not reached yet: wait for it
+                // (the wait and the ask below are one attempt).
                 self.stats.peer_owner_waits.fetch_add(1, Relaxed);
                 if !m.wait_up(self.timeout).await {
                     self.stats
