@@ -804,8 +804,10 @@ pub struct ListingBounds {
     entries: usize,
     pages: usize,
     /// Every position a page asked to continue from (a token, or a
-    /// start-after key of ours), in this listing.
-    positions: HashSet<String>,
+    /// start-after key of ours), in this listing, by its 64-bit hash (a
+    /// store's tokens can be long; a collision only stops a listing as a
+    /// loop, at odds of 2^-64 per pair).
+    positions: HashSet<u64>,
 }
 
 impl ListingBounds {
@@ -837,7 +839,10 @@ impl ListingBounds {
             });
         }
         if let Some(next) = next {
-            if !self.positions.insert(next.to_owned()) {
+            if !self
+                .positions
+                .insert(xxhash_rust::xxh3::xxh3_64(next.as_bytes()))
+            {
                 return Err(ListingStop::Repeated { page: self.pages });
             }
         }
@@ -1582,7 +1587,8 @@ impl Source for ObjectSource {
                 ))
             }
         };
-        if !same_version(version, known.as_deref(), &meta) || bytes.len() != len {
+        // (`collect_range` gave exactly `len` bytes or failed)
+        if !same_version(version, known.as_deref(), &meta) {
             return Err(changed());
         }
         // The first GET of a version its listing named without an ETag:
