@@ -926,10 +926,6 @@ impl std::fmt::Display for ProbeError {
 }
 
 impl ObjectSource {
-    /// Builds the client and asks the store for the first page of the data
-    /// set's root, once, within `probe_timeout`: a bucket that does not
-    /// exist, refused credentials or an endpoint that does not answer are
-    /// found here, before anything is mounted.
     /// The source without the probe, for a mount that starts from its saved
     /// tree while the store does not answer.
     pub fn unprobed(spec: &ObjectSpec, timeout: Duration) -> Result<ObjectSource, String> {
@@ -938,6 +934,10 @@ impl ObjectSource {
             .map_err(|e| format!("{}: {e}", spec.url()))
     }
 
+    /// Builds the client and asks the store for the first page of the data
+    /// set's root, once, within `probe_timeout`: a bucket that does not
+    /// exist, refused credentials or an endpoint that does not answer are
+    /// found here, before anything is mounted.
     pub fn open(
         spec: &ObjectSpec,
         timeout: Duration,
@@ -1060,7 +1060,6 @@ impl ObjectSource {
         futures::executor::block_on(h).map_err(io::Error::other)
     }
 
-    /// The key of a path of the data set.
     /// Notes whether a listing showed an object with an ETag.
     fn note_listing_etags(&self, has: bool) {
         let v = if has {
@@ -1111,6 +1110,7 @@ impl ObjectSource {
         Ok(a)
     }
 
+    /// The key of a path of the data set.
     fn key(&self, rel: &Path) -> io::Result<Key> {
         let s = key_prefix(&self.prefix, rel).unwrap_or_default();
         Key::parse(&s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
