@@ -399,7 +399,7 @@ impl Progress {
 
 /// What a caller of [`SourceGuard::stat_then`] is given: the source's
 /// answer or ETIMEDOUT, on whatever thread has it.
-pub type StatAnswer = Box<dyn FnOnce(io::Result<SourceAttr>) + Send>;
+pub type StatAnswer = Answer<SourceAttr>;
 
 /// What a caller of a handed-over call is given (a stat's attributes, an
 /// entry's ACLs): the source's answer or ETIMEDOUT.

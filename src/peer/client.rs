@@ -7,8 +7,8 @@
 //! never more than [`MAX_ATTEMPTS`] members, each within `--peer-timeout`;
 //! after that the reader goes to the source. An owner that is listed but
 //! not reached yet (the mesh still forming: `Member::is_expected`) is waited
-//! for, at most `--peer-timeout` (that wait is one of the attempts), and
-//! asked the moment it connects; if it does not come in time the block is
+//! for, at most `--peer-timeout`, and asked the moment it connects (the wait
+//! and the ask are that member's one attempt); if it does not come in time the block is
 //! read from the source at once and counted
 //! (`peer_unreached_source_blocks`): asking the next member instead would
 //! only make that member read the source. A member that answers `Busy`
@@ -220,8 +220,8 @@ impl PeerClient {
                 if !m.is_expected() {
                     continue;
                 }
-                // The owner is listed but not reached yet: wait for it.
-                attempts += 1;
+                // The owner is listed but not reached yet: wait for it
+                // (the wait and the ask below are one attempt).
                 self.stats.peer_owner_waits.fetch_add(1, Relaxed);
                 if !m.wait_up(self.timeout).await {
                     self.stats
@@ -288,5 +288,144 @@ impl PeerTier for PeerClient {
         len: usize,
     ) -> BoxFuture<'static, Option<ChecksummedBytes>> {
         self.clone().fetch_inner(file, index, len).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::block_checksum;
+    use crate::peer::placement::{MemberId, Placement};
+    use crate::peer::tls::test_pki::{admin_identity, test_ca};
+    use crate::source::SourceVersion;
+    use std::net::{SocketAddr, UdpSocket};
+    use std::path::Path;
+
+    /// A member at `addr` answering every request with `reply`.
+    fn answer_all(identity: &crate::peer::tls::ClusterIdentity, addr: SocketAddr, reply: Frame) {
+        let ep = quinn::Endpoint::server(identity.server_config(), addr).unwrap();
+        tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        let _ = recv.read_to_end(1 << 20).await;
+                        let mut out = BytesMut::new();
+                        codec::encode(&reply, &mut out).unwrap();
+                        let _ = send.write_all(&out).await;
+                        let _ = send.finish();
+                    }
+                });
+            }
+        });
+    }
+
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owner_waited_for_that_fails_is_followed_by_the_next_member() {
+        let ca = test_ca("test CA");
+        let mine = admin_identity(&ca, "locafs.example.com");
+        let mut ep =
+            quinn::Endpoint::server(mine.server_config(), "127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(mine.client_config());
+        let me = ep.local_addr().unwrap();
+        // Two members whose ports are held, unanswered, until they serve.
+        let held: Vec<UdpSocket> = (0..2)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs: Vec<SocketAddr> = held.iter().map(|s| s.local_addr().unwrap()).collect();
+        let file = Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size: 1 << 30,
+                mtime_ns: 1,
+                ino: 2,
+            },
+        ));
+        let (dataset, block_size, len) = ([3u8; 16], 4096u32, 4096usize);
+        // A block ranked: one member, the other, this node last.
+        let ids: Vec<MemberId> = [me, addrs[0], addrs[1]]
+            .iter()
+            .map(|a| MemberId::new(a.to_string()))
+            .collect();
+        let ranking = Placement::new(ids.clone());
+        let key = |i| block_key(&dataset, &path_id(&file.rel), i, block_size);
+        let index = (0..)
+            .find(|&i| ranking.owners(&key(i))[2] == &ids[0])
+            .unwrap();
+        let owners = ranking.owners(&key(index));
+        let pos = |id: &MemberId| ids.iter().position(|x| x == id).unwrap() - 1;
+        let (late, next) = (pos(owners[0]), pos(owners[1]));
+
+        let stats = Arc::new(Stats::default());
+        let membership = Membership::new(
+            [me, addrs[0], addrs[1]]
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            me,
+            mine.leaf_certificate().to_vec(),
+            mine.leaf_is_fresh(),
+            ep,
+            Duration::from_millis(500),
+            Arc::clone(&stats),
+        );
+        tokio::spawn(Arc::clone(&membership).run());
+        // The next-ranked member serves the block from the start.
+        let data = Bytes::from(vec![7u8; len]);
+        let mut held: Vec<Option<UdpSocket>> = held.into_iter().map(Some).collect();
+        held[next] = None;
+        let block = Frame::Block {
+            checksum: block_checksum(&data),
+            data: data.clone(),
+        };
+        answer_all(
+            &admin_identity(&ca, "locafs.example.com"),
+            addrs[next],
+            block,
+        );
+        let member = |i: usize| membership.member_at(&addrs[i]);
+        until("the next member up", || {
+            member(next).is_some_and(|m| m.is_up())
+        })
+        .await;
+        assert!(member(late).unwrap().is_expected());
+
+        // The owner is waited for; it comes up and lacks the block.
+        let client = PeerClient::new(
+            Arc::clone(&membership),
+            dataset,
+            block_size,
+            Duration::from_secs(20),
+            Arc::clone(&stats),
+        );
+        let fetch = tokio::spawn(client.fetch_inner(Arc::clone(&file), index, len));
+        until("a wait for the owner", || {
+            stats.peer_owner_waits.load(Relaxed) == 1
+        })
+        .await;
+        held[late] = None;
+        answer_all(
+            &admin_identity(&ca, "locafs.example.com"),
+            addrs[late],
+            Frame::NotFound,
+        );
+        let got = tokio::time::timeout(Duration::from_secs(60), fetch)
+            .await
+            .expect("the fetch ended")
+            .unwrap();
+        assert_eq!(stats.peer_owner_waits_met.load(Relaxed), 1);
+        assert_eq!(member(late).unwrap().requests.load(Relaxed), 1);
+        assert_eq!(member(next).unwrap().requests.load(Relaxed), 1);
+        let got = got.expect("the next member was not asked after the owner failed");
+        assert_eq!(got.data(), &data);
     }
 }

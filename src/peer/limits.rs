@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use super::server::{Counter, Held};
+
 /// What a reply costs besides its block: the frame header, the stream's
 /// state in quinn and our task. Also makes a flood of tiny replies count.
 pub const REPLY_OVERHEAD: u64 = 16 << 10;
@@ -285,8 +287,8 @@ pub const RETRY_ABOVE_TOTAL: usize = 64;
 
 /// What to do with a QUIC connection attempt.
 pub enum Admit {
-    /// Start the handshake; the slot is held until it ends.
-    Accept(HandshakeSlot),
+    /// Start the handshake; the slot is held until it ends (dropped).
+    Accept(Held),
     /// Send a stateless Retry: the peer must come back with a token that
     /// proves its address.
     Retry,
@@ -299,33 +301,8 @@ pub enum Admit {
 /// address is validated and whether it is a configured member's.
 #[derive(Default)]
 pub struct HandshakeGate {
-    state: Arc<Mutex<GateState>>,
-}
-
-#[derive(Default)]
-struct GateState {
-    per_host: HashMap<IpAddr, usize>,
-    total: usize,
-    peak_per_host: usize,
-}
-
-/// One handshake in progress; given back when dropped.
-pub struct HandshakeSlot {
-    state: Arc<Mutex<GateState>>,
-    host: IpAddr,
-}
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        let mut st = self.state.lock();
-        st.total -= 1;
-        if let Some(n) = st.per_host.get_mut(&self.host) {
-            *n -= 1;
-            if *n == 0 {
-                st.per_host.remove(&self.host);
-            }
-        }
-    }
+    per_host: Counter<IpAddr>,
+    total: Counter<()>,
 }
 
 impl HandshakeGate {
@@ -335,34 +312,29 @@ impl HandshakeGate {
     /// node of the job reaches its peers however many strangers knock).
     pub fn admit(&self, host: IpAddr, validated: bool, member: bool) -> Admit {
         let host = host.to_canonical();
-        let mut st = self.state.lock();
-        let from_host = st.per_host.get(&host).copied().unwrap_or(0);
-        if !validated && (from_host >= RETRY_ABOVE_PER_HOST || st.total >= RETRY_ABOVE_TOTAL) {
-            return Admit::Retry;
-        }
-        let exempt = validated && member;
-        if !exempt && (from_host >= HANDSHAKES_PER_HOST || st.total >= HANDSHAKES_TOTAL) {
-            return Admit::Refuse;
-        }
-        st.total += 1;
-        let n = st.per_host.entry(host).or_insert(0);
-        *n += 1;
-        let n = *n;
-        st.peak_per_host = st.peak_per_host.max(n);
-        Admit::Accept(HandshakeSlot {
-            state: Arc::clone(&self.state),
-            host,
+        // The bounds of this attempt, and what it gets past them.
+        let (per_host, total, past) = if !validated {
+            (RETRY_ABOVE_PER_HOST, RETRY_ABOVE_TOTAL, Admit::Retry)
+        } else if member {
+            (usize::MAX, usize::MAX, Admit::Refuse)
+        } else {
+            (HANDSHAKES_PER_HOST, HANDSHAKES_TOTAL, Admit::Refuse)
+        };
+        let Some(h) = self.per_host.take(host, per_host) else {
+            return past;
+        };
+        let Some(t) = self.total.take((), total) else {
+            h();
+            return past;
+        };
+        Admit::Accept(Held {
+            release: vec![h, t],
         })
     }
 
     /// Handshakes in progress now, in all.
     pub fn in_progress(&self) -> usize {
-        self.state.lock().total
-    }
-
-    /// The most handshakes ever in progress at once from one host.
-    pub fn peak_per_host(&self) -> usize {
-        self.state.lock().peak_per_host
+        self.total.get(&())
     }
 }
 
@@ -503,7 +475,7 @@ mod tests {
             _ => None,
         };
         // Unproven attempts of one host: a few handshakes, then Retry.
-        let mut held: Vec<HandshakeSlot> = (0..RETRY_ABOVE_PER_HOST)
+        let mut held: Vec<Held> = (0..RETRY_ABOVE_PER_HOST)
             .map(|_| accepted(gate.admit(flood, false, false)).unwrap())
             .collect();
         for _ in 0..100 {
@@ -519,12 +491,13 @@ mod tests {
         let other: IpAddr = "10.0.0.10".parse().unwrap();
         let o = accepted(gate.admit(other, false, false)).expect("another host");
         assert_eq!(gate.in_progress(), HANDSHAKES_PER_HOST + 1);
-        // Finished handshakes give their slots back.
+        // Finished handshakes give their slots back, and the host is held
+        // to its bound again.
         drop(held.pop());
-        assert!(accepted(gate.admit(flood, true, false)).is_some());
+        held.push(accepted(gate.admit(flood, true, false)).unwrap());
+        assert!(matches!(gate.admit(flood, true, false), Admit::Refuse));
         drop((held, o));
         assert_eq!(gate.in_progress(), 0);
-        assert_eq!(gate.peak_per_host(), HANDSHAKES_PER_HOST);
 
         // Many hosts: every unproven attempt retried past the total's
         // threshold, proven ones refused past the total, but a proven

@@ -168,7 +168,7 @@ pub struct PeerLimits {
 
 /// One unit held under a limit; released when dropped.
 pub struct Held {
-    release: Vec<Box<dyn FnOnce() + Send + Sync>>,
+    pub(super) release: Vec<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl Drop for Held {
@@ -179,7 +179,10 @@ impl Drop for Held {
     }
 }
 
-struct Counter<K>(Arc<Mutex<HashMap<K, usize>>>);
+/// Units held per key (a peer, a host; `()` for a total), each given back
+/// by the closure `take` returns (run by [`Held`]'s drop). Also the
+/// handshake bounds' (`limits::HandshakeGate`).
+pub(super) struct Counter<K>(Arc<Mutex<HashMap<K, usize>>>);
 
 impl<K> Default for Counter<K> {
     fn default() -> Self {
@@ -189,7 +192,7 @@ impl<K> Default for Counter<K> {
 
 impl<K: Hash + Eq + Copy + Send + Sync + 'static> Counter<K> {
     /// Takes one unit for `k` if it has fewer than `max`.
-    fn take(&self, k: K, max: usize) -> Option<Box<dyn FnOnce() + Send + Sync>> {
+    pub(super) fn take(&self, k: K, max: usize) -> Option<Box<dyn FnOnce() + Send + Sync>> {
         let mut m = self.0.lock();
         let n = m.entry(k).or_insert(0);
         if *n >= max {
@@ -208,7 +211,7 @@ impl<K: Hash + Eq + Copy + Send + Sync + 'static> Counter<K> {
         }))
     }
 
-    fn get(&self, k: &K) -> usize {
+    pub(super) fn get(&self, k: &K) -> usize {
         self.0.lock().get(k).copied().unwrap_or(0)
     }
 }

@@ -253,12 +253,7 @@ pub trait Source: Send + Sync + 'static {
     /// it; the source guard answers from its bounded workers within
     /// `--metadata-timeout`.
     fn acls_then(self: Arc<Self>, rel: PathBuf, done: Box<dyn FnOnce(io::Result<Acls>) + Send>) {
-        let asked = std::thread::Builder::new()
-            .name("locafs-acls".into())
-            .spawn(move || done(self.acls(&rel)));
-        if let Err(e) = asked {
-            tracing::warn!("no thread for an ACL read: {e}");
-        }
+        on_own_thread("locafs-acls", "an ACL read", move || done(self.acls(&rel)));
     }
 
     /// [`Source::stat`] for async callers (see [`Source::read_at_async`]).
@@ -280,12 +275,7 @@ pub trait Source: Send + Sync + 'static {
         rel: PathBuf,
         done: Box<dyn FnOnce(io::Result<SourceAttr>) + Send>,
     ) {
-        let asked = std::thread::Builder::new()
-            .name("locafs-stat".into())
-            .spawn(move || done(self.stat(&rel)));
-        if let Err(e) = asked {
-            tracing::warn!("no thread for a stat: {e}");
-        }
+        on_own_thread("locafs-stat", "a stat", move || done(self.stat(&rel)));
     }
 
     /// [`Source::list`] for async callers (see [`Source::read_at_async`]).
@@ -371,5 +361,14 @@ pub trait Source: Send + Sync + 'static {
     /// token. Each failed only its own call.
     fn bad_replies(&self) -> u64 {
         0
+    }
+}
+
+/// Runs `f` on a thread of its own named `name` (the defaults of
+/// [`Source::stat_then`] and [`Source::acls_then`]); a thread that cannot
+/// be made is logged (`what`: the call it was for).
+fn on_own_thread(name: &str, what: &str, f: impl FnOnce() + Send + 'static) {
+    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(f) {
+        tracing::warn!("no thread for {what}: {e}");
     }
 }

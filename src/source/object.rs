@@ -804,8 +804,10 @@ pub struct ListingBounds {
     entries: usize,
     pages: usize,
     /// Every position a page asked to continue from (a token, or a
-    /// start-after key of ours), in this listing.
-    positions: HashSet<String>,
+    /// start-after key of ours), in this listing, by its 64-bit hash (a
+    /// store's tokens can be long; a collision only stops a listing as a
+    /// loop, at odds of 2^-64 per pair).
+    positions: HashSet<u64>,
 }
 
 impl ListingBounds {
@@ -837,7 +839,10 @@ impl ListingBounds {
             });
         }
         if let Some(next) = next {
-            if !self.positions.insert(next.to_owned()) {
+            if !self
+                .positions
+                .insert(xxhash_rust::xxh3::xxh3_64(next.as_bytes()))
+            {
                 return Err(ListingStop::Repeated { page: self.pages });
             }
         }
@@ -866,7 +871,11 @@ pub struct ObjectSource {
     /// The source's own runtime (see the module comment); shut down in the
     /// background when the source is dropped, wherever that happens.
     rt: Option<tokio::runtime::Runtime>,
-    etags: moka::sync::Cache<(PathBuf, u64), Arc<str>>,
+    /// ETags seen, by path, `ino` and size: versions whose listing carried
+    /// no ETag share one `ino` per second ([`no_etag_ino`]), so the size
+    /// keeps a same-second replacement of another size from being asked
+    /// with its predecessor's ETag.
+    etags: moka::sync::Cache<(PathBuf, u64, u64), Arc<str>>,
     /// Keys skipped because they cannot be file names, each warned about
     /// once.
     warned: parking_lot::Mutex<HashSet<String>>,
@@ -876,7 +885,8 @@ pub struct ObjectSource {
     /// See [`Built::bad_replies`].
     bad_replies: Arc<AtomicU64>,
     /// Whether the store's listings carry ETags: [`LISTINGS_UNKNOWN`] until a
-    /// listing showed an object. A HEAD's attributes follow the listings'
+    /// listing showed an object (a HEAD's answer asks one first:
+    /// `settle_listing_etags`). A HEAD's attributes follow the listings'
     /// rule, so that both name a version alike.
     listing_etags: std::sync::atomic::AtomicU8,
 }
@@ -916,10 +926,6 @@ impl std::fmt::Display for ProbeError {
 }
 
 impl ObjectSource {
-    /// Builds the client and asks the store for the first page of the data
-    /// set's root, once, within `probe_timeout`: a bucket that does not
-    /// exist, refused credentials or an endpoint that does not answer are
-    /// found here, before anything is mounted.
     /// The source without the probe, for a mount that starts from its saved
     /// tree while the store does not answer.
     pub fn unprobed(spec: &ObjectSpec, timeout: Duration) -> Result<ObjectSource, String> {
@@ -928,6 +934,10 @@ impl ObjectSource {
             .map_err(|e| format!("{}: {e}", spec.url()))
     }
 
+    /// Builds the client and asks the store for the first page of the data
+    /// set's root, once, within `probe_timeout`: a bucket that does not
+    /// exist, refused credentials or an endpoint that does not answer are
+    /// found here, before anything is mounted.
     pub fn open(
         spec: &ObjectSpec,
         timeout: Duration,
@@ -942,10 +952,7 @@ impl ObjectSource {
             let p = key_prefix(&prefix, Path::new(""));
             // A key that cannot be a name is still an answer: the bucket
             // is there and the credentials are taken.
-            any_key_under(&*paged, p.as_deref()).await.map(|u| match u {
-                Under::Object { etag } => Some(etag),
-                Under::Nothing | Under::Other => None,
-            })
+            any_key_under(&*paged, p.as_deref()).await.map(|_| ())
         };
         let what = match spec.scheme {
             Scheme::Azure => "container",
@@ -958,12 +965,7 @@ impl ObjectSource {
             .map(|e| format!(" at {e}"))
             .unwrap_or_default();
         match r {
-            Ok(Ok(Ok(etags))) => {
-                if let Some(e) = etags {
-                    src.note_listing_etags(e);
-                }
-                Ok(src)
-            }
+            Ok(Ok(Ok(()))) => Ok(src),
             Ok(Ok(Err(e))) => Err({
                 let text = one_line(&e);
                 let missing = matches!(e, object_store::Error::NotFound { .. })
@@ -1058,7 +1060,6 @@ impl ObjectSource {
         futures::executor::block_on(h).map_err(io::Error::other)
     }
 
-    /// The key of a path of the data set.
     /// Notes whether a listing showed an object with an ETag.
     fn note_listing_etags(&self, has: bool) {
         let v = if has {
@@ -1069,9 +1070,30 @@ impl ObjectSource {
         self.listing_etags.store(v, Relaxed);
     }
 
+    /// Whether the store's listings carry ETags, settled by one page of one
+    /// key under the data set's root while no listing has shown an object
+    /// yet (a key that cannot be a name, or none, leaves it unknown).
+    fn settle_listing_etags(&self) -> io::Result<()> {
+        if self.listing_etags.load(Relaxed) != LISTINGS_UNKNOWN {
+            return Ok(());
+        }
+        let paged = Arc::clone(&self.paged);
+        let root = key_prefix(&self.prefix, Path::new(""));
+        let under = self.run(async move { any_key_under(&*paged, root.as_deref()).await })?;
+        if let Under::Object { etag } = under.map_err(store_io)? {
+            self.note_listing_etags(etag);
+        }
+        Ok(())
+    }
+
     /// A HEAD's attributes, named as a listing of the same object would
     /// name them; the HEAD's ETag is remembered for the GETs' `If-Match`.
-    fn head_attr(&self, rel: &Path, m: &ObjectMeta) -> SourceAttr {
+    /// Before any listing showed an object (a mount started from its saved
+    /// tree stats before it lists), the listings' rule is settled first:
+    /// else a store whose listings carry no ETag would see the version a
+    /// HEAD named by its ETag as another than the one its listing names.
+    fn head_attr(&self, rel: &Path, m: &ObjectMeta) -> io::Result<SourceAttr> {
+        self.settle_listing_etags()?;
         let lacking = self.listing_etags.load(Relaxed) == LISTINGS_LACK_ETAGS;
         let a = if lacking {
             file_attr(&ObjectMeta {
@@ -1083,11 +1105,12 @@ impl ObjectSource {
         };
         if let Some(e) = &m.e_tag {
             self.etags
-                .insert((rel.to_owned(), a.ino), Arc::from(e.as_str()));
+                .insert((rel.to_owned(), a.ino, a.size), Arc::from(e.as_str()));
         }
-        a
+        Ok(a)
     }
 
+    /// The key of a path of the data set.
     fn key(&self, rel: &Path) -> io::Result<Key> {
         let s = key_prefix(&self.prefix, rel).unwrap_or_default();
         Key::parse(&s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
@@ -1232,7 +1255,7 @@ impl ObjectSource {
             let a = file_attr(&f);
             if let Some(e) = &f.e_tag {
                 self.etags
-                    .insert((rel.join(name), a.ino), Arc::from(e.as_str()));
+                    .insert((rel.join(name), a.ino, a.size), Arc::from(e.as_str()));
             }
             out.insert(name.to_owned(), a);
         }
@@ -1489,7 +1512,7 @@ impl Source for ObjectSource {
             }
         })?;
         match r.map_err(store_io)? {
-            Some(m) => Ok(self.head_attr(rel, &m)),
+            Some(m) => self.head_attr(rel, &m),
             None => Ok(dir_attr(prefix.as_deref().unwrap_or(""))),
         }
     }
@@ -1528,7 +1551,7 @@ impl Source for ObjectSource {
             return Ok(Bytes::new());
         }
         let key = self.key(rel).map_err(|e| SourceError::io(rel, e))?;
-        let known = self.etags.get(&(rel.to_owned(), version.ino));
+        let known = self.etags.get(&(rel.to_owned(), version.ino, version.size));
         let if_match = known.as_ref().map(|e| e.to_string());
         let store = Arc::clone(&self.store);
         let bad = Arc::clone(&self.bad_replies);
@@ -1564,7 +1587,8 @@ impl Source for ObjectSource {
                 ))
             }
         };
-        if !same_version(version, known.as_deref(), &meta) || bytes.len() != len {
+        // (`collect_range` gave exactly `len` bytes or failed)
+        if !same_version(version, known.as_deref(), &meta) {
             return Err(changed());
         }
         // The first GET of a version its listing named without an ETag:
@@ -1572,8 +1596,10 @@ impl Source for ObjectSource {
         // next GETs, and checked on their answers).
         if known.is_none() {
             if let Some(e) = &meta.e_tag {
-                self.etags
-                    .insert((rel.to_owned(), version.ino), Arc::from(e.as_str()));
+                self.etags.insert(
+                    (rel.to_owned(), version.ino, version.size),
+                    Arc::from(e.as_str()),
+                );
             }
         }
         Ok(bytes)
@@ -1970,5 +1996,120 @@ mod tests {
         s.region = Some("x".into());
         let e = s.build(Duration::from_secs(5)).err().unwrap();
         assert!(e.contains("--region is for s3:// only"), "{e}");
+    }
+
+    /// A store whose listings carry no ETag while its HEADs and GETs do (as
+    /// s3s-fs): an in-memory store behind a listing that drops them.
+    struct ListsWithoutEtags(Arc<object_store::memory::InMemory>);
+
+    #[async_trait::async_trait]
+    impl PaginatedListStore for ListsWithoutEtags {
+        async fn list_paginated(
+            &self,
+            prefix: Option<&str>,
+            opts: PaginatedListOptions,
+        ) -> object_store::Result<object_store::list::PaginatedListResult> {
+            let prefix = prefix.unwrap_or("");
+            let all: Vec<ObjectMeta> = self.0.list(None).map(|m| m.unwrap()).collect().await;
+            let mut result = object_store::ListResult {
+                common_prefixes: Vec::new(),
+                objects: Vec::new(),
+                extensions: Default::default(),
+            };
+            for m in all {
+                let Some(rest) = m.location.as_ref().strip_prefix(prefix) else {
+                    continue;
+                };
+                match rest.split_once('/') {
+                    Some((d, _)) if opts.delimiter.is_some() => {
+                        let p = Key::parse(format!("{prefix}{d}")).unwrap();
+                        if !result.common_prefixes.contains(&p) {
+                            result.common_prefixes.push(p);
+                        }
+                    }
+                    _ => result.objects.push(ObjectMeta { e_tag: None, ..m }),
+                }
+            }
+            result.objects.truncate(opts.max_keys.unwrap_or(usize::MAX));
+            Ok(object_store::list::PaginatedListResult {
+                result,
+                page_token: None,
+            })
+        }
+    }
+
+    type Mem = Arc<object_store::memory::InMemory>;
+
+    fn put(mem: &Mem, key: &str, bytes: &'static [u8]) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let key = Key::parse(key).unwrap();
+        rt.block_on(mem.put(&key, Bytes::from_static(bytes).into()))
+            .unwrap();
+    }
+
+    /// A source over `keys` (each holding `bytes`) in a store whose
+    /// listings carry no ETag, and the store.
+    fn without_listed_etags(keys: &[&str]) -> (ObjectSource, Mem) {
+        let mem: Mem = Arc::default();
+        for k in keys {
+            put(&mem, k, b"bytes");
+        }
+        let built = Built {
+            store: Arc::clone(&mem) as Arc<dyn ObjectStore>,
+            paged: Arc::new(ListsWithoutEtags(Arc::clone(&mem))),
+            throttled: Arc::default(),
+            bad_replies: Arc::default(),
+            resume: Resume::StartAfter,
+        };
+        (ObjectSource::new(built, "", "test").unwrap(), mem)
+    }
+
+    #[test]
+    fn a_head_before_any_listing_names_a_version_as_its_listing_does() {
+        // A mount started from its saved tree stats a file before it lists
+        // anything: the HEAD's ETag must not name the version when the
+        // listings name it by its time.
+        let (src, _) = without_listed_etags(&["d/f", "e"]);
+        let head = src.stat(Path::new("d/f")).unwrap();
+        let listed = src.list(Path::new("d")).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].1.ino, head.ino, "the HEAD named another version");
+        assert_eq!(head.ino, no_etag_ino(head.mtime_ns));
+        assert_eq!((head.size, head.mtime_ns), (5, listed[0].1.mtime_ns));
+        // The ETag the HEAD saw goes with the GETs of that version.
+        assert!(src
+            .etags
+            .get(&(PathBuf::from("d/f"), head.ino, head.size))
+            .is_some());
+    }
+
+    #[test]
+    fn a_same_second_replacement_of_another_size_is_read_as_itself() {
+        // Without ETags in the listings, both versions share one `ino`
+        // (their second); the ETag the first GET of the old one remembered
+        // must not be the new one's `If-Match`.
+        let (src, mem) = without_listed_etags(&[]);
+        let listed = |src: &ObjectSource| src.list(Path::new("")).unwrap()[0].1;
+        let f = Path::new("f");
+        for _ in 0..5 {
+            put(&mem, "f", b"bytes");
+            let old = listed(&src);
+            assert_eq!(&src.read_at(f, &old.version(), 0, 5).unwrap()[..], b"bytes");
+            put(&mem, "f", b"longer");
+            let new = listed(&src);
+            if new.mtime_ns != old.mtime_ns {
+                // The second turned between the two: try again.
+                continue;
+            }
+            assert_eq!((new.ino, new.size), (old.ino, 6));
+            let got = src.read_at(f, &new.version(), 0, 6);
+            assert_eq!(&got.unwrap()[..], b"longer");
+            let gone = src.read_at(f, &old.version(), 0, 5);
+            assert!(matches!(gone, Err(SourceError::Changed { .. })), "{gone:?}");
+            return;
+        }
+        panic!("no two puts within one second in five tries");
     }
 }
