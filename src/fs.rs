@@ -221,9 +221,50 @@ pub struct FsCore<B> {
     readahead: Arc<ReadAhead>,
     /// Where handles are recorded to outlive this process.
     journal: OnceLock<Arc<dyn HandleJournal<B>>>,
-    /// Handles an earlier server made, by the OPEN's request id: an OPEN
-    /// the kernel sends again gets the handle already made for it.
-    resent: Mutex<HashMap<u64, (u64, bool)>>,
+    /// Handles an earlier server made whose OPEN the kernel may send
+    /// again: an OPEN sent again gets the handle already made for it.
+    /// Each entry goes with that OPEN or with its handle's RELEASE (the
+    /// kernel had the reply, so it never sends the OPEN again).
+    resent: Mutex<Resent>,
+    /// `resent` holds an entry (RELEASE takes its lock only then).
+    resent_left: AtomicBool,
+}
+
+/// [`FsCore::resent`]: the handles restored with their OPEN's request id,
+/// by request id and by handle.
+#[derive(Default)]
+struct Resent {
+    by_unique: HashMap<u64, (u64, bool)>,
+    by_fh: HashMap<u64, u64>,
+}
+
+impl Resent {
+    fn insert(&mut self, unique: u64, fh: u64, keep_cache: bool) {
+        if let Some((old, _)) = self.by_unique.insert(unique, (fh, keep_cache)) {
+            self.by_fh.remove(&old);
+        }
+        if let Some(old) = self.by_fh.insert(fh, unique) {
+            if old != unique {
+                self.by_unique.remove(&old);
+            }
+        }
+    }
+
+    fn take_unique(&mut self, unique: u64) -> Option<(u64, bool)> {
+        let made = self.by_unique.remove(&unique)?;
+        self.by_fh.remove(&made.0);
+        Some(made)
+    }
+
+    fn take_fh(&mut self, fh: u64) {
+        if let Some(unique) = self.by_fh.remove(&fh) {
+            self.by_unique.remove(&unique);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_unique.is_empty()
+    }
 }
 
 impl<B: Send + Sync + 'static> FsCore<B> {
@@ -265,6 +306,7 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             readahead,
             journal: OnceLock::new(),
             resent: Mutex::default(),
+            resent_left: AtomicBool::new(false),
         })
     }
 
@@ -304,7 +346,8 @@ impl<B: Send + Sync + 'static> FsCore<B> {
             let passthrough = prepared.is_some();
             self.files.restore(r.fh, r.ino, file, prepared);
             if r.unique != 0 {
-                self.resent.lock().insert(r.unique, (r.fh, r.keep_cache));
+                self.resent.lock().insert(r.unique, r.fh, r.keep_cache);
+                self.resent_left.store(true, Ordering::Release);
             }
             self.stats.open_handles.fetch_add(1, Ordering::Relaxed);
             if passthrough {
@@ -421,7 +464,7 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         let unique = reply.request_id();
         if unique & UNIQUE_RESEND != 0 {
             // Sent again: the server that died may have made its handle.
-            let made = self.resent.lock().remove(&(unique & !UNIQUE_RESEND));
+            let made = self.take_resent(|r| r.take_unique(unique & !UNIQUE_RESEND));
             if let Some((fh, keep)) = made {
                 if let Some(mode) = self.files.mode_of(fh, keep) {
                     return reply.done(Ok(Opened { fh, mode }));
@@ -628,6 +671,9 @@ impl<B: Send + Sync + 'static> FsCore<B> {
     /// Closes handle `fh`. The last passthrough close of an inode keeps its
     /// backing for the next open and gives its pin back (in the table).
     pub fn release(&self, fh: u64) {
+        if self.resent_left.load(Ordering::Acquire) {
+            self.take_resent(|r| r.take_fh(fh));
+        }
         let released = self.files.release(fh);
         if let Some(j) = self.journal.get() {
             j.released(fh);
@@ -638,6 +684,23 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         if let Some((_, true)) = released {
             publish_kept(&self.files, &self.stats);
         }
+    }
+
+    /// Runs `f` on the restored handles whose OPEN may come again, and
+    /// notes when none is left.
+    fn take_resent<T>(&self, f: impl FnOnce(&mut Resent) -> T) -> T {
+        let mut r = self.resent.lock();
+        let out = f(&mut r);
+        if r.is_empty() {
+            self.resent_left.store(false, Ordering::Release);
+        }
+        out
+    }
+
+    /// Restored handles still waiting for an OPEN sent again (for tests:
+    /// each goes with that OPEN or with its handle's RELEASE).
+    pub fn resent_pending(&self) -> usize {
+        self.resent.lock().by_unique.len()
     }
 
     /// The kernel forgot `nlookup` lookups of each inode (FORGET,

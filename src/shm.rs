@@ -3,7 +3,8 @@
 //! each server in turn, that holds what the kernel may ask about after a
 //! server dies: the namespace's inode records and names, the open file
 //! handles and the passthrough backing ids registered on the connection,
-//! what the INIT handshake settled, and the supervisor's own counters.
+//! the POSIX ACLs the namespace read, what the INIT handshake settled, and
+//! the supervisor's own counters.
 //! docs/architecture.md ("The mount outlives its process") has the design.
 //!
 //! The memfd is one sparse file of fixed regions (a header page, then one
@@ -32,7 +33,7 @@ use std::sync::Arc;
 const MAGIC: u64 = u64::from_le_bytes(*b"LOCAFSst");
 /// The version of everything laid out in the memfd (header, regions and
 /// every record type stored in them). Bump it whenever any of them change.
-pub const LAYOUT: u64 = 1;
+pub const LAYOUT: u64 = 2;
 
 /// A type that may live in the shared state: plain data, the same bytes in
 /// every process (`repr(C)`, no pointers, no `Drop`).
@@ -68,9 +69,14 @@ pub enum Region {
     Handles,
     /// Passthrough backing ids registered on the connection.
     Backings,
+    /// The distinct POSIX ACL values the namespace holds, back to back.
+    AclValues,
+    /// Which entry has which ACL value (a log, the last entry of an inode
+    /// wins; 8 bytes each): only entries that have, or had, an ACL.
+    AclLog,
 }
 
-const REGIONS: usize = 8;
+const REGIONS: usize = 10;
 
 /// Element size and most elements of each region, in [`Region`] order.
 const SPECS: [(usize, u64); REGIONS] = [
@@ -82,6 +88,8 @@ const SPECS: [(usize, u64); REGIONS] = [
     (16, 1 << 26),
     (64, 1 << 24),
     (16, 1 << 24),
+    (1, 1 << 31),
+    (8, 1 << 28),
 ];
 
 /// Bytes of the header (one page rounded up to the regions' alignment).

@@ -7,8 +7,10 @@
 //! exactly as at the source, while a plain 0644 file stays readable;
 //! `getfacl` through the mount shows the source's ACLs (access and
 //! default); and a change of ACL at the source shows through the mount
-//! within `--revalidate`, both ways. Each test says SKIPPED without root,
-//! /dev/fuse, `setfacl` or `setpriv`.
+//! within `--revalidate`, both ways. What the mount answered nobody, it
+//! answers the same after its serving process was killed while the source
+//! stalls (the ACLs it read live in the shared state the holder keeps).
+//! Each test says SKIPPED without root, /dev/fuse, `setfacl` or `setpriv`.
 
 mod common;
 
@@ -209,4 +211,66 @@ fn a_change_of_acl_at_the_source_shows_through_the_mount_within_revalidate() {
         t.elapsed().as_secs_f64()
     );
     assert_eq!(nobody_reads(&through).unwrap(), b"payload");
+}
+
+#[test]
+fn acl_answers_survive_a_killed_server_while_the_source_stalls() {
+    require_acl_tools!();
+    let s = open_scratch();
+    write_0644(&s.src.join("open.txt"), "open");
+    write_0644(&s.src.join("denied.txt"), "denied");
+    setfacl(&["-m", "u:65534:---"], &s.src.join("denied.txt"));
+    if nobody_reads(&s.src.join("denied.txt")).is_ok() {
+        skip!("the source's file system does not enforce POSIX ACLs");
+    }
+    // The source: the data served by another locafs process (attributes
+    // never cached by the kernel: --revalidate 0s), so that SIGSTOP of
+    // its serving process stalls it as a hung NFS server would.
+    let inner_mnt = s.path().join("inner");
+    let inner_cache = s.path().join("inner-cache");
+    fs::create_dir_all(&inner_mnt).unwrap();
+    fs::set_permissions(&inner_mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    let inner = Mount::start(
+        &s.src,
+        &inner_mnt,
+        &inner_cache,
+        &["--no-readahead", "--no-passthrough", "--revalidate", "0s"],
+    );
+    // The mount under test: the kernel asks for ACLs again once the
+    // attributes it holds are a second old.
+    let m = Mount::start(
+        &inner_mnt,
+        &s.mnt,
+        &s.cache,
+        &["--revalidate", "1s", "--metadata-timeout", "1s"],
+    );
+    let answers = || {
+        (
+            nobody_reads(&s.mnt.join("open.txt")),
+            nobody_reads(&s.mnt.join("denied.txt")),
+        )
+    };
+    let before = answers();
+    assert_eq!(before.0.as_deref(), Ok(&b"open"[..]));
+    let e = before.1.clone().expect_err("denied.txt read by nobody");
+    assert!(e.contains("Permission denied"), "{e}");
+
+    let old = common::restart::kill_server(&s.mnt);
+    common::restart::wait_new_server(&s.mnt, old, Duration::from_secs(60));
+    let inner_pid = common::restart::server_pid(&inner_mnt).expect("the source's server");
+    signal(inner_pid, Signal::STOP).unwrap();
+    let cont = ResumeOnDrop(inner_pid);
+    // Past the kernel's attribute timeout several times over: every
+    // answer is the one given before the kill (no ETIMEDOUT: the ACLs,
+    // and the knowledge that open.txt has none, were not lost).
+    let t = Instant::now();
+    let mut checks = 0;
+    while t.elapsed() < Duration::from_secs(4) {
+        assert_eq!(answers(), before, "after {:?} of stall", t.elapsed());
+        checks += 1;
+    }
+    eprintln!("{checks} checks of nobody's access while the source stalled");
+    drop(cont);
+    drop(m);
+    drop(inner);
 }

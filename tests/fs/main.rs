@@ -514,6 +514,54 @@ fn an_open_sent_again_after_a_restart_gets_the_handle_made_for_it() {
     assert_eq!(h2.stats.open_handles.load(SeqCst), 0);
 }
 
+/// The restored handles' OPEN ids are kept only while the kernel may send
+/// that OPEN again: each goes with the OPEN sent again or with its handle's
+/// RELEASE (the kernel had the reply), so the table ends empty instead of
+/// holding every handle the server ever took over.
+#[test]
+fn restored_open_ids_go_with_their_resent_open_or_their_release() {
+    const RESEND: u64 = 1 << 63;
+    let src = MemSource::new();
+    src.write("a", &data(BS as usize, 5));
+    let h = Harness::new(src.clone(), None);
+    let ino = h.ino("a");
+    let made: Vec<u64> = (0..3u64)
+        .map(|i| wait(h.open_rx_id(ino, false, 100 + i)).unwrap().fh)
+        .collect();
+    let h2 = Harness::new(src, None);
+    let version = h2.lookup("a").unwrap().1.version();
+    let restored = made
+        .iter()
+        .enumerate()
+        .map(|(i, &fh)| Restored {
+            fh,
+            ino,
+            version,
+            backing: None,
+            keep_cache: true,
+            unique: 100 + i as u64,
+        })
+        .collect();
+    assert_eq!(h2.fs.restore_handles(restored), 3);
+    assert_eq!(h2.fs.resent_pending(), 3);
+    // The first OPEN is sent again: it gets its handle, and its id goes.
+    let again = wait(h2.open_rx_id(ino, false, 100 | RESEND)).unwrap();
+    assert_eq!(again.fh, made[0]);
+    assert_eq!(h2.fs.resent_pending(), 2);
+    // The kernel releases the second: its OPEN never comes again.
+    h2.fs.release(made[1]);
+    assert_eq!(h2.fs.resent_pending(), 1);
+    h2.fs.release(made[0]);
+    assert_eq!(h2.fs.resent_pending(), 1);
+    h2.fs.release(made[2]);
+    assert_eq!(h2.fs.resent_pending(), 0);
+    // An OPEN of a released handle's id sent again gets a new handle.
+    let late = wait(h2.open_rx_id(ino, false, 102 | RESEND)).unwrap();
+    assert!(!made.contains(&late.fh));
+    h2.fs.release(late.fh);
+    assert_eq!(h2.stats.open_handles.load(SeqCst), 0);
+}
+
 #[test]
 fn a_kept_backing_whose_file_is_no_longer_whole_is_not_used() {
     let src = MemSource::new();
