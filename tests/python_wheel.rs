@@ -43,6 +43,11 @@ fn tool(var: &str, name: &str) -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     which(name).or_else(|| {
+        // Beside maturin (the wheel's tools share one venv); maturin
+        // itself has nowhere else to be looked for.
+        if var == "MATURIN" {
+            return None;
+        }
         let m = tool("MATURIN", "maturin")?;
         Some(m.parent()?.join(name)).filter(|p| p.is_file())
     })
