@@ -161,26 +161,22 @@ pub fn take_over_with(
 /// back (`stored`: the holder before this one stored them; see
 /// [`systemd`]).
 pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Stored) -> ExitCode {
-    let state = match SharedState::open(stored.state) {
+    let systemd::Stored { state, lock, fuse } = stored;
+    let state = match SharedState::open(state) {
         Ok(s) => s,
-        Err(e) => return remount(args, cfg, stored.fuse, &format!("its state: {e}")),
+        Err(e) => return remount(args, cfg, fuse, lock, &format!("its state: {e}")),
     };
     if state.header().fixed_options.load(Ordering::Acquire) != takeover::fixed_options(&cfg) {
+        drop(state);
         return remount(
             args,
             cfg,
-            stored.fuse,
+            fuse,
+            lock,
             "the options changed where they cannot change on a live mount (source, cache, block size, open mode, passthrough)",
         );
     }
-    match Holder::from_store(
-        args,
-        cfg,
-        Box::new(ThisBinary),
-        state,
-        stored.lock,
-        stored.fuse,
-    ) {
+    match Holder::from_store(args, cfg, Box::new(ThisBinary), state, lock, fuse) {
         Ok(h) => h.run(),
         Err((code, msg)) => {
             error!("{msg}");
@@ -190,9 +186,17 @@ pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Store
     }
 }
 
-/// The mount systemd kept cannot be served with `cfg`: it is unmounted
-/// and the data set mounted again.
-fn remount(args: &MountRequest, cfg: MountConfig, fuse: Vec<OwnedFd>, why: &str) -> ExitCode {
+/// The mount systemd kept cannot be served with `cfg`: it is unmounted,
+/// the stored lock let go (the new mount takes the data set's lock
+/// afresh: a lock still held through the stored descriptor would refuse
+/// it) and the data set mounted again.
+fn remount(
+    args: &MountRequest,
+    cfg: MountConfig,
+    fuse: Vec<OwnedFd>,
+    lock: OwnedFd,
+    why: &str,
+) -> ExitCode {
     warn!(
         "{}: the mount systemd kept cannot be served ({why}): mounting it again",
         cfg.mountpoint.display()
@@ -201,6 +205,7 @@ fn remount(args: &MountRequest, cfg: MountConfig, fuse: Vec<OwnedFd>, why: &str)
     let _ = old.unmount();
     drop(old);
     systemd::forget_stored();
+    drop(lock);
     hold(args, cfg)
 }
 
