@@ -257,25 +257,19 @@ struct Holder {
 /// The data set's lock, taken on the directory that is still at its path.
 /// Until the lock is held, the data set directory looks unmounted, and a
 /// neighbour's budget keeper may take it away (rename it to the trash and
-/// delete it) between `config::resolve` and this; then the directory is
-/// resolved (made) again and the lock taken on the new one.
+/// delete it) between `config::resolve` and this
+/// ([`crate::lock::LockError::Moved`]); then the directory is resolved
+/// (made) again and the lock taken on the new one.
 fn lock_in_place(
     args: &MountRequest,
     mut cfg: MountConfig,
 ) -> Result<(MountConfig, crate::lock::DatasetLock), (u8, String)> {
     let mut tries = 0;
     loop {
-        let taken = crate::lock::DatasetLock::acquire(&cfg.dataset);
-        let here = || {
-            let held = rustix::fs::fstat(cfg.dataset.as_fd()).ok()?;
-            let now = rustix::fs::stat(cfg.dataset.path()).ok()?;
-            Some(held.st_dev == now.st_dev && held.st_ino == now.st_ino)
-        };
-        match taken {
-            Ok(lock) if here() == Some(true) => return Ok((cfg, lock)),
-            Err(e @ crate::lock::LockError::Held { .. }) => return Err((2, e.to_string())),
-            Err(e) if tries >= 3 || here() == Some(true) => return Err((2, e.to_string())),
-            _ if tries >= 3 => {
+        match crate::lock::DatasetLock::acquire(&cfg.dataset) {
+            Ok(lock) => return Ok((cfg, lock)),
+            Err(crate::lock::LockError::Moved { .. }) if tries < 3 => {}
+            Err(crate::lock::LockError::Moved { .. }) => {
                 return Err((
                     1,
                     format!(
@@ -284,7 +278,7 @@ fn lock_in_place(
                     ),
                 ))
             }
-            _ => {}
+            Err(e) => return Err((2, e.to_string())),
         }
         tries += 1;
         cfg = crate::config::resolve(args).map_err(|e| (2, e.to_string()))?;
