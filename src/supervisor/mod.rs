@@ -941,6 +941,12 @@ impl Holder {
                     "{} handed over: the new holder serves it; this one exits without unmounting",
                     self.cfg.mountpoint.display()
                 );
+                // (systemd's store would keep the mount and the lock the new
+                // holder now has: its own unit, if any, stores them anew)
+                if self.in_fd_store {
+                    systemd::forget_stored();
+                    self.in_fd_store = false;
+                }
                 self.stopping = true;
                 Some(ExitCode::SUCCESS)
             }
