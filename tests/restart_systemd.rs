@@ -32,6 +32,8 @@ use common::*;
 #[derive(Default)]
 struct FdStore {
     fds: BTreeMap<String, Vec<OwnedFd>>,
+    /// How many FDSTORE=1 messages came.
+    stores: usize,
 }
 
 impl FdStore {
@@ -60,6 +62,7 @@ impl FdStore {
             if text.contains("FDSTOREREMOVE=1") {
                 self.fds.remove(&name);
             } else if text.contains("FDSTORE=1") {
+                self.stores += 1;
                 self.fds.entry(name).or_default().extend(fds);
             } else {
                 return Some(text);
@@ -336,8 +339,15 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
         "unmounted on restart"
     );
     std::fs::remove_file(flag).unwrap();
+    let stores = store.stores;
     let mut second = sd.start(&store);
     assert_eq!(store.recv_until_other(notify).as_deref(), Some("READY=1"));
+    // What systemd passed stays in its store: nothing taken out and stored
+    // again.
+    assert_eq!(
+        store.stores, stores,
+        "the new daemon stored its descriptors again"
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let (mut bad, mut reads) = (Vec::new(), 0);
@@ -364,7 +374,7 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
     assert_eq!(
         store.fds["locafs-fuse"].len(),
         8,
-        "stored again by the new daemon"
+        "kept in the store for the new daemon"
     );
 
     // systemctl stop: no restart queued: unmount, the store emptied.

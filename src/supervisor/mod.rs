@@ -373,6 +373,8 @@ impl Holder {
             cfg.mountpoint.display()
         );
         let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        // (they came from the store, where they stay: not stored again)
+        h.in_fd_store = true;
         h.restart_reason = Some((shm::REASON_TAKEOVER, previous as i32));
         h.listener = takeover::Listener::bind(&takeover::socket_path(&h.cfg.dataset_dir))
             .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
