@@ -365,7 +365,7 @@ impl Holder {
         let old = h.server_pid.load(Ordering::Relaxed);
         let previous = h.supervisor_pid.load(Ordering::Relaxed);
         if old != 0 {
-            end_process(old);
+            end_process(old, &state);
         }
         let conn = Connection::adopt(fuse, settled, cfg.mountpoint.clone());
         info!(
@@ -799,6 +799,8 @@ impl Holder {
                 let _ = r.child.kill();
                 let _ = r.child.wait();
             }
+            // (no server of this holder's left for the next one to end)
+            self.state.header().server_pid.store(0, Ordering::Relaxed);
             info!(
                 "a restart of this unit is queued: {} stays mounted for the next holder (systemd keeps its descriptors)",
                 self.cfg.mountpoint.display()
@@ -972,23 +974,48 @@ impl Holder {
     }
 }
 
-/// SIGKILLs process `pid` if it is there and waits (at most 5 s) until it
-/// is gone.
-fn end_process(pid: u32) {
-    let alive = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .map(|s| !s.contains(") Z ") && !s.contains(") X "))
-            .unwrap_or(false)
-    };
-    if !alive(pid) {
+/// SIGKILLs the previous holder's server `pid` and waits (at most 5 s)
+/// until it is gone, if it is still there and still that server: a
+/// process that has `state` open (only this mount's holders and servers
+/// have it). A pid recorded by a holder that has gone may since name
+/// another process: that one is left alone.
+fn end_process(pid: u32, state: &SharedState) {
+    if pid <= 1 || pid == std::process::id() {
         return;
     }
-    // SAFETY: a signal to a pid; at worst a process that is gone.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    let t0 = Instant::now();
-    while alive(pid) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return;
+    };
+    // (the pidfd names the process, whatever its pid names later)
+    let Ok(pidfd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    if !has_open(pid, state.fd()) {
+        debug!(
+            "pid {pid} is not the previous server (it does not hold the mount's state): left alone"
+        );
+        return;
     }
+    if rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).is_err() {
+        return;
+    }
+    // (a pidfd turns readable when its process is gone)
+    let _ = signals::wait_readable(&[pidfd.as_fd()], Duration::from_secs(5));
+}
+
+/// Whether process `pid` has a descriptor of what `fd` is open (by
+/// /proc/PID/fd: same device and inode).
+fn has_open(pid: u32, fd: BorrowedFd<'_>) -> bool {
+    let Ok(want) = rustix::fs::fstat(fd) else {
+        return false;
+    };
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        rustix::fs::stat(e.path())
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino))
+    })
 }
 
 /// " (core dumped)" if it did.
@@ -1013,4 +1040,47 @@ fn memfd_with(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
     let mut f = std::fs::File::from(fd);
     f.write_all(bytes)?;
     Ok(OwnedFd::from(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper(inherit: Option<RawFd>) -> Child {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        if let Some(fd) = inherit {
+            // SAFETY: between fork and exec, only fcntl on a descriptor of
+            // this process.
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        c.spawn().unwrap()
+    }
+
+    #[test]
+    fn only_a_process_holding_the_mounts_state_is_ended_as_its_server() {
+        let state = SharedState::create().unwrap();
+        // A pid that names some other process now (a recycled one).
+        let mut other = sleeper(None);
+        end_process(other.id(), &state);
+        assert!(other.try_wait().unwrap().is_none(), "a stranger was killed");
+        other.kill().unwrap();
+        other.wait().unwrap();
+        // The previous server: it has the state open.
+        let mut server = sleeper(Some(state.fd().as_raw_fd()));
+        end_process(server.id(), &state);
+        let status = server.try_wait().unwrap().expect("ended, and waited for");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // Nothing for pid 0, 1 or this process.
+        end_process(0, &state);
+        end_process(1, &state);
+        end_process(std::process::id(), &state);
+    }
 }
