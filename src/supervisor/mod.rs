@@ -166,15 +166,10 @@ pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Store
         Ok(s) => s,
         Err(e) => return remount(args, cfg, fuse, lock, &format!("its state: {e}")),
     };
-    if state.header().fixed_options.load(Ordering::Acquire) != takeover::fixed_options(&cfg) {
+    let fixed = state.header().fixed_options.load(Ordering::Acquire);
+    if let Some(why) = takeover::stored_refusal(fixed, &cfg) {
         drop(state);
-        return remount(
-            args,
-            cfg,
-            fuse,
-            lock,
-            "the options changed where they cannot change on a live mount (source, cache, block size, open mode, passthrough)",
-        );
+        return remount(args, cfg, fuse, lock, &why);
     }
     match Holder::from_store(args, cfg, Box::new(ThisBinary), state, lock, fuse) {
         Ok(h) => h.run(),
