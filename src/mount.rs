@@ -569,7 +569,6 @@ impl Server {
                 }
             });
         }
-        let posix_acl = ns.has_acls();
         let parts = FsParts {
             ns,
             reader,
@@ -581,7 +580,6 @@ impl Server {
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
                 control_socket,
-                posix_acl,
             },
             fuse_threads: cfg.fuse_threads,
             kernel_readahead: cfg.kernel_readahead,
