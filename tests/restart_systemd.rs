@@ -140,10 +140,11 @@ fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore, unit: &Un
         std::env::var("PATH").unwrap_or_default()
     );
     let mut c = Command::new("sh");
-    // LISTEN_PID is the daemon's own pid: sh's, which exec keeps.
+    // LISTEN_PID and SYSTEMD_EXEC_PID are the daemon's own pid: sh's,
+    // which exec keeps.
     c.arg("-c")
         .arg(format!(
-            "LISTEN_PID=$$ exec {} mount --config {}",
+            "LISTEN_PID=$$ SYSTEMD_EXEC_PID=$$ exec {} mount --config {}",
             bin(),
             conf.display()
         ))

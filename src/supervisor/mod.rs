@@ -549,8 +549,9 @@ impl Holder {
         );
         let mut cmd = self.launcher.command();
         cmd.env(SERVE_FDS, env)
-            // Only the holder speaks to systemd.
+            // Only the holder speaks to systemd (and says when it is ready).
             .env_remove("NOTIFY_SOCKET")
+            .env_remove(crate::mount::READY_SOCKET_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         let holder = std::process::id() as libc::pid_t;
