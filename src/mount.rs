@@ -327,6 +327,15 @@ pub fn record_init(state: &SharedState, settled: crate::connection::Settled) {
     h.init_done.store(1, Ordering::Release);
 }
 
+/// What INIT settled, as [`record_init`] kept it.
+pub fn recorded_init(state: &SharedState) -> crate::connection::Settled {
+    let h = state.header();
+    crate::connection::Settled {
+        granted: h.init_flags.load(Ordering::Acquire),
+        minor: h.proto_minor.load(Ordering::Acquire),
+    }
+}
+
 impl Server {
     /// Builds the parts over `source`, in `state`: the namespace and open
     /// handles an earlier server left there are taken over (a restart),

@@ -249,6 +249,34 @@ struct Holder {
     stopping: bool,
 }
 
+/// What every holder makes for itself, however it got the mount: the
+/// options its servers run with (a TOML file in a memfd) and the signals
+/// it waits on.
+struct Parts {
+    config_fd: OwnedFd,
+    signals: signals::Signals,
+}
+
+impl Parts {
+    fn new(args: &MountRequest, cfg: &MountConfig) -> Result<Parts, (u8, String)> {
+        let toml = crate::config::serving_toml(args, cfg).map_err(|e| (2, e.to_string()))?;
+        let config_fd = memfd_with("locafs-options", toml.as_bytes())
+            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let signals =
+            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
+                .map_err(|e| (1, format!("signals: {e}")))?;
+        Ok(Parts { config_fd, signals })
+    }
+}
+
+/// The takeover socket of `cfg`'s data set, listening (None, said once,
+/// if it cannot: the mount is served, not taken over).
+fn bind_listener(cfg: &MountConfig) -> Option<takeover::Listener> {
+    takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
+        .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
+        .ok()
+}
+
 /// The data set's lock, taken on the directory that is still at its path.
 /// Until the lock is held, the data set directory looks unmounted, and a
 /// neighbour's budget keeper may take it away (rename it to the trash and
@@ -288,21 +316,16 @@ impl Holder {
     ) -> Result<Holder, (u8, String)> {
         crate::mount::probe_source(&cfg)?;
         let (cfg, lock) = lock_in_place(args, cfg)?;
-        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
-        let config_fd = memfd_with("locafs-options", toml.as_bytes())
-            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        // (signals caught before the mount: a SIGTERM while mounting
+        // unmounts rather than leave a mount nobody holds)
+        let parts = Parts::new(args, &cfg)?;
         let state =
             SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
-        let signals =
-            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
-                .map_err(|e| (1, format!("signals: {e}")))?;
         let conn =
             Connection::mount(&cfg).map_err(|e| crate::mount::mount_failed(&cfg.mountpoint, &e))?;
         crate::mount::record_init(&state, conn.settled);
-        let listener = takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
-            .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
-            .ok();
-        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        let listener = bind_listener(&cfg);
+        let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
         h.listener = listener;
         Ok(h)
     }
@@ -314,21 +337,16 @@ impl Holder {
         launcher: Box<dyn Launcher>,
         taken: takeover::Taken,
     ) -> Result<Holder, (u8, String)> {
-        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
-        let config_fd = memfd_with("locafs-options", toml.as_bytes())
-            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let parts = Parts::new(args, &cfg)?;
         let state = SharedState::open(taken.state)
             .map_err(|e| (2, format!("the mount's shared state: {e}")))?;
         let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(taken.lock));
-        let signals =
-            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
-                .map_err(|e| (1, format!("signals: {e}")))?;
         let settled = Settled {
             granted: taken.offer.granted,
             minor: taken.offer.minor,
         };
         let conn = Connection::adopt(taken.fuse, settled, cfg.mountpoint.clone());
-        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
         h.restart_reason = Some((shm::REASON_TAKEOVER, taken.offer.pid as i32));
         h.handover = Some(taken.stream);
         Ok(h)
@@ -343,18 +361,10 @@ impl Holder {
         lock: OwnedFd,
         fuse: Vec<OwnedFd>,
     ) -> Result<Holder, (u8, String)> {
-        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
-        let config_fd = memfd_with("locafs-options", toml.as_bytes())
-            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let parts = Parts::new(args, &cfg)?;
         let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(lock));
-        let signals =
-            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
-                .map_err(|e| (1, format!("signals: {e}")))?;
+        let settled = crate::mount::recorded_init(&state);
         let h = state.header();
-        let settled = Settled {
-            granted: h.init_flags.load(Ordering::Acquire),
-            minor: h.proto_minor.load(Ordering::Acquire),
-        };
         // The server of the holder before, if it has not died yet (it dies
         // with its holder): two servers never share the state.
         let old = h.server_pid.load(Ordering::Relaxed);
@@ -367,13 +377,11 @@ impl Holder {
             "{}: serving on the mount that systemd kept (holder {previous} before)",
             cfg.mountpoint.display()
         );
-        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
         // (they came from the store, where they stay: not stored again)
         h.in_fd_store = true;
         h.restart_reason = Some((shm::REASON_TAKEOVER, previous as i32));
-        h.listener = takeover::Listener::bind(&takeover::socket_path(&h.cfg.dataset_dir))
-            .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
-            .ok();
+        h.listener = bind_listener(&h.cfg);
         Ok(h)
     }
 
@@ -383,10 +391,10 @@ impl Holder {
         launcher: Box<dyn Launcher>,
         conn: Connection,
         state: Arc<SharedState>,
-        config_fd: OwnedFd,
         lock: crate::lock::DatasetLock,
-        signals: signals::Signals,
+        parts: Parts,
     ) -> Result<Holder, (u8, String)> {
+        let Parts { config_fd, signals } = parts;
         let h = state.header();
         h.supervisor_pid
             .store(std::process::id(), Ordering::Relaxed);
@@ -648,9 +656,7 @@ impl Holder {
             );
             self.announced = true;
             crate::mount::announce_ready(summary);
-            self.listener = takeover::Listener::bind(&takeover::socket_path(&self.cfg.dataset_dir))
-                .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
-                .ok();
+            self.listener = bind_listener(&self.cfg);
         } else if self.announced {
             let restarts = self.state.header().restarts.load(Ordering::Relaxed);
             info!(
@@ -961,8 +967,7 @@ impl Holder {
                 self.restart_at = Some(Instant::now());
                 self.restart_reason = Some((shm::REASON_TAKEOVER, 0));
                 if self.listener.is_none() {
-                    let path = takeover::socket_path(&self.cfg.dataset_dir);
-                    self.listener = takeover::Listener::bind(&path).ok();
+                    self.listener = bind_listener(&self.cfg);
                 }
                 None
             }
