@@ -473,6 +473,7 @@ pub fn remove_dataset(cache_dir: &PrivateDir, id: &str) -> Result<u64, RemoveErr
                 pid: mounted_by(&dir).unwrap_or(0),
             },
             crate::lock::LockError::Io { source, .. } => io_err(source),
+            crate::lock::LockError::Moved { .. } => RemoveError::Missing(id.to_owned()),
         })?;
         let trash = format!("{TRASH_PREFIX}{id}-{}-{}", std::process::id(), now());
         let ledger_lock = LedgerLock::acquire(cache_dir).map_err(io_err)?;

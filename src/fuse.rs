@@ -58,9 +58,6 @@ pub struct FuseOptions {
     pub mount_label: String,
     /// Path of the control socket (the `user.locafs.control` attribute).
     pub control_socket: String,
-    /// Ask the kernel to enforce the source's POSIX ACLs (a source whose
-    /// entries can carry them).
-    pub posix_acl: bool,
 }
 
 /// The mounted file system: the core, and the adapter's settings.

@@ -2,7 +2,10 @@
 //! `<dataset dir>/lock`, held for the life of the mount, so two daemons never
 //! write the same cache files. It never blocks: a held lock is an error that
 //! names the holder. The lock file is opened through the data set's checked
-//! directory handle (`private_dir`), never through a symlink.
+//! directory handle (`private_dir`), never through a symlink, and taken
+//! only on the directory still at its path: one a neighbour's budget
+//! keeper renamed to its trash (or replaced) before the lock was held is
+//! refused ([`LockError::Moved`]), never locked and used.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -25,6 +28,11 @@ pub enum LockError {
     /// A mount holds it.
     #[error("cache dir {dir} is in use by another locafs mount (pid {pid})")]
     Held { dir: String, pid: String },
+    /// The directory is no longer at its path (renamed away or deleted,
+    /// or something else put there) before the lock was held: resolve it
+    /// again.
+    #[error("cache dir {dir}: taken away (no longer at its path) while it was being locked")]
+    Moved { dir: String },
     /// The lock file cannot be opened (a symlink in its place, say).
     #[error("cache dir {dir}: {source}")]
     Io { dir: String, source: std::io::Error },
@@ -63,9 +71,20 @@ impl DatasetLock {
 
     /// One attempt at the lock, never waiting.
     pub fn try_acquire(dir: &PrivateDir) -> Result<Self, LockError> {
-        let fail = |source| LockError::Io {
+        let moved = || LockError::Moved {
             dir: dir.path().display().to_string(),
-            source,
+        };
+        // (a lock file that cannot be opened in a directory gone from its
+        // path: the directory's fault)
+        let fail = |source| {
+            if in_place(dir) {
+                LockError::Io {
+                    dir: dir.path().display().to_string(),
+                    source,
+                }
+            } else {
+                moved()
+            }
         };
         // Held through a read-only descriptor, so that the cache disk can
         // still be remounted read-only under a running mount (created 0600
@@ -84,12 +103,29 @@ impl DatasetLock {
                 pid: holder.trim().to_owned(),
             });
         }
+        // Held: on the directory at the path (not one a budget keeper took
+        // away between its resolve and this, and so about to be deleted).
+        if !in_place(dir) {
+            return Err(moved());
+        }
         // Who holds it, for the message above (best effort).
         if let Ok(mut w) = dir.open_file(LOCK_FILE, OFlags::WRONLY | OFlags::TRUNC) {
             let _ = w.write_all(std::process::id().to_string().as_bytes());
         }
         Ok(DatasetLock { _file: f })
     }
+}
+
+/// Whether `dir`'s handle is still the directory at its path (its last
+/// component not followed: a symlink put there is not it).
+fn in_place(dir: &PrivateDir) -> bool {
+    let (Ok(held), Ok(now)) = (
+        rustix::fs::fstat(dir.as_fd()),
+        rustix::fs::lstat(dir.path()),
+    ) else {
+        return false;
+    };
+    (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 }
 
 #[cfg(test)]
@@ -112,6 +148,32 @@ mod tests {
         );
         drop(first);
         DatasetLock::acquire(&dir).expect("free again");
+    }
+
+    #[test]
+    fn a_directory_no_longer_at_its_path_is_not_locked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("ds");
+        let moved =
+            |dir: &PrivateDir| matches!(DatasetLock::acquire(dir), Err(LockError::Moved { .. }));
+        // Renamed away (a budget keeper's trash).
+        let dir = PrivateDir::create(&path).unwrap();
+        std::fs::rename(&path, tmp.path().join("trash")).unwrap();
+        assert!(moved(&dir));
+        // Deleted.
+        let dir = PrivateDir::create(&path).unwrap();
+        std::fs::remove_dir(&path).unwrap();
+        assert!(moved(&dir));
+        // A symlink to it in its place (followed, it would look the same).
+        let dir = PrivateDir::create(&path).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::rename(&path, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        assert!(moved(&dir));
+        // The one at its path is locked (and the lock let go on Moved).
+        std::fs::remove_file(&path).unwrap();
+        std::fs::rename(&elsewhere, &path).unwrap();
+        DatasetLock::acquire(&dir).expect("in place");
     }
 
     #[test]

@@ -37,6 +37,13 @@ use std::sync::atomic::Ordering;
 /// READY on stdout once mounted.
 pub(crate) const READY_ENV: &str = "LOCAFS_DAEMON_CHILD";
 
+/// A datagram socket (path, or `@name`) that is sent `READY=1` once the
+/// mount is live: how a supervisor of its own (`locafs.mount()` in
+/// Python) waits for it, where `NOTIFY_SOCKET` would make locafs act as a
+/// systemd unit (keep its descriptors in a store, leave the mount on
+/// SIGTERM).
+pub const READY_SOCKET_ENV: &str = "LOCAFS_READY_SOCKET";
+
 /// A mount that failed leaves nothing behind: the data set's cache
 /// directory, if this attempt made it, goes (with its booking in the
 /// budget), unless a mount holds it now.
@@ -320,6 +327,15 @@ pub fn record_init(state: &SharedState, settled: crate::connection::Settled) {
     h.init_done.store(1, Ordering::Release);
 }
 
+/// What INIT settled, as [`record_init`] kept it.
+pub fn recorded_init(state: &SharedState) -> crate::connection::Settled {
+    let h = state.header();
+    crate::connection::Settled {
+        granted: h.init_flags.load(Ordering::Acquire),
+        minor: h.proto_minor.load(Ordering::Acquire),
+    }
+}
+
 impl Server {
     /// Builds the parts over `source`, in `state`: the namespace and open
     /// handles an earlier server left there are taken over (a restart),
@@ -569,7 +585,6 @@ impl Server {
                 }
             });
         }
-        let posix_acl = ns.has_acls();
         let parts = FsParts {
             ns,
             reader,
@@ -581,7 +596,6 @@ impl Server {
                 source_label: cfg.source.display().to_string(),
                 mount_label: cfg.mountpoint.display().to_string(),
                 control_socket,
-                posix_acl,
             },
             fuse_threads: cfg.fuse_threads,
             kernel_readahead: cfg.kernel_readahead,
@@ -955,10 +969,16 @@ impl ManifestSaver {
     }
 }
 
-/// Tells whoever waits (the --daemon parent, systemd) that the mount is
+/// Tells whoever waits (the --daemon parent, systemd, a
+/// [`READY_SOCKET_ENV`] socket) that the mount is
 /// live, then detaches a daemon child's output from the parent's pipes.
 pub fn announce_ready(summary: &str) {
     crate::sys::sd_notify("READY=1");
+    if let Some(path) = std::env::var_os(READY_SOCKET_ENV).filter(|p| !p.is_empty()) {
+        if let Err(e) = crate::sys::send_notify(&path, "READY=1", &[]) {
+            warn!("{READY_SOCKET_ENV}: {}", short_io(&e));
+        }
+    }
     if std::env::var_os(READY_ENV).is_none() {
         return;
     }

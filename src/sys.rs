@@ -280,25 +280,71 @@ pub fn fusermount() -> Option<PathBuf> {
     on_path.chain(fixed).find(|p| runnable(p))
 }
 
-/// Tells systemd (Type=notify) something, if it is listening.
+/// systemd's notify socket, if this process is the one systemd started
+/// for a `Type=notify` unit: `NOTIFY_SOCKET`, unless `SYSTEMD_EXEC_PID`
+/// (systemd 248 and later) names another process (a child of the unit's
+/// process that inherited the variable speaks for no unit).
+pub fn notify_socket() -> Option<std::ffi::OsString> {
+    notify_socket_of(
+        std::env::var_os("NOTIFY_SOCKET"),
+        std::env::var("SYSTEMD_EXEC_PID").ok(),
+        std::process::id(),
+    )
+}
+
+/// [`notify_socket`] from the two variables, for process `pid`.
+fn notify_socket_of(
+    socket: Option<std::ffi::OsString>,
+    exec_pid: Option<String>,
+    pid: u32,
+) -> Option<std::ffi::OsString> {
+    let socket = socket.filter(|p| !p.is_empty())?;
+    match exec_pid {
+        Some(p) if p.trim().parse::<u32>().ok() != Some(pid) => None,
+        _ => Some(socket),
+    }
+}
+
+/// Tells systemd (Type=notify) something, if it is listening
+/// ([`notify_socket`]).
 pub fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let path = PathBuf::from(path);
-    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
-        return;
-    };
-    let _ = if path.as_os_str().as_bytes().starts_with(b"@") {
-        use std::os::linux::net::SocketAddrExt;
-        match std::os::unix::net::SocketAddr::from_abstract_name(&path.as_os_str().as_bytes()[1..])
-        {
-            Ok(addr) => sock.send_to_addr(state.as_bytes(), &addr),
-            Err(e) => Err(e),
-        }
+    let _ = sd_notify_with_fds(state, &[]);
+}
+
+/// Sends `state` to systemd with `fds` (sd_pid_notify_with_fds), if it is
+/// listening ([`notify_socket`]).
+pub fn sd_notify_with_fds(state: &str, fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result<()> {
+    match notify_socket() {
+        Some(path) => send_notify(&path, state, fds),
+        None => Ok(()),
+    }
+}
+
+/// Sends `state` with `fds` in one datagram to the socket `path` (a
+/// filesystem path, or `@name` in the abstract namespace), as systemd's
+/// notify protocol does.
+pub fn send_notify(
+    path: &std::ffi::OsStr,
+    state: &str,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::mem::MaybeUninit;
+    let sock = std::os::unix::net::UnixDatagram::unbound()?;
+    let bytes = path.as_bytes();
+    let addr = if let Some(name) = bytes.strip_prefix(b"@") {
+        rustix::net::SocketAddrUnix::new_abstract_name(name)?
     } else {
-        sock.send_to(state.as_bytes(), &path)
+        rustix::net::SocketAddrUnix::new(bytes)?
     };
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors"));
+    }
+    let iov = [io::IoSlice::new(state.as_bytes())];
+    rustix::net::sendmsg_addr(&sock, &addr, &iov, &mut control, SendFlags::empty())?;
+    Ok(())
 }
 
 /// Raises the open-file limit to its hard maximum (the cache keeps a bounded
@@ -726,6 +772,19 @@ pub fn canonical_dir_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_process_systemd_started_takes_notify_socket_for_its_own() {
+        let sock = || Some(std::ffi::OsString::from("/run/systemd/notify"));
+        // systemd before 248: the variable alone.
+        assert_eq!(notify_socket_of(sock(), None, 42), sock());
+        // The unit's process.
+        assert_eq!(notify_socket_of(sock(), Some("42".into()), 42), sock());
+        // A child of it (a Python program's locafs.mount(), say).
+        assert_eq!(notify_socket_of(sock(), Some("41".into()), 42), None);
+        assert_eq!(notify_socket_of(None, Some("42".into()), 42), None);
+        assert_eq!(notify_socket_of(Some("".into()), None, 42), None);
+    }
     use crate::test_skip::skipped;
 
     #[test]

@@ -102,6 +102,8 @@ fn notify_readiness_clean_stop_and_restart_after_a_crash() {
             .args(["mount", "--config"])
             .arg(&conf)
             .env("NOTIFY_SOCKET", &notify_path)
+            // (systemd's, if this test runs in a unit, would name another process)
+            .env_remove("SYSTEMD_EXEC_PID")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

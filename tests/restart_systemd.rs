@@ -32,6 +32,8 @@ use common::*;
 #[derive(Default)]
 struct FdStore {
     fds: BTreeMap<String, Vec<OwnedFd>>,
+    /// How many FDSTORE=1 messages came.
+    stores: usize,
 }
 
 impl FdStore {
@@ -60,6 +62,7 @@ impl FdStore {
             if text.contains("FDSTOREREMOVE=1") {
                 self.fds.remove(&name);
             } else if text.contains("FDSTORE=1") {
+                self.stores += 1;
                 self.fds.entry(name).or_default().extend(fds);
             } else {
                 return Some(text);
@@ -90,8 +93,13 @@ struct UnitCgroup {
 
 impl UnitCgroup {
     fn create() -> Result<UnitCgroup, String> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let root = cgroup2_root().ok_or("no cgroup2 hierarchy mounted")?;
-        let name = format!("locafs-test-{}@restart.service", std::process::id());
+        let name = format!(
+            "locafs-test-{}-{}@restart.service",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let dir = root.join(name);
         std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         let procs = std::ffi::CString::new(dir.join("cgroup.procs").into_os_string().into_vec())
@@ -132,10 +140,11 @@ fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore, unit: &Un
         std::env::var("PATH").unwrap_or_default()
     );
     let mut c = Command::new("sh");
-    // LISTEN_PID is the daemon's own pid: sh's, which exec keeps.
+    // LISTEN_PID and SYSTEMD_EXEC_PID are the daemon's own pid: sh's,
+    // which exec keeps.
     c.arg("-c")
         .arg(format!(
-            "LISTEN_PID=$$ exec {} mount --config {}",
+            "LISTEN_PID=$$ SYSTEMD_EXEC_PID=$$ exec {} mount --config {}",
             bin(),
             conf.display()
         ))
@@ -174,14 +183,97 @@ fn start(conf: &Path, notify: &Path, fake_bin: &Path, store: &FdStore, unit: &Un
     c.spawn().unwrap()
 }
 
+/// What a test plays systemd with: the unit's cgroup, its configuration
+/// file (with `extra` lines), `systemctl list-jobs` (a restart job of
+/// whatever unit asks while `flag` exists) and the notify socket.
+struct Systemd {
+    sc: Scratch,
+    log: std::path::PathBuf,
+    conf: std::path::PathBuf,
+    fake_bin: std::path::PathBuf,
+    flag: std::path::PathBuf,
+    notify_path: std::path::PathBuf,
+    notify: UnixDatagram,
+    /// (last: removed once the daemons are gone)
+    unit: UnitCgroup,
+}
+
+impl Systemd {
+    fn new(extra: &str) -> Result<Systemd, String> {
+        let unit = UnitCgroup::create()?;
+        let sc = Scratch::new();
+        let log = sc.dir.path().join("log.txt");
+        let conf = sc.dir.path().join("unit.toml");
+        let s = Systemd {
+            log,
+            fake_bin: sc.dir.path().join("bin"),
+            flag: sc.dir.path().join("restart-queued"),
+            notify_path: sc.dir.path().join("notify.sock"),
+            notify: UnixDatagram::unbound().unwrap(),
+            conf,
+            unit,
+            sc,
+        };
+        s.configure(extra);
+        std::fs::create_dir(&s.fake_bin).unwrap();
+        let systemctl = s.fake_bin.join("systemctl");
+        std::fs::write(
+            &systemctl,
+            format!(
+                "#!/bin/sh\n[ -e {} ] || exit 0\nunit=$(basename \"$(sed -n 's/^0:://p' /proc/$PPID/cgroup)\")\necho \"42 $unit restart running\"\n",
+                s.flag.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let notify = UnixDatagram::bind(&s.notify_path).unwrap();
+        notify
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Ok(Systemd { notify, ..s })
+    }
+
+    /// Writes the unit's configuration file, with `extra` lines.
+    fn configure(&self, extra: &str) {
+        std::fs::write(
+            &self.conf,
+            format!(
+                "source = \"{}\"\nmountpoint = \"{}\"\ncache-dir = \"{}\"\nlog-file = \"{}\"\n{extra}",
+                self.sc.src.display(),
+                self.sc.mnt.display(),
+                self.sc.cache.display(),
+                self.log.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn start(&self, store: &FdStore) -> Child {
+        start(
+            &self.conf,
+            &self.notify_path,
+            &self.fake_bin,
+            store,
+            &self.unit,
+        )
+    }
+}
+
 #[test]
 fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
     require_fuse!();
-    let unit = match UnitCgroup::create() {
+    let sd = match Systemd::new("") {
         Ok(u) => u,
         Err(e) => skip!("a unit's cgroup cannot be made here: {e}"),
     };
-    let sc = Scratch::new();
+    let Systemd {
+        sc,
+        log,
+        flag,
+        notify,
+        ..
+    } = &sd;
     let files: Vec<(String, Vec<u8>)> = (0..20u64)
         .map(|i| {
             (
@@ -193,44 +285,10 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
     for (n, d) in &files {
         std::fs::write(sc.src.join(n), d).unwrap();
     }
-    let log = sc.dir.path().join("log.txt");
-    let conf = sc.dir.path().join("unit.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "source = \"{}\"\nmountpoint = \"{}\"\ncache-dir = \"{}\"\nlog-file = \"{}\"\n",
-            sc.src.display(),
-            sc.mnt.display(),
-            sc.cache.display(),
-            log.display()
-        ),
-    )
-    .unwrap();
-    // `systemctl list-jobs`: a restart job of whatever unit asks, while
-    // the flag file exists.
-    let fake_bin = sc.dir.path().join("bin");
-    std::fs::create_dir(&fake_bin).unwrap();
-    let flag = sc.dir.path().join("restart-queued");
-    let systemctl = fake_bin.join("systemctl");
-    std::fs::write(
-        &systemctl,
-        format!(
-            "#!/bin/sh\n[ -e {} ] || exit 0\nunit=$(basename \"$(sed -n 's/^0:://p' /proc/$PPID/cgroup)\")\necho \"42 $unit restart running\"\n",
-            flag.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let notify_path = sc.dir.path().join("notify.sock");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
     let mut store = FdStore::default();
 
-    let mut first = start(&conf, &notify_path, &fake_bin, &store, &unit);
-    assert_eq!(store.recv_until_other(&notify).as_deref(), Some("READY=1"));
+    let mut first = sd.start(&store);
+    assert_eq!(store.recv_until_other(notify).as_deref(), Some("READY=1"));
     // The state, the lock and the FUSE descriptors (8: --fuse-threads).
     assert_eq!(store.fds["locafs-state"].len(), 1);
     assert_eq!(store.fds["locafs-lock"].len(), 1);
@@ -261,10 +319,10 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
 
     // systemctl restart: a restart job is queued, SIGTERM, then the next
     // daemon with the store.
-    std::fs::write(&flag, b"").unwrap();
+    std::fs::write(flag, b"").unwrap();
     signal(first.id(), Signal::TERM).unwrap();
     assert_eq!(
-        store.recv_until_other(&notify).as_deref(),
+        store.recv_until_other(notify).as_deref(),
         Some("STOPPING=1")
     );
     assert!(
@@ -281,9 +339,16 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
         Some("fuse.locafs"),
         "unmounted on restart"
     );
-    std::fs::remove_file(&flag).unwrap();
-    let mut second = start(&conf, &notify_path, &fake_bin, &store, &unit);
-    assert_eq!(store.recv_until_other(&notify).as_deref(), Some("READY=1"));
+    std::fs::remove_file(flag).unwrap();
+    let stores = store.stores;
+    let mut second = sd.start(&store);
+    assert_eq!(store.recv_until_other(notify).as_deref(), Some("READY=1"));
+    // What systemd passed stays in its store: nothing taken out and stored
+    // again.
+    assert_eq!(
+        store.stores, stores,
+        "the new daemon stored its descriptors again"
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let (mut bad, mut reads) = (Vec::new(), 0);
@@ -292,7 +357,7 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
         bad.extend(b);
         reads += n;
     }
-    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    let log_text = std::fs::read_to_string(log).unwrap_or_default();
     eprintln!("{reads} reads through the restart");
     assert!(bad.is_empty(), "{bad:#?}\n{log_text}");
     let st = stats_of(&sc.mnt);
@@ -310,13 +375,13 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
     assert_eq!(
         store.fds["locafs-fuse"].len(),
         8,
-        "stored again by the new daemon"
+        "kept in the store for the new daemon"
     );
 
     // systemctl stop: no restart queued: unmount, the store emptied.
     signal(second.id(), Signal::TERM).unwrap();
     assert_eq!(
-        store.recv_until_other(&notify).as_deref(),
+        store.recv_until_other(notify).as_deref(),
         Some("STOPPING=1")
     );
     assert!(wait_for(Duration::from_secs(20), || second
@@ -330,7 +395,82 @@ fn a_restart_of_the_unit_keeps_the_mount_and_a_stop_unmounts() {
     notify
         .set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
-    let _ = store.recv_until_other(&notify);
+    let _ = store.recv_until_other(notify);
     assert_eq!(store.count(), 0, "the store still holds descriptors");
     force_unmount(&sc.mnt);
+}
+
+/// `systemctl restart` after the unit's options changed where a live mount
+/// cannot change (the block size): the daemon systemd starts next gets the
+/// stored mount, unmounts it and mounts the data set again, with the new
+/// options. (It did exit 2 with the mount gone: the stored lock descriptor
+/// it still held refused the data set's lock to its own new mount.)
+#[test]
+fn a_restart_with_options_the_live_mount_cannot_take_mounts_it_again() {
+    require_fuse!();
+    let sd = match Systemd::new("") {
+        Ok(u) => u,
+        Err(e) => skip!("a unit's cgroup cannot be made here: {e}"),
+    };
+    let data = pattern(7, 300_000);
+    std::fs::write(sd.sc.src.join("a.bin"), &data).unwrap();
+    let mut store = FdStore::default();
+    let mut first = sd.start(&store);
+    assert_eq!(
+        store.recv_until_other(&sd.notify).as_deref(),
+        Some("READY=1")
+    );
+    assert_eq!(std::fs::read(sd.sc.mnt.join("a.bin")).unwrap(), data);
+
+    std::fs::write(&sd.flag, b"").unwrap();
+    signal(first.id(), Signal::TERM).unwrap();
+    assert_eq!(
+        store.recv_until_other(&sd.notify).as_deref(),
+        Some("STOPPING=1")
+    );
+    assert!(wait_for(Duration::from_secs(20), || first
+        .try_wait()
+        .ok()
+        .flatten()
+        .is_some()));
+    assert_eq!(first.wait().unwrap().code(), Some(0));
+    assert_eq!(mount_type(&sd.sc.mnt).as_deref(), Some("fuse.locafs"));
+    std::fs::remove_file(&sd.flag).unwrap();
+
+    sd.configure("block-size = \"4MiB\"\n");
+    let mut second = sd.start(&store);
+    let said = store.recv_until_other(&sd.notify);
+    let log_text = std::fs::read_to_string(&sd.log).unwrap_or_default();
+    assert_eq!(
+        said.as_deref(),
+        Some("READY=1"),
+        "exit {:?}\n{log_text}",
+        second.try_wait()
+    );
+    assert!(
+        log_text.contains("the mount systemd kept cannot be served"),
+        "{log_text}"
+    );
+    assert_eq!(std::fs::read(sd.sc.mnt.join("a.bin")).unwrap(), data);
+    let st = stats_of(&sd.sc.mnt);
+    assert_eq!(st["supervisor_pid"], second.id(), "{st}");
+    assert_eq!(
+        store.fds.get("locafs-lock").map(Vec::len),
+        Some(1),
+        "the new mount's lock stored"
+    );
+
+    signal(second.id(), Signal::TERM).unwrap();
+    assert_eq!(
+        store.recv_until_other(&sd.notify).as_deref(),
+        Some("STOPPING=1")
+    );
+    assert!(wait_for(Duration::from_secs(20), || second
+        .try_wait()
+        .ok()
+        .flatten()
+        .is_some()));
+    assert_eq!(second.wait().unwrap().code(), Some(0));
+    assert!(mount_type(&sd.sc.mnt).is_none(), "still mounted after stop");
+    force_unmount(&sd.sc.mnt);
 }

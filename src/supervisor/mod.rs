@@ -161,26 +161,17 @@ pub fn take_over_with(
 /// back (`stored`: the holder before this one stored them; see
 /// [`systemd`]).
 pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Stored) -> ExitCode {
-    let state = match SharedState::open(stored.state) {
+    let systemd::Stored { state, lock, fuse } = stored;
+    let state = match SharedState::open(state) {
         Ok(s) => s,
-        Err(e) => return remount(args, cfg, stored.fuse, &format!("its state: {e}")),
+        Err(e) => return remount(args, cfg, fuse, lock, &format!("its state: {e}")),
     };
-    if state.header().fixed_options.load(Ordering::Acquire) != takeover::fixed_options(&cfg) {
-        return remount(
-            args,
-            cfg,
-            stored.fuse,
-            "the options changed where they cannot change on a live mount (source, cache, block size, open mode, passthrough)",
-        );
+    let fixed = state.header().fixed_options.load(Ordering::Acquire);
+    if let Some(why) = takeover::stored_refusal(fixed, &cfg) {
+        drop(state);
+        return remount(args, cfg, fuse, lock, &why);
     }
-    match Holder::from_store(
-        args,
-        cfg,
-        Box::new(ThisBinary),
-        state,
-        stored.lock,
-        stored.fuse,
-    ) {
+    match Holder::from_store(args, cfg, Box::new(ThisBinary), state, lock, fuse) {
         Ok(h) => h.run(),
         Err((code, msg)) => {
             error!("{msg}");
@@ -190,9 +181,17 @@ pub fn hold_stored(args: &MountRequest, cfg: MountConfig, stored: systemd::Store
     }
 }
 
-/// The mount systemd kept cannot be served with `cfg`: it is unmounted
-/// and the data set mounted again.
-fn remount(args: &MountRequest, cfg: MountConfig, fuse: Vec<OwnedFd>, why: &str) -> ExitCode {
+/// The mount systemd kept cannot be served with `cfg`: it is unmounted,
+/// the stored lock let go (the new mount takes the data set's lock
+/// afresh: a lock still held through the stored descriptor would refuse
+/// it) and the data set mounted again.
+fn remount(
+    args: &MountRequest,
+    cfg: MountConfig,
+    fuse: Vec<OwnedFd>,
+    lock: OwnedFd,
+    why: &str,
+) -> ExitCode {
     warn!(
         "{}: the mount systemd kept cannot be served ({why}): mounting it again",
         cfg.mountpoint.display()
@@ -201,6 +200,7 @@ fn remount(args: &MountRequest, cfg: MountConfig, fuse: Vec<OwnedFd>, why: &str)
     let _ = old.unmount();
     drop(old);
     systemd::forget_stored();
+    drop(lock);
     hold(args, cfg)
 }
 
@@ -249,28 +249,50 @@ struct Holder {
     stopping: bool,
 }
 
+/// What every holder makes for itself, however it got the mount: the
+/// options its servers run with (a TOML file in a memfd) and the signals
+/// it waits on.
+struct Parts {
+    config_fd: OwnedFd,
+    signals: signals::Signals,
+}
+
+impl Parts {
+    fn new(args: &MountRequest, cfg: &MountConfig) -> Result<Parts, (u8, String)> {
+        let toml = crate::config::serving_toml(args, cfg).map_err(|e| (2, e.to_string()))?;
+        let config_fd = memfd_with("locafs-options", toml.as_bytes())
+            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let signals =
+            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
+                .map_err(|e| (1, format!("signals: {e}")))?;
+        Ok(Parts { config_fd, signals })
+    }
+}
+
+/// The takeover socket of `cfg`'s data set, listening (None, said once,
+/// if it cannot: the mount is served, not taken over).
+fn bind_listener(cfg: &MountConfig) -> Option<takeover::Listener> {
+    takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
+        .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
+        .ok()
+}
+
 /// The data set's lock, taken on the directory that is still at its path.
 /// Until the lock is held, the data set directory looks unmounted, and a
 /// neighbour's budget keeper may take it away (rename it to the trash and
-/// delete it) between `config::resolve` and this; then the directory is
-/// resolved (made) again and the lock taken on the new one.
+/// delete it) between `config::resolve` and this
+/// ([`crate::lock::LockError::Moved`]); then the directory is resolved
+/// (made) again and the lock taken on the new one.
 fn lock_in_place(
     args: &MountRequest,
     mut cfg: MountConfig,
 ) -> Result<(MountConfig, crate::lock::DatasetLock), (u8, String)> {
     let mut tries = 0;
     loop {
-        let taken = crate::lock::DatasetLock::acquire(&cfg.dataset);
-        let here = || {
-            let held = rustix::fs::fstat(cfg.dataset.as_fd()).ok()?;
-            let now = rustix::fs::stat(cfg.dataset.path()).ok()?;
-            Some(held.st_dev == now.st_dev && held.st_ino == now.st_ino)
-        };
-        match taken {
-            Ok(lock) if here() == Some(true) => return Ok((cfg, lock)),
-            Err(e @ crate::lock::LockError::Held { .. }) => return Err((2, e.to_string())),
-            Err(e) if tries >= 3 || here() == Some(true) => return Err((2, e.to_string())),
-            _ if tries >= 3 => {
+        match crate::lock::DatasetLock::acquire(&cfg.dataset) {
+            Ok(lock) => return Ok((cfg, lock)),
+            Err(crate::lock::LockError::Moved { .. }) if tries < 3 => {}
+            Err(crate::lock::LockError::Moved { .. }) => {
                 return Err((
                     1,
                     format!(
@@ -279,7 +301,7 @@ fn lock_in_place(
                     ),
                 ))
             }
-            _ => {}
+            Err(e) => return Err((2, e.to_string())),
         }
         tries += 1;
         cfg = crate::config::resolve(args).map_err(|e| (2, e.to_string()))?;
@@ -294,21 +316,16 @@ impl Holder {
     ) -> Result<Holder, (u8, String)> {
         crate::mount::probe_source(&cfg)?;
         let (cfg, lock) = lock_in_place(args, cfg)?;
-        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
-        let config_fd = memfd_with("locafs-options", toml.as_bytes())
-            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        // (signals caught before the mount: a SIGTERM while mounting
+        // unmounts rather than leave a mount nobody holds)
+        let parts = Parts::new(args, &cfg)?;
         let state =
             SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
-        let signals =
-            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
-                .map_err(|e| (1, format!("signals: {e}")))?;
         let conn =
             Connection::mount(&cfg).map_err(|e| crate::mount::mount_failed(&cfg.mountpoint, &e))?;
         crate::mount::record_init(&state, conn.settled);
-        let listener = takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
-            .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
-            .ok();
-        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        let listener = bind_listener(&cfg);
+        let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
         h.listener = listener;
         Ok(h)
     }
@@ -320,21 +337,16 @@ impl Holder {
         launcher: Box<dyn Launcher>,
         taken: takeover::Taken,
     ) -> Result<Holder, (u8, String)> {
-        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
-        let config_fd = memfd_with("locafs-options", toml.as_bytes())
-            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let parts = Parts::new(args, &cfg)?;
         let state = SharedState::open(taken.state)
             .map_err(|e| (2, format!("the mount's shared state: {e}")))?;
         let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(taken.lock));
-        let signals =
-            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
-                .map_err(|e| (1, format!("signals: {e}")))?;
         let settled = Settled {
             granted: taken.offer.granted,
             minor: taken.offer.minor,
         };
         let conn = Connection::adopt(taken.fuse, settled, cfg.mountpoint.clone());
-        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
         h.restart_reason = Some((shm::REASON_TAKEOVER, taken.offer.pid as i32));
         h.handover = Some(taken.stream);
         Ok(h)
@@ -349,35 +361,27 @@ impl Holder {
         lock: OwnedFd,
         fuse: Vec<OwnedFd>,
     ) -> Result<Holder, (u8, String)> {
-        let toml = crate::config::serving_toml(args, &cfg).map_err(|e| (2, e.to_string()))?;
-        let config_fd = memfd_with("locafs-options", toml.as_bytes())
-            .map_err(|e| (1, format!("options for the server: {}", short_io(&e))))?;
+        let parts = Parts::new(args, &cfg)?;
         let lock = crate::lock::DatasetLock::from_file(std::fs::File::from(lock));
-        let signals =
-            signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
-                .map_err(|e| (1, format!("signals: {e}")))?;
+        let settled = crate::mount::recorded_init(&state);
         let h = state.header();
-        let settled = Settled {
-            granted: h.init_flags.load(Ordering::Acquire),
-            minor: h.proto_minor.load(Ordering::Acquire),
-        };
         // The server of the holder before, if it has not died yet (it dies
         // with its holder): two servers never share the state.
         let old = h.server_pid.load(Ordering::Relaxed);
         let previous = h.supervisor_pid.load(Ordering::Relaxed);
         if old != 0 {
-            end_process(old);
+            end_process(old, &state);
         }
         let conn = Connection::adopt(fuse, settled, cfg.mountpoint.clone());
         info!(
             "{}: serving on the mount that systemd kept (holder {previous} before)",
             cfg.mountpoint.display()
         );
-        let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
+        let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
+        // (they came from the store, where they stay: not stored again)
+        h.in_fd_store = true;
         h.restart_reason = Some((shm::REASON_TAKEOVER, previous as i32));
-        h.listener = takeover::Listener::bind(&takeover::socket_path(&h.cfg.dataset_dir))
-            .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
-            .ok();
+        h.listener = bind_listener(&h.cfg);
         Ok(h)
     }
 
@@ -387,10 +391,10 @@ impl Holder {
         launcher: Box<dyn Launcher>,
         conn: Connection,
         state: Arc<SharedState>,
-        config_fd: OwnedFd,
         lock: crate::lock::DatasetLock,
-        signals: signals::Signals,
+        parts: Parts,
     ) -> Result<Holder, (u8, String)> {
+        let Parts { config_fd, signals } = parts;
         let h = state.header();
         h.supervisor_pid
             .store(std::process::id(), Ordering::Relaxed);
@@ -553,8 +557,9 @@ impl Holder {
         );
         let mut cmd = self.launcher.command();
         cmd.env(SERVE_FDS, env)
-            // Only the holder speaks to systemd.
+            // Only the holder speaks to systemd (and says when it is ready).
             .env_remove("NOTIFY_SOCKET")
+            .env_remove(crate::mount::READY_SOCKET_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         let holder = std::process::id() as libc::pid_t;
@@ -651,9 +656,7 @@ impl Holder {
             );
             self.announced = true;
             crate::mount::announce_ready(summary);
-            self.listener = takeover::Listener::bind(&takeover::socket_path(&self.cfg.dataset_dir))
-                .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
-                .ok();
+            self.listener = bind_listener(&self.cfg);
         } else if self.announced {
             let restarts = self.state.header().restarts.load(Ordering::Relaxed);
             info!(
@@ -798,6 +801,8 @@ impl Holder {
                 let _ = r.child.kill();
                 let _ = r.child.wait();
             }
+            // (no server of this holder's left for the next one to end)
+            self.state.header().server_pid.store(0, Ordering::Relaxed);
             info!(
                 "a restart of this unit is queued: {} stays mounted for the next holder (systemd keeps its descriptors)",
                 self.cfg.mountpoint.display()
@@ -942,6 +947,12 @@ impl Holder {
                     "{} handed over: the new holder serves it; this one exits without unmounting",
                     self.cfg.mountpoint.display()
                 );
+                // (systemd's store would keep the mount and the lock the new
+                // holder now has: its own unit, if any, stores them anew)
+                if self.in_fd_store {
+                    systemd::forget_stored();
+                    self.in_fd_store = false;
+                }
                 self.stopping = true;
                 Some(ExitCode::SUCCESS)
             }
@@ -956,8 +967,7 @@ impl Holder {
                 self.restart_at = Some(Instant::now());
                 self.restart_reason = Some((shm::REASON_TAKEOVER, 0));
                 if self.listener.is_none() {
-                    let path = takeover::socket_path(&self.cfg.dataset_dir);
-                    self.listener = takeover::Listener::bind(&path).ok();
+                    self.listener = bind_listener(&self.cfg);
                 }
                 None
             }
@@ -965,23 +975,48 @@ impl Holder {
     }
 }
 
-/// SIGKILLs process `pid` if it is there and waits (at most 5 s) until it
-/// is gone.
-fn end_process(pid: u32) {
-    let alive = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .map(|s| !s.contains(") Z ") && !s.contains(") X "))
-            .unwrap_or(false)
-    };
-    if !alive(pid) {
+/// SIGKILLs the previous holder's server `pid` and waits (at most 5 s)
+/// until it is gone, if it is still there and still that server: a
+/// process that has `state` open (only this mount's holders and servers
+/// have it). A pid recorded by a holder that has gone may since name
+/// another process: that one is left alone.
+fn end_process(pid: u32, state: &SharedState) {
+    if pid <= 1 || pid == std::process::id() {
         return;
     }
-    // SAFETY: a signal to a pid; at worst a process that is gone.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    let t0 = Instant::now();
-    while alive(pid) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return;
+    };
+    // (the pidfd names the process, whatever its pid names later)
+    let Ok(pidfd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    if !has_open(pid, state.fd()) {
+        debug!(
+            "pid {pid} is not the previous server (it does not hold the mount's state): left alone"
+        );
+        return;
     }
+    if rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).is_err() {
+        return;
+    }
+    // (a pidfd turns readable when its process is gone)
+    let _ = signals::wait_readable(&[pidfd.as_fd()], Duration::from_secs(5));
+}
+
+/// Whether process `pid` has a descriptor of what `fd` is open (by
+/// /proc/PID/fd: same device and inode).
+fn has_open(pid: u32, fd: BorrowedFd<'_>) -> bool {
+    let Ok(want) = rustix::fs::fstat(fd) else {
+        return false;
+    };
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        rustix::fs::stat(e.path())
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino))
+    })
 }
 
 /// " (core dumped)" if it did.
@@ -1006,4 +1041,47 @@ fn memfd_with(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
     let mut f = std::fs::File::from(fd);
     f.write_all(bytes)?;
     Ok(OwnedFd::from(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper(inherit: Option<RawFd>) -> Child {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        if let Some(fd) = inherit {
+            // SAFETY: between fork and exec, only fcntl on a descriptor of
+            // this process.
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        c.spawn().unwrap()
+    }
+
+    #[test]
+    fn only_a_process_holding_the_mounts_state_is_ended_as_its_server() {
+        let state = SharedState::create().unwrap();
+        // A pid that names some other process now (a recycled one).
+        let mut other = sleeper(None);
+        end_process(other.id(), &state);
+        assert!(other.try_wait().unwrap().is_none(), "a stranger was killed");
+        other.kill().unwrap();
+        other.wait().unwrap();
+        // The previous server: it has the state open.
+        let mut server = sleeper(Some(state.fd().as_raw_fd()));
+        end_process(server.id(), &state);
+        let status = server.try_wait().unwrap().expect("ended, and waited for");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // Nothing for pid 0, 1 or this process.
+        end_process(0, &state);
+        end_process(1, &state);
+        end_process(std::process::id(), &state);
+    }
 }

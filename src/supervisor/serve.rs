@@ -11,7 +11,6 @@
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,6 @@ use tracing::{error, info};
 
 use super::{signals, SERVE_FDS};
 use crate::config::{MountConfig, MountRequest};
-use crate::connection::Settled;
 use crate::shm::SharedState;
 
 /// The descriptors a server was started with.
@@ -144,11 +142,6 @@ fn start_server(
     fuse: Vec<OwnedFd>,
 ) -> Result<crate::mount::Server, (u8, String)> {
     let mut server = crate::mount::Server::build(cfg, source, state)?;
-    let h = state.header();
-    let settled = Settled {
-        granted: h.init_flags.load(Ordering::Acquire),
-        minor: h.proto_minor.load(Ordering::Acquire),
-    };
-    server.serve(fuse, settled)?;
+    server.serve(fuse, crate::mount::recorded_init(state))?;
     Ok(server)
 }

@@ -14,10 +14,7 @@
 //! holder's.
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,32 +23,16 @@ pub const STATE: &str = "locafs-state";
 pub const LOCK: &str = "locafs-lock";
 pub const FUSE: &str = "locafs-fuse";
 
-/// Whether systemd listens (the process runs under a `Type=notify` unit).
+/// Whether systemd listens: the process is a `Type=notify` unit's own
+/// ([`crate::sys::notify_socket`]; a child that inherited `NOTIFY_SOCKET`
+/// is not).
 pub fn under_systemd() -> bool {
-    std::env::var_os("NOTIFY_SOCKET").is_some()
+    crate::sys::notify_socket().is_some()
 }
 
 /// Sends `state` to systemd with `fds` (sd_pid_notify_with_fds).
 pub fn notify_with_fds(state: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return Ok(());
-    };
-    let sock = UnixDatagram::unbound()?;
-    let bytes = path.as_bytes();
-    let addr = if let Some(name) = bytes.strip_prefix(b"@") {
-        rustix::net::SocketAddrUnix::new_abstract_name(name)?
-    } else {
-        rustix::net::SocketAddrUnix::new(bytes)?
-    };
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-        return Err(io::Error::other("too many descriptors"));
-    }
-    let iov = [io::IoSlice::new(state.as_bytes())];
-    rustix::net::sendmsg_addr(&sock, &addr, &iov, &mut control, SendFlags::empty())?;
-    Ok(())
+    crate::sys::sd_notify_with_fds(state, fds)
 }
 
 /// Keeps `fds` in systemd's store under `name` (replacing what was stored

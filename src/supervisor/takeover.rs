@@ -69,20 +69,103 @@ fn trusted(uid: rustix::process::Uid) -> bool {
     uid == rustix::process::geteuid() || uid.is_root()
 }
 
-/// What a live mount is, as far as a takeover must keep it: offered by
-/// the holder, checked by the one that would take over.
+/// What cannot change on a live mount: the one list that both a takeover
+/// ([`refusal`]) and a holder systemd starts with the state of the one
+/// before ([`fixed_options`], [`stored_refusal`]) check.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Offer {
+pub struct Fixed {
     /// The shared state's layout (`shm::LAYOUT`).
     pub layout: u64,
-    pub version: String,
     pub source: PathBuf,
     pub dataset_dir: PathBuf,
     pub block_size: u64,
     /// `passthrough` or `kernel`.
     pub open_mode: String,
-    /// Whether the mount was made with passthrough allowed.
+    /// Whether the mount's holder allows passthrough (it can be turned
+    /// off on a live mount, not on).
     pub passthrough: bool,
+}
+
+/// Why passthrough cannot be turned on.
+const NO_PASSTHROUGH: &str =
+    "the mount was made with --no-passthrough: passthrough cannot be turned on";
+
+impl Fixed {
+    /// Those of a mount made with `cfg`.
+    pub fn of(cfg: &MountConfig) -> Fixed {
+        Fixed {
+            layout: crate::shm::LAYOUT,
+            source: cfg.source.clone(),
+            dataset_dir: cfg.dataset_dir.clone(),
+            block_size: cfg.block_size,
+            open_mode: mode_name(cfg.open_mode).to_string(),
+            passthrough: cfg.passthrough,
+        }
+    }
+
+    /// The options that must stay equal: (what it is, its value compared,
+    /// its value as shown).
+    fn equal(&self) -> [(&'static str, String, String); 5] {
+        let path = |p: &Path| p.display().to_string();
+        [
+            (
+                "the state's layout",
+                self.layout.to_string(),
+                self.layout.to_string(),
+            ),
+            ("the source", path(&self.source), path(&self.source)),
+            (
+                "the cache (--cache-dir, --dataset-id)",
+                path(&self.dataset_dir),
+                path(&self.dataset_dir),
+            ),
+            (
+                "--block-size",
+                self.block_size.to_string(),
+                crate::units::format_size(self.block_size),
+            ),
+            (
+                "--open-mode",
+                self.open_mode.clone(),
+                self.open_mode.clone(),
+            ),
+        ]
+    }
+
+    /// What differs between a live mount's (`self`) and `new`, where it
+    /// cannot: one phrase each.
+    fn differences(&self, new: &Fixed) -> Vec<String> {
+        let mut why: Vec<String> = self
+            .equal()
+            .into_iter()
+            .zip(new.equal())
+            .filter(|(live, new)| live.1 != new.1)
+            .map(|(live, new)| format!("{} is {}, not {}", live.0, live.2, new.2))
+            .collect();
+        if !self.passthrough && new.passthrough {
+            why.push(NO_PASSTHROUGH.into());
+        }
+        why
+    }
+
+    /// A digest of [`Fixed::equal`]'s values, its lowest bit
+    /// `passthrough`.
+    fn digest(&self) -> u64 {
+        let values: Vec<String> = self.equal().into_iter().map(|e| e.1).collect();
+        let h = blake3::hash(values.join("\0").as_bytes());
+        let d = u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default());
+        (d & !1) | u64::from(self.passthrough)
+    }
+}
+
+/// What a live mount is, as far as a takeover must keep it: offered by
+/// the holder, checked by the one that would take over.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Offer {
+    /// What cannot change.
+    #[serde(flatten)]
+    pub fixed: Fixed,
+    pub version: String,
     /// What INIT settled (`shm::INIT_*`) and the kernel's FUSE minor.
     pub granted: u64,
     pub minor: u32,
@@ -101,13 +184,8 @@ impl Offer {
     /// The offer of a mount made with `cfg`.
     pub fn of(cfg: &MountConfig, granted: u64, minor: u32) -> Offer {
         Offer {
-            layout: crate::shm::LAYOUT,
+            fixed: Fixed::of(cfg),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            source: cfg.source.clone(),
-            dataset_dir: cfg.dataset_dir.clone(),
-            block_size: cfg.block_size,
-            open_mode: mode_name(cfg.open_mode).to_string(),
-            passthrough: cfg.passthrough,
             granted,
             minor,
             pid: std::process::id(),
@@ -115,67 +193,39 @@ impl Offer {
     }
 }
 
-/// A hash of what [`refusal`] compares (a mount made with `cfg`): kept in
-/// the shared state, so that a holder systemd starts with the state of the
-/// one before can tell whether its options fit the live mount.
+/// The digest of what cannot change on a mount made with `cfg` ([`Fixed`]):
+/// kept in the shared state, so that a holder systemd starts with the
+/// state of the one before can tell whether its options fit the live
+/// mount ([`stored_refusal`]).
 pub fn fixed_options(cfg: &MountConfig) -> u64 {
-    let text = format!(
-        "{}\0{}\0{}\0{}\0{}\0{}",
-        crate::shm::LAYOUT,
-        cfg.source.display(),
-        cfg.dataset_dir.display(),
-        cfg.block_size,
-        mode_name(cfg.open_mode),
-        cfg.passthrough
-    );
-    let h = blake3::hash(text.as_bytes());
-    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
+    Fixed::of(cfg).digest()
 }
 
 /// Why a mount offered as `offer` cannot be taken over with `cfg`: the
 /// options that cannot change on a live mount; None if it can.
 pub fn refusal(offer: &Offer, cfg: &MountConfig) -> Option<String> {
+    let mut why = offer.fixed.differences(&Fixed::of(cfg));
+    if offer.fixed.layout != crate::shm::LAYOUT {
+        why.push(format!("(the holder runs locafs {})", offer.version));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// Why a live mount whose shared state records `digest` ([`fixed_options`])
+/// cannot be served with `cfg`, as [`refusal`] would say at a takeover
+/// (without the values: the digest does not keep them); None if it can.
+pub fn stored_refusal(digest: u64, cfg: &MountConfig) -> Option<String> {
+    let new = Fixed::of(cfg);
     let mut why = Vec::new();
-    if offer.layout != crate::shm::LAYOUT {
+    if digest & !1 != new.digest() & !1 {
+        let names: Vec<&str> = new.equal().iter().map(|e| e.0).collect();
         why.push(format!(
-            "the mount's state has layout {} (locafs {}), this locafs reads layout {}",
-            offer.layout,
-            offer.version,
-            crate::shm::LAYOUT
+            "one of these differs from the mount's: {}",
+            names.join(", ")
         ));
     }
-    if offer.source != cfg.source {
-        why.push(format!(
-            "the source is {}, not {}",
-            offer.source.display(),
-            cfg.source.display()
-        ));
-    }
-    if offer.dataset_dir != cfg.dataset_dir {
-        why.push(format!(
-            "the cache is {} (--cache-dir, --dataset-id), not {}",
-            offer.dataset_dir.display(),
-            cfg.dataset_dir.display()
-        ));
-    }
-    if offer.block_size != cfg.block_size {
-        why.push(format!(
-            "--block-size is {}, not {}",
-            crate::units::format_size(offer.block_size),
-            crate::units::format_size(cfg.block_size)
-        ));
-    }
-    if offer.open_mode != mode_name(cfg.open_mode) {
-        why.push(format!(
-            "--open-mode is {}, not {}",
-            offer.open_mode,
-            mode_name(cfg.open_mode)
-        ));
-    }
-    if !offer.passthrough && cfg.passthrough {
-        why.push(
-            "the mount was made with --no-passthrough: passthrough cannot be turned on".into(),
-        );
+    if digest & 1 == 0 && new.passthrough {
+        why.push(NO_PASSTHROUGH.to_string());
     }
     (!why.is_empty()).then(|| why.join("; "))
 }
@@ -438,11 +488,63 @@ mod tests {
             "{why}"
         );
         let mut old = offer.clone();
-        old.layout += 1;
+        old.fixed.layout += 1;
         assert!(refusal(&old, &c).unwrap().contains("layout"));
         let mut nopt = offer.clone();
-        nopt.passthrough = false;
+        nopt.fixed.passthrough = false;
         assert!(refusal(&nopt, &c).unwrap().contains("--no-passthrough"));
+    }
+
+    #[test]
+    fn a_restart_from_the_store_refuses_what_a_takeover_refuses() {
+        let c = cfg();
+        let mut nopt = c.clone();
+        nopt.passthrough = false;
+        let mut news = Vec::new();
+        for live in [c.clone(), nopt.clone()] {
+            let mut v = vec![live.clone(), nopt.clone()];
+            let mut x = live.clone();
+            x.passthrough = true;
+            v.push(x);
+            let mut x = live.clone();
+            x.memory_cache *= 2;
+            x.fuse_threads = 3;
+            v.push(x);
+            let mut x = live.clone();
+            x.block_size = 4 << 20;
+            v.push(x);
+            let mut x = live.clone();
+            x.source = "/elsewhere".into();
+            v.push(x);
+            let mut x = live.clone();
+            x.dataset_dir = "/elsewhere/cache".into();
+            v.push(x);
+            let mut x = live.clone();
+            x.open_mode = OpenMode::Kernel;
+            v.push(x);
+            news.push((live, v));
+        }
+        for (live, v) in news {
+            let offer = Offer::of(&live, 0, 45);
+            let digest = fixed_options(&live);
+            for new in v {
+                let (at_takeover, at_restart) =
+                    (refusal(&offer, &new), stored_refusal(digest, &new));
+                assert_eq!(
+                    at_takeover.is_some(),
+                    at_restart.is_some(),
+                    "{at_takeover:?} / {at_restart:?}"
+                );
+                if let (Some(t), Some(r)) = (at_takeover, at_restart) {
+                    assert_eq!(
+                        t.contains("--no-passthrough"),
+                        r.contains("--no-passthrough")
+                    );
+                }
+            }
+        }
+        // Turning passthrough off is no change that needs a new mount.
+        assert_eq!(stored_refusal(fixed_options(&c), &nopt), None);
     }
 
     #[test]

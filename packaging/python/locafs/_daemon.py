@@ -4,10 +4,13 @@ It runs ``locafs mount SOURCE MOUNTPOINT --option ...`` (the binary of
 :func:`locafs.binary`) as a child in the foreground, in a session of its
 own, and supervises it:
 
-- ready: the child says ``READY=1`` on a notify socket of ours (the
-  systemd protocol locafs speaks for ``Type=notify`` units), so the call
-  returns once the mount is live; if the child exits first, its one-line
-  reason (``locafs: <msg>``) becomes a :class:`MountError`;
+- ready: the child says ``READY=1`` on a datagram socket of ours, named
+  by ``LOCAFS_READY_SOCKET`` (not ``NOTIFY_SOCKET``, which would make it
+  act as a systemd unit: keep its descriptors for a store that is not
+  there, leave the mount on SIGTERM; that variable is taken out of its
+  environment), so the call returns once the mount is live; if the child
+  exits first, its one-line reason (``locafs: <msg>``) becomes a
+  :class:`MountError`;
 - logs: the child's stderr is read by a thread and goes to the
   ``logging`` logger ``"locafs"`` at the level each line has (warnings and
   errors show without any logging set up), the last lines kept for errors;
@@ -155,7 +158,10 @@ class _Daemon:
         try:
             sock.bind(path)
             env = dict(os.environ)
-            env["NOTIFY_SOCKET"] = path
+            env["LOCAFS_READY_SOCKET"] = path
+            # (a Python program run by systemd: its unit is not the child's)
+            for k in ("NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+                env.pop(k, None)
             env.pop("LOCAFS_DAEMON_CHILD", None)
             try:
                 self.proc = subprocess.Popen(

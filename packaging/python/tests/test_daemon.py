@@ -178,7 +178,7 @@ class Supervision(unittest.TestCase):
         self.stand_in(
             """
             echo $$ > %s
-            %s -c 'import os, socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"STATUS=x\\nREADY=1", os.environ["NOTIFY_SOCKET"])'
+            %s -c 'import os, socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"STATUS=x\\nREADY=1", os.environ["LOCAFS_READY_SOCKET"])'
             exec sleep 60
             """
             % (pidfile, sys.executable)
@@ -189,6 +189,34 @@ class Supervision(unittest.TestCase):
             pid = int(f.read())
         self.assertFalse(os.path.exists("/proc/%d" % pid), "the stand-in still runs")
         self.assertEqual(D._LIVE, [])
+
+    def test_the_child_hears_of_readiness_through_a_variable_of_ours_not_systemds(self):
+        # (under systemd's NOTIFY_SOCKET locafs would act as a unit: keep
+        # its descriptors for a store that is not there, and leave the
+        # mount on SIGTERM)
+        envfile = os.path.join(self.dir, "env")
+        self.stand_in(
+            """
+            env > %s
+            echo 'locafs: the stand-in stops here' >&2
+            exit 1
+            """
+            % envfile
+        )
+        saved = os.environ.get("NOTIFY_SOCKET")
+        os.environ["NOTIFY_SOCKET"] = "/run/systemd/notify"
+        try:
+            with self.assertRaises(locafs.MountError):
+                locafs.mount(self.dir, self.mnt)
+        finally:
+            if saved is None:
+                del os.environ["NOTIFY_SOCKET"]
+            else:
+                os.environ["NOTIFY_SOCKET"] = saved
+        with open(envfile) as f:
+            names = [line.split("=", 1)[0] for line in f]
+        self.assertNotIn("NOTIFY_SOCKET", names)
+        self.assertIn("LOCAFS_READY_SOCKET", names)
 
     def test_the_binary_is_the_installed_one_else_the_one_on_path(self):
         from locafs import _binary as B
