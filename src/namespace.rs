@@ -2905,12 +2905,6 @@ impl Namespace {
         }
     }
 
-    /// Whether entries can carry POSIX ACLs (the source's can): the mount
-    /// then has the kernel enforce them.
-    pub fn has_acls(&self) -> bool {
-        self.acls_on
-    }
-
     /// The POSIX ACLs of `ino` if the namespace holds them read since its
     /// attributes were last read; else the question for the source. A
     /// source without ACLs is never asked.
