@@ -546,7 +546,17 @@ fn a_kill_9_while_another_fills_leaves_the_budget_right() {
     fs::create_dir_all(&mb).unwrap();
     let mut a = Mount::start(&src_a, &ma, &tcache, &[]);
     let b = Mount::start(&src_b, &mb, &tcache, &[]);
-    let budget = cache_ls(&tcache)["budget_bytes"].as_u64().unwrap();
+    // The serving processes book their share just after the mount is up:
+    // the budget is the one both have settled.
+    let mut budget = 0;
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            budget = cache_ls(&tcache)["budget_bytes"].as_u64().unwrap();
+            budget > 0
+        }),
+        "no budget was set: {}",
+        cache_ls(&tcache)
+    );
     let watch = FreeWatch::start(&tcache);
     std::thread::scope(|sc| {
         sc.spawn(|| read_all(&mb, &files_b));
