@@ -243,6 +243,29 @@ pub fn connection_number(mountpoint: &Path) -> Option<u32> {
     (major == "0").then(|| minor.parse().ok()).flatten()
 }
 
+/// Every mountpoint of FUSE connection `n` in this mount namespace (the
+/// mount a holder made, and the bind mounts of it a second `locafs mount`
+/// of the data set made: they share the connection's device), in the
+/// order of /proc/self/mountinfo.
+pub fn mountpoints_of(n: u32) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let dev = format!("0:{n}");
+    info.lines()
+        .filter(|l| l.split(' ').nth(2) == Some(dev.as_str()))
+        .filter(|l| {
+            l.split(' ')
+                .skip_while(|f| *f != "-")
+                .nth(1)
+                .is_some_and(|t| t.starts_with("fuse"))
+        })
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|mp| PathBuf::from(std::ffi::OsString::from_vec(crate::sys::unescape_mount(mp))))
+        .collect()
+}
+
 /// Requests the kernel holds for connection `n` now (sent to a server and
 /// not answered, or waiting to be read), if fusectl is mounted.
 pub fn waiting(n: u32) -> Option<u64> {

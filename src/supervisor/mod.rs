@@ -20,6 +20,7 @@
 //! the open handles, the backing ids, what INIT settled) is in the shared
 //! state, which the holder keeps; the rest a server rebuilds.
 
+pub mod attach;
 pub mod entry;
 pub mod policy;
 pub mod serve;
@@ -252,6 +253,9 @@ struct Holder {
     /// Whether a server ever said READY (and the mount was announced).
     announced: bool,
     stopping: bool,
+    /// Its own mountpoint unmounted on a signal while others of the
+    /// connection remain: it serves on until they go.
+    detached: bool,
 }
 
 /// The data set's lock, taken on the directory that is still at its path.
@@ -444,6 +448,7 @@ impl Holder {
             restart_reason: None,
             announced: false,
             stopping: false,
+            detached: false,
         })
     }
 
@@ -495,11 +500,20 @@ impl Holder {
         }
         for sig in self.signals.drain() {
             if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) && !self.stopping {
+                if self.detached {
+                    info!(
+                        "signal {sig} received: {} is unmounted already; serving on until the other mountpoints of this data set are",
+                        self.cfg.mountpoint.display()
+                    );
+                    continue;
+                }
                 info!(
                     "signal {sig} received: unmounting {}",
                     self.cfg.mountpoint.display()
                 );
-                return Some(self.stop());
+                if let Some(code) = self.stop() {
+                    return Some(code);
+                }
             }
         }
         if let Some(code) = self.reap() {
@@ -749,12 +763,25 @@ impl Holder {
         }
     }
 
-    /// Whether the mount this holder made is still there.
+    /// Whether the mount this holder made is still there: at its own
+    /// mountpoint or at another of the connection's (one a second `locafs
+    /// mount` attached, [`attach`]).
     fn still_mounted(&self) -> bool {
         match self.conn_no {
-            Some(n) => connection::connection_number(&self.cfg.mountpoint) == Some(n),
+            Some(n) => !connection::mountpoints_of(n).is_empty(),
             None => crate::sys::is_mountpoint(&self.cfg.mountpoint),
         }
+    }
+
+    /// The connection's mountpoints other than this holder's own.
+    fn other_mountpoints(&self) -> Vec<std::path::PathBuf> {
+        let Some(n) = self.conn_no else {
+            return Vec::new();
+        };
+        connection::mountpoints_of(n)
+            .into_iter()
+            .filter(|p| *p != self.cfg.mountpoint)
+            .collect()
     }
 
     /// The watchdog: a server that leaves the probe (and other requests)
@@ -785,8 +812,35 @@ impl Holder {
     }
 
     /// SIGTERM/SIGINT: unmounts; the server sees the session end, saves
-    /// and exits (it is told to, then killed, if it does not).
-    fn stop(&mut self) -> ExitCode {
+    /// and exits (it is told to, then killed, if it does not). While other
+    /// mountpoints of the connection remain (attached by a second `locafs
+    /// mount`), only this holder's own is unmounted and it serves on
+    /// (None): it exits when the connection ends, as after a `umount`.
+    fn stop(&mut self) -> Option<ExitCode> {
+        let others = self.other_mountpoints();
+        // (a queued systemd restart keeps every mountpoint: `stop_all`)
+        let restarting = self.in_fd_store && systemd::restart_queued();
+        if !others.is_empty() && !restarting {
+            if let Err(e) = self.conn.unmount() {
+                warn!("unmount of {} failed: {e}", self.cfg.mountpoint.display());
+            }
+            self.detached = true;
+            info!(
+                "unmounted {}; serving on for {} (this process exits when the last is unmounted)",
+                self.cfg.mountpoint.display(),
+                others
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return None;
+        }
+        Some(self.stop_all())
+    }
+
+    /// [`Holder::stop`] when this holder's mountpoint is the last.
+    fn stop_all(&mut self) -> ExitCode {
         self.stopping = true;
         crate::sys::sd_notify("STOPPING=1");
         if self.in_fd_store && systemd::restart_queued() {
@@ -869,6 +923,10 @@ impl Holder {
             systemd::forget_stored();
         }
         let _ = self.conn.unmount();
+        // (the mountpoints attached to it go too: nobody serves them)
+        for p in self.other_mountpoints() {
+            let _ = crate::sys::lazy_unmount(&p);
+        }
         if let Some(n) = self.conn_no {
             let _ = std::fs::write(
                 Path::new(connection::FUSECTL)
@@ -889,7 +947,8 @@ impl Holder {
     /// refuses, or goes away before READY, serve on (None).
     fn offer_takeover(&mut self, stream: std::os::unix::net::UnixStream) -> Option<ExitCode> {
         let settled = self.conn.settled;
-        let offer = takeover::Offer::of(&self.cfg, settled.granted, settled.minor);
+        let mut offer = takeover::Offer::of(&self.cfg, settled.granted, settled.minor);
+        offer.connection = self.conn_no;
         let line = serde_json::to_string(&offer).ok()? + "\n";
         let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
         if (&stream).write_all(line.as_bytes()).is_err() {
@@ -899,6 +958,15 @@ impl Holder {
         if let Some(why) = reply.strip_prefix("REFUSE ") {
             info!(
                 "a takeover of {} was refused: {why}",
+                self.cfg.mountpoint.display()
+            );
+            return None;
+        }
+        if let Some(path) = reply.strip_prefix("ATTACH ") {
+            // A second mountpoint of this data set (a bind mount the other
+            // command made): served by this connection from now on.
+            info!(
+                "{path} attached: a second mountpoint of this mount ({})",
                 self.cfg.mountpoint.display()
             );
             return None;
