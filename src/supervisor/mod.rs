@@ -11,8 +11,10 @@
 //! too many in a row it unmounts, says why and exits non-zero. Its
 //! watchdog ([`watchdog`]) replaces a server that stops answering. A newer
 //! `locafs mount` over the live mount takes it over ([`takeover`]), and
-//! under systemd the mount outlives the holder too ([`systemd`]). The
-//! server's side is [`serve`].
+//! under systemd the mount outlives the holder too ([`systemd`]). A
+//! second `locafs mount` of the data set on another mountpoint attaches
+//! to the live mount ([`attach`]); the holder then exits when the last of
+//! its connection's mountpoints goes. The server's side is [`serve`].
 //!
 //! The holder does no I/O on the data path: it never reads a request, a
 //! cached block or the source (an object store is asked once, before the
