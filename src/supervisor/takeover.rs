@@ -603,6 +603,41 @@ mod tests {
     }
 
     #[test]
+    fn a_second_mountpoint_must_serve_the_same_and_may_tune_otherwise() {
+        let c = cfg();
+        let mut offer = Offer::of(&c, 0, 45);
+        offer.connection = Some(77);
+        assert_eq!(attach_refusal(&offer, &c), None);
+        let mut tuned = c.clone();
+        tuned.fuse_threads = 3;
+        tuned.cache_size = Some(1 << 40);
+        assert_eq!(attach_refusal(&offer, &tuned), None);
+        let kept = tuning_kept(&offer, &tuned);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(kept[1].starts_with("--fuse-threads is ") && kept[1].ends_with(", not 3"));
+        let mut other = c.clone();
+        other.block_size = 4 << 20;
+        other.revalidate = None;
+        other.passthrough = false;
+        let why = attach_refusal(&offer, &other).expect("refused");
+        assert_eq!(
+            why,
+            [
+                "--block-size is 1.0 MiB there, not 4.0 MiB",
+                "--immutable is off there, not on",
+                "--revalidate is 60s there, not -",
+                "--no-passthrough is off there, not on",
+            ],
+            "{why:?}"
+        );
+        // An older holder tells neither its connection nor its options.
+        let mut old = offer.clone();
+        (old.connection, old.served) = (None, Vec::new());
+        let why = attach_refusal(&old, &c).expect("refused");
+        assert!(why[0].contains("take it over first"), "{why:?}");
+    }
+
+    #[test]
     fn descriptors_and_text_cross_a_socket_together() {
         let (a, b) = UnixStream::pair().unwrap();
         let f = tempfile::tempfile().unwrap();
