@@ -307,12 +307,15 @@ impl Holder {
         let signals =
             signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD])
                 .map_err(|e| (1, format!("signals: {e}")))?;
-        let conn =
-            Connection::mount(&cfg).map_err(|e| crate::mount::mount_failed(&cfg.mountpoint, &e))?;
-        crate::mount::record_init(&state, conn.settled);
+        // Listening before the mount shows: a second `locafs mount` of the
+        // data set that sees it ([`attach`]) finds the socket (its offer
+        // waits in the backlog until the holder's loop runs).
         let listener = takeover::Listener::bind(&takeover::socket_path(&cfg.dataset_dir))
             .map_err(|e| warn!("takeover socket: {e} (this mount cannot be taken over)"))
             .ok();
+        let conn =
+            Connection::mount(&cfg).map_err(|e| crate::mount::mount_failed(&cfg.mountpoint, &e))?;
+        crate::mount::record_init(&state, conn.settled);
         let mut h = Holder::with(cfg, launcher, conn, state, config_fd, lock, signals)?;
         h.listener = listener;
         Ok(h)
@@ -770,17 +773,31 @@ impl Holder {
     /// mount` attached, [`attach`]).
     fn still_mounted(&self) -> bool {
         match self.conn_no {
-            Some(n) => !connection::mountpoints_of(n).is_empty(),
+            Some(n) if !self.conn.alive() => {
+                // (aborted, or ended: what the mountpoint shows, as before
+                // mountpoints could be attached)
+                connection::connection_number(&self.cfg.mountpoint) == Some(n)
+            }
+            Some(_) => !self.mountpoints().is_empty(),
             None => crate::sys::is_mountpoint(&self.cfg.mountpoint),
+        }
+    }
+
+    /// Every mountpoint of the connection, while it is alive (once it
+    /// ended, its device number may be another mount's: none).
+    fn mountpoints(&self) -> Vec<std::path::PathBuf> {
+        match self.conn_no {
+            Some(n) if self.conn.alive() => connection::mountpoints_of(n),
+            _ => Vec::new(),
         }
     }
 
     /// The connection's mountpoints other than this holder's own.
     fn other_mountpoints(&self) -> Vec<std::path::PathBuf> {
-        let Some(n) = self.conn_no else {
+        if self.conn_no.is_none() {
             return Vec::new();
-        };
-        connection::mountpoints_of(n)
+        }
+        self.mountpoints()
             .into_iter()
             .filter(|p| *p != self.cfg.mountpoint)
             .collect()
