@@ -556,6 +556,10 @@ pub struct DatasetInfo {
     pub last_mount: u64,
     pub mounted: bool,
     pub pid: Option<u32>,
+    /// Where it is mounted (every mountpoint of its mount), as the
+    /// command line finds out from its holder; empty here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mountpoints: Vec<String>,
 }
 
 /// Every data set under `cache_dir`, with the ledger's figures, measured on
@@ -597,6 +601,7 @@ pub fn list(cache_dir: &PrivateDir) -> io::Result<(Ledger, Vec<DatasetInfo>)> {
             last_mount: r.last_mount,
             mounted: pid.is_some(),
             pid,
+            mountpoints: Vec::new(),
         });
     }
     Ok((ledger, out))
@@ -1220,6 +1225,7 @@ mod tests {
             last_mount: last,
             mounted,
             pid: None,
+            mountpoints: Vec::new(),
         };
         let list = [
             d("a", 10, 100, false),

@@ -654,6 +654,34 @@ pub fn resolve_live(args: &MountRequest) -> Result<MountConfig, UsageError> {
     resolve_for(args, true)
 }
 
+/// The canonical source directory the request names (None for an object
+/// store, or one that cannot be resolved): found without opening the
+/// cache.
+pub fn source_path(args: &MountRequest) -> Option<PathBuf> {
+    let (_, source_arg, _) = merged(args).ok()?;
+    if source_arg
+        .to_str()
+        .is_some_and(crate::source::object::is_object_url)
+    {
+        return None;
+    }
+    source_dir(&source_arg, DEFAULT_METADATA_TIMEOUT).ok()
+}
+
+/// Where [`resolve`] finds the data set's directory, told without opening
+/// or making anything (None if it cannot be told): for a user who cannot
+/// open a cache dir another user's mount holds, to be told what to do
+/// (`supervisor::attach::unprivileged`).
+pub fn dataset_dir_path(args: &MountRequest) -> Option<PathBuf> {
+    let (f, _, _) = merged(args).ok()?;
+    let id = match f.dataset_id.clone() {
+        Some(id) => id,
+        None => dataset_id(&source_path(args)?),
+    };
+    let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    Some(std::fs::canonicalize(cache_dir).ok()?.join(id))
+}
+
 /// What [`resolve`] merges: the flags over `-o` over the file, and SOURCE
 /// and MOUNTPOINT as given (or from the file).
 fn merged(args: &MountRequest) -> Result<(MountFlags, PathBuf, PathBuf), UsageError> {

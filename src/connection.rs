@@ -148,6 +148,24 @@ impl Connection {
         connection_number(&self.mountpoint)
     }
 
+    /// Whether the connection is still there: not ended (its last mount
+    /// gone and its files closed) nor aborted. While it is, the device
+    /// number of its mounts is its own: a mount of another file system
+    /// cannot have it (the kernel gives a freed number again at once).
+    pub fn alive(&self) -> bool {
+        let Some(fd) = self.fds.first() else {
+            return false;
+        };
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our own descriptor, no wait.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n >= 0 && p.revents & (libc::POLLERR | libc::POLLNVAL) == 0
+    }
+
     /// Unmounts (lazily if busy); the connection ends once nothing holds
     /// it.
     pub fn unmount(&mut self) -> io::Result<()> {
@@ -241,6 +259,31 @@ pub fn connection_number(mountpoint: &Path) -> Option<u32> {
     let dev = line.split(' ').nth(2)?;
     let (major, minor) = dev.split_once(':')?;
     (major == "0").then(|| minor.parse().ok()).flatten()
+}
+
+/// Every mountpoint of FUSE connection `n` in this mount namespace (the
+/// mount a holder made, and the bind mounts of it a second `locafs mount`
+/// of the data set made: they share the connection's device), in the
+/// order of /proc/self/mountinfo. Only while the connection is alive
+/// ([`Connection::alive`]) are these its own: once it ended, the number
+/// may be another mount's.
+pub fn mountpoints_of(n: u32) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let dev = format!("0:{n}");
+    info.lines()
+        .filter(|l| l.split(' ').nth(2) == Some(dev.as_str()))
+        .filter(|l| {
+            l.split(' ')
+                .skip_while(|f| *f != "-")
+                .nth(1)
+                .is_some_and(|t| t.starts_with("fuse"))
+        })
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|mp| PathBuf::from(std::ffi::OsString::from_vec(crate::sys::unescape_mount(mp))))
+        .collect()
 }
 
 /// Requests the kernel holds for connection `n` now (sent to a server and

@@ -313,6 +313,12 @@ impl Default for Stats {
 pub struct StatsSnapshot {
     pub source: String,
     pub mountpoint: String,
+    /// Every mountpoint of the mount (the one it was made on, and those a
+    /// second `locafs mount` of the data set attached), as the
+    /// command that reads the stats sees them in its mount table; empty in
+    /// the snapshot the server makes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mountpoints: Vec<String>,
     pub source_bytes: u64,
     pub source_reads: u64,
     pub source_errors: u64,
@@ -434,6 +440,7 @@ impl Stats {
         StatsSnapshot {
             source: source.to_owned(),
             mountpoint: mountpoint.to_owned(),
+            mountpoints: Vec::new(),
             source_bytes: self.source_bytes.load(Relaxed),
             source_reads: self.source_reads.load(Relaxed),
             source_errors: self.source_errors.load(Relaxed),
@@ -568,7 +575,14 @@ impl StatsSnapshot {
     /// The short human table of `locafs stats`.
     pub fn table(&self) -> String {
         let mut rows: Vec<(&str, String)> = vec![
-            ("mount", format!("{} <- {}", self.mountpoint, self.source)),
+            (
+                "mount",
+                if self.mountpoints.len() > 1 {
+                    format!("{} <- {}", self.mountpoints.join(", "), self.source)
+                } else {
+                    format!("{} <- {}", self.mountpoint, self.source)
+                },
+            ),
             ("uptime", format!("{:.0} s", self.uptime_s)),
             ("processes", self.process_line()),
             (

@@ -117,9 +117,12 @@ fn listed(dir: &PrivateDir) -> Option<(budget::Ledger, Vec<DatasetInfo>)> {
 }
 
 fn ls(dir: &PrivateDir, json: bool) -> ExitCode {
-    let Some((ledger, list)) = listed(dir) else {
+    let Some((ledger, mut list)) = listed(dir) else {
         return ExitCode::from(1);
     };
+    for d in list.iter_mut().filter(|d| d.mounted) {
+        d.mountpoints = mountpoints(dir, &d.id);
+    }
     let used: u64 = list.iter().map(|d| d.used).sum();
     if json {
         let v = serde_json::json!({
@@ -157,13 +160,13 @@ fn ls(dir: &PrivateDir, json: bool) -> ExitCode {
         }
     );
     println!(
-        "{:<28} {:>10} {:>10} {:>10} {:<20} {:<14} SOURCE",
+        "{:<28} {:>10} {:>10} {:>10} {:<20} {:<14} SOURCE [MOUNTPOINTS]",
         "DATASET", "USED", "FILES", "GRANT", "LAST MOUNT", "STATE"
     );
     let now = budget::now();
     for d in &list {
         println!(
-            "{:<28} {:>10} {:>10} {:>10} {:<20} {:<14} {}",
+            "{:<28} {:>10} {:>10} {:>10} {:<20} {:<14} {}{}",
             d.id,
             format_size(d.used),
             d.files,
@@ -174,10 +177,38 @@ fn ls(dir: &PrivateDir, json: bool) -> ExitCode {
             },
             ago(now, d.last_mount),
             state(d),
-            d.source
+            d.source,
+            if d.mountpoints.is_empty() {
+                String::new()
+            } else {
+                format!(" at {}", d.mountpoints.join(", "))
+            }
         );
     }
     ExitCode::SUCCESS
+}
+
+/// Every mountpoint of data set `id`'s mount, as its holder tells its
+/// connection (a holder of another user's, or one that does not answer:
+/// none).
+fn mountpoints(dir: &PrivateDir, id: &str) -> Vec<String> {
+    let Ok(top) = std::fs::canonicalize(dir.path()) else {
+        return Vec::new();
+    };
+    let sock = crate::supervisor::takeover::socket_path(&top.join(id));
+    if !crate::supervisor::takeover::listening(&sock) {
+        return Vec::new();
+    }
+    let Ok((offer, _)) = crate::supervisor::takeover::connect(&sock) else {
+        return Vec::new();
+    };
+    offer
+        .connection
+        .map(crate::connection::mountpoints_of)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect()
 }
 
 fn state(d: &DatasetInfo) -> String {

@@ -37,8 +37,26 @@ pub fn fetch(mountpoint: &std::path::Path) -> Result<StatsSnapshot, String> {
             format!("{}: {}", mountpoint.display(), crate::logging::short_io(&e))
         }
     })?;
-    serde_json::from_slice(&raw)
-        .map_err(|e| format!("{}: unreadable stats: {e}", mountpoint.display()))
+    let mut snap: StatsSnapshot = serde_json::from_slice(&raw)
+        .map_err(|e| format!("{}: unreadable stats: {e}", mountpoint.display()))?;
+    snap.mountpoints = mountpoints(mountpoint);
+    Ok(snap)
+}
+
+/// Every mountpoint of the mount `mountpoint` is on: the mounts of its
+/// FUSE connection (the same device in /proc/self/mountinfo).
+fn mountpoints(mountpoint: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(mountpoint) else {
+        return Vec::new();
+    };
+    if libc::major(m.dev()) != 0 {
+        return Vec::new();
+    }
+    crate::connection::mountpoints_of(libc::minor(m.dev()))
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect()
 }
 
 /// Per-second rates between two snapshots.

@@ -1,7 +1,8 @@
 //! `locafs mount`'s entry: what runs before anything is mounted and
 //! decides which way the command goes: a mount systemd kept for this unit
 //! (its descriptor store), a dead mount on the mountpoint detached, a live
-//! locafs mount taken over, or a new mount held ([`super::hold`]); and the
+//! locafs mount taken over, a data set served already attached to
+//! ([`super::attach`]), or a new mount held ([`super::hold`]); and the
 //! FUSE access check and `--daemon` (this same command run again in the
 //! background, waited for until it says READY).
 //!
@@ -66,10 +67,21 @@ pub fn main(args: MountRequest, daemon: bool) -> ExitCode {
     let cfg = match crate::config::resolve(&args) {
         Ok(c) => c,
         Err(e) => {
+            // (a user who cannot open the cache dir of a root mount that
+            // serves this data set: told that attaching needs root)
+            if let Some(code) = super::attach::unprivileged(&args) {
+                return code;
+            }
             crate::logging::say(&e.to_string());
             return ExitCode::from(2);
         }
     };
+    if super::attach::holder_serves(&cfg) {
+        // A process serves this data set already: a second mountpoint of
+        // it, not a second process over the same cache.
+        crate::logging::init(cfg.log_format, cfg.log_file.as_deref());
+        return super::attach::attach(&cfg, !daemon);
+    }
     if let Err(msg) = check_fuse_access() {
         // The setup's problem, as a refused mount(2) is (exit 2: a restart
         // will not help), and nothing left behind.

@@ -11,8 +11,10 @@
 //! too many in a row it unmounts, says why and exits non-zero. Its
 //! watchdog ([`watchdog`]) replaces a server that stops answering. A newer
 //! `locafs mount` over the live mount takes it over ([`takeover`]), and
-//! under systemd the mount outlives the holder too ([`systemd`]). The
-//! server's side is [`serve`].
+//! under systemd the mount outlives the holder too ([`systemd`]). A
+//! second `locafs mount` of the data set on another mountpoint attaches
+//! to the live mount ([`attach`]); the holder then exits when the last of
+//! its connection's mountpoints goes. The server's side is [`serve`].
 //!
 //! The holder does no I/O on the data path: it never reads a request, a
 //! cached block or the source (an object store is asked once, before the
@@ -20,6 +22,7 @@
 //! the open handles, the backing ids, what INIT settled) is in the shared
 //! state, which the holder keeps; the rest a server rebuilds.
 
+pub mod attach;
 pub mod entry;
 pub mod policy;
 pub mod serve;
@@ -247,6 +250,9 @@ struct Holder {
     /// Whether a server ever said READY (and the mount was announced).
     announced: bool,
     stopping: bool,
+    /// Its own mountpoint unmounted on a signal while others of the
+    /// connection remain: it serves on until they go.
+    detached: bool,
 }
 
 /// What every holder makes for itself, however it got the mount: the
@@ -321,10 +327,13 @@ impl Holder {
         let parts = Parts::new(args, &cfg)?;
         let state =
             SharedState::create().map_err(|e| (1, format!("shared state: {}", short_io(&e))))?;
+        // Listening before the mount shows: a second `locafs mount` of the
+        // data set that sees it ([`attach`]) finds the socket (its offer
+        // waits in the backlog until the holder's loop runs).
+        let listener = bind_listener(&cfg);
         let conn =
             Connection::mount(&cfg).map_err(|e| crate::mount::mount_failed(&cfg.mountpoint, &e))?;
         crate::mount::record_init(&state, conn.settled);
-        let listener = bind_listener(&cfg);
         let mut h = Holder::with(cfg, launcher, conn, state, lock, parts)?;
         h.listener = listener;
         Ok(h)
@@ -449,6 +458,7 @@ impl Holder {
             restart_reason: None,
             announced: false,
             stopping: false,
+            detached: false,
         })
     }
 
@@ -500,11 +510,20 @@ impl Holder {
         }
         for sig in self.signals.drain() {
             if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP) && !self.stopping {
+                if self.detached {
+                    info!(
+                        "signal {sig} received: {} is unmounted already; serving on until the other mountpoints of this data set are",
+                        self.cfg.mountpoint.display()
+                    );
+                    continue;
+                }
                 info!(
                     "signal {sig} received: unmounting {}",
                     self.cfg.mountpoint.display()
                 );
-                return Some(self.stop());
+                if let Some(code) = self.stop() {
+                    return Some(code);
+                }
             }
         }
         if let Some(code) = self.reap() {
@@ -753,12 +772,39 @@ impl Holder {
         }
     }
 
-    /// Whether the mount this holder made is still there.
+    /// Whether the mount this holder made is still there: at its own
+    /// mountpoint or at another of the connection's (one a second `locafs
+    /// mount` attached, [`attach`]).
     fn still_mounted(&self) -> bool {
         match self.conn_no {
-            Some(n) => connection::connection_number(&self.cfg.mountpoint) == Some(n),
+            Some(n) if !self.conn.alive() => {
+                // (aborted, or ended: what the mountpoint shows, as before
+                // mountpoints could be attached)
+                connection::connection_number(&self.cfg.mountpoint) == Some(n)
+            }
+            Some(_) => !self.mountpoints().is_empty(),
             None => crate::sys::is_mountpoint(&self.cfg.mountpoint),
         }
+    }
+
+    /// Every mountpoint of the connection, while it is alive (once it
+    /// ended, its device number may be another mount's: none).
+    fn mountpoints(&self) -> Vec<std::path::PathBuf> {
+        match self.conn_no {
+            Some(n) if self.conn.alive() => connection::mountpoints_of(n),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The connection's mountpoints other than this holder's own.
+    fn other_mountpoints(&self) -> Vec<std::path::PathBuf> {
+        if self.conn_no.is_none() {
+            return Vec::new();
+        }
+        self.mountpoints()
+            .into_iter()
+            .filter(|p| *p != self.cfg.mountpoint)
+            .collect()
     }
 
     /// The watchdog: a server that leaves the probe (and other requests)
@@ -789,8 +835,35 @@ impl Holder {
     }
 
     /// SIGTERM/SIGINT: unmounts; the server sees the session end, saves
-    /// and exits (it is told to, then killed, if it does not).
-    fn stop(&mut self) -> ExitCode {
+    /// and exits (it is told to, then killed, if it does not). While other
+    /// mountpoints of the connection remain (attached by a second `locafs
+    /// mount`), only this holder's own is unmounted and it serves on
+    /// (None): it exits when the connection ends, as after a `umount`.
+    fn stop(&mut self) -> Option<ExitCode> {
+        let others = self.other_mountpoints();
+        // (a queued systemd restart keeps every mountpoint: `stop_all`)
+        let restarting = self.in_fd_store && systemd::restart_queued();
+        if !others.is_empty() && !restarting {
+            if let Err(e) = self.conn.unmount() {
+                warn!("unmount of {} failed: {e}", self.cfg.mountpoint.display());
+            }
+            self.detached = true;
+            info!(
+                "unmounted {}; serving on for {} (this process exits when the last is unmounted)",
+                self.cfg.mountpoint.display(),
+                others
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return None;
+        }
+        Some(self.stop_all())
+    }
+
+    /// [`Holder::stop`] when this holder's mountpoint is the last.
+    fn stop_all(&mut self) -> ExitCode {
         self.stopping = true;
         crate::sys::sd_notify("STOPPING=1");
         if self.in_fd_store && systemd::restart_queued() {
@@ -875,6 +948,10 @@ impl Holder {
             systemd::forget_stored();
         }
         let _ = self.conn.unmount();
+        // (the mountpoints attached to it go too: nobody serves them)
+        for p in self.other_mountpoints() {
+            let _ = crate::sys::lazy_unmount(&p);
+        }
         if let Some(n) = self.conn_no {
             let _ = std::fs::write(
                 Path::new(connection::FUSECTL)
@@ -895,7 +972,8 @@ impl Holder {
     /// refuses, or goes away before READY, serve on (None).
     fn offer_takeover(&mut self, stream: std::os::unix::net::UnixStream) -> Option<ExitCode> {
         let settled = self.conn.settled;
-        let offer = takeover::Offer::of(&self.cfg, settled.granted, settled.minor);
+        let mut offer = takeover::Offer::of(&self.cfg, settled.granted, settled.minor);
+        offer.connection = self.conn_no;
         let line = serde_json::to_string(&offer).ok()? + "\n";
         let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
         if (&stream).write_all(line.as_bytes()).is_err() {
@@ -905,6 +983,15 @@ impl Holder {
         if let Some(why) = reply.strip_prefix("REFUSE ") {
             info!(
                 "a takeover of {} was refused: {why}",
+                self.cfg.mountpoint.display()
+            );
+            return None;
+        }
+        if let Some(path) = reply.strip_prefix("ATTACH ") {
+            // A second mountpoint of this data set (a bind mount the other
+            // command made): served by this connection from now on.
+            info!(
+                "{path} attached: a second mountpoint of this mount ({})",
                 self.cfg.mountpoint.display()
             );
             return None;

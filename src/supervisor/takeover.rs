@@ -22,8 +22,14 @@
 //!    unmounting. If the new one goes away before, the old one serves
 //!    again.
 //!
+//! A second `locafs mount` of the data set on another mountpoint
+//! ([`super::attach`]) reads the same offer (which also names the holder's
+//! mountpoint, its FUSE connection and its options: [`served`], [`tuning`])
+//! and answers `ATTACH path` once it has bind-mounted it, or `REFUSE why`;
+//! the holder serves on either way. `locafs cache ls` reads the offer only.
+//!
 //! The protocol is lines of text and one message with descriptors; the
-//! compatibility check ([`refusal`]) is pure.
+//! compatibility checks ([`refusal`], [`attach_refusal`]) are pure.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
@@ -171,6 +177,19 @@ pub struct Offer {
     pub minor: u32,
     /// The holder's pid.
     pub pid: u32,
+    /// The holder's mountpoint, and the number of its FUSE connection (the
+    /// minor of the mount's device: every mountpoint of the data set is a
+    /// mount of it, see [`super::attach`]). Absent from an older holder.
+    #[serde(default)]
+    pub mountpoint: Option<PathBuf>,
+    #[serde(default)]
+    pub connection: Option<u32>,
+    /// What the mount serves, as [`served`] names it, and how its process
+    /// is tuned ([`tuning`]): what a second mountpoint is checked against.
+    #[serde(default)]
+    pub served: Vec<(String, String)>,
+    #[serde(default)]
+    pub tuning: Vec<(String, String)>,
 }
 
 fn mode_name(m: OpenMode) -> &'static str {
@@ -189,8 +208,139 @@ impl Offer {
             granted,
             minor,
             pid: std::process::id(),
+            mountpoint: Some(cfg.mountpoint.clone()),
+            connection: None,
+            served: served(cfg),
+            tuning: tuning(cfg),
         }
     }
+}
+
+/// What a mount made with `cfg` serves, option by option (name as the
+/// command line spells it, value): a second mountpoint of the data set is
+/// refused unless every one is the same ([`attach_refusal`]), since it is
+/// served by the same process.
+pub fn served(cfg: &MountConfig) -> Vec<(String, String)> {
+    let secs = |d: std::time::Duration| format!("{}s", d.as_secs_f64());
+    let mut v = vec![
+        ("SOURCE".to_string(), cfg.source.display().to_string()),
+        (
+            "--cache-dir/--dataset-id".into(),
+            cfg.dataset_dir.display().to_string(),
+        ),
+        (
+            "--block-size".into(),
+            crate::units::format_size(cfg.block_size),
+        ),
+        (
+            "--immutable".into(),
+            if cfg.revalidate.is_none() {
+                "on"
+            } else {
+                "off"
+            }
+            .into(),
+        ),
+        (
+            "--revalidate".into(),
+            cfg.revalidate.map_or("-".into(), secs),
+        ),
+        ("--open-mode".into(), mode_name(cfg.open_mode).into()),
+        (
+            "--no-passthrough".into(),
+            if cfg.passthrough { "off" } else { "on" }.into(),
+        ),
+    ];
+    if let Some(o) = &cfg.object {
+        v.push(("--endpoint".into(), o.endpoint.clone().unwrap_or_default()));
+        v.push(("--region".into(), o.region.clone().unwrap_or_default()));
+    }
+    let (listen, peers) = match &cfg.peer {
+        Some(p) => (p.listen.to_string(), p.peers.join(",")),
+        None => ("-".into(), "-".into()),
+    };
+    v.push(("--listen".into(), listen));
+    v.push(("--peers".into(), peers));
+    v
+}
+
+/// How the process serving a mount made with `cfg` is tuned: a second
+/// mountpoint keeps the running process's values (said in one line).
+pub fn tuning(cfg: &MountConfig) -> Vec<(String, String)> {
+    let size = crate::units::format_size;
+    let secs = |d: std::time::Duration| format!("{}s", d.as_secs_f64());
+    vec![
+        (
+            "--cache-size".into(),
+            cfg.cache_size.map_or("-".into(), size),
+        ),
+        (
+            "--cache-free-floor".into(),
+            cfg.cache_free_floor.map_or("-".into(), |f| f.to_string()),
+        ),
+        ("--memory-cache".into(), size(cfg.memory_cache)),
+        // (the budget: the write queue is a quarter of it)
+        ("--prefetch-memory".into(), size(cfg.write_queue * 4)),
+        ("--readahead-window".into(), size(cfg.readahead.max_window)),
+        (
+            "--no-readahead".into(),
+            if cfg.readahead.sequential {
+                "off"
+            } else {
+                "on"
+            }
+            .into(),
+        ),
+        ("--kernel-readahead".into(), size(cfg.kernel_readahead)),
+        ("--fuse-threads".into(), cfg.fuse_threads.to_string()),
+        ("--watchdog".into(), cfg.watchdog.map_or("0".into(), secs)),
+        ("--source-timeout".into(), secs(cfg.source_timeout)),
+        ("--metadata-timeout".into(), secs(cfg.metadata_timeout)),
+        ("--log-format".into(), format!("{:?}", cfg.log_format)),
+        (
+            "--log-file".into(),
+            cfg.log_file
+                .as_ref()
+                .map_or("-".into(), |p| p.display().to_string()),
+        ),
+        (
+            "--metrics".into(),
+            cfg.metrics.map_or("-".into(), |a| a.to_string()),
+        ),
+    ]
+}
+
+/// The options in which `mine` differs from `theirs` (the running mount's),
+/// each as "NAME is THEIRS there, not MINE"; an option one side does not
+/// name is not compared (an older holder's list).
+fn differences(theirs: &[(String, String)], mine: &[(String, String)]) -> Vec<String> {
+    mine.iter()
+        .filter_map(|(name, v)| {
+            let (_, t) = theirs.iter().find(|(n, _)| n == name)?;
+            (t != v).then(|| format!("{name} is {t} there, not {v}"))
+        })
+        .collect()
+}
+
+/// Why `cfg` cannot be served as a second mountpoint of the mount offered
+/// as `offer`: one line per option that differs in what is served; None
+/// if it can.
+pub fn attach_refusal(offer: &Offer, cfg: &MountConfig) -> Option<Vec<String>> {
+    let mut why = Vec::new();
+    if offer.served.is_empty() || offer.connection.is_none() {
+        why.push(format!(
+            "the running locafs ({}) does not tell its mount's options: take it over first (the same locafs mount over its mountpoint)",
+            offer.version
+        ));
+    }
+    why.extend(differences(&offer.served, &served(cfg)));
+    (!why.is_empty()).then_some(why)
+}
+
+/// The process-tuning options in which `cfg` differs from the running
+/// mount's (which stay).
+pub fn tuning_kept(offer: &Offer, cfg: &MountConfig) -> Vec<String> {
+    differences(&offer.tuning, &tuning(cfg))
 }
 
 /// The digest of what cannot change on a mount made with `cfg` ([`Fixed`]):
@@ -355,8 +505,9 @@ pub enum NotTaken {
     Failed(String),
 }
 
-/// Takes over the mount whose holder listens at `socket`, with `cfg`.
-pub fn take(socket: &Path, cfg: &MountConfig) -> Result<Taken, NotTaken> {
+/// Connects to the holder listening at `socket` (checking that it is this
+/// user's or root's) and reads its offer.
+pub fn connect(socket: &Path) -> Result<(Offer, UnixStream), NotTaken> {
     let stream = address(socket)
         .and_then(|a| UnixStream::connect_addr(&a))
         .map_err(|e| NotTaken::NoHolder(format!("{}: {e}", socket.display())))?;
@@ -393,6 +544,12 @@ pub fn take(socket: &Path, cfg: &MountConfig) -> Result<Taken, NotTaken> {
     let offer: Offer = serde_json::from_str(&line).map_err(|e| {
         NotTaken::NoHolder(format!("{}: not a locafs holder ({e})", socket.display()))
     })?;
+    Ok((offer, stream))
+}
+
+/// Takes over the mount whose holder listens at `socket`, with `cfg`.
+pub fn take(socket: &Path, cfg: &MountConfig) -> Result<Taken, NotTaken> {
+    let (offer, stream) = connect(socket)?;
     if let Some(why) = refusal(&offer, cfg) {
         let _ = (&stream).write_all(format!("REFUSE {why}\n").as_bytes());
         return Err(NotTaken::Refused(why));
@@ -545,6 +702,41 @@ mod tests {
         }
         // Turning passthrough off is no change that needs a new mount.
         assert_eq!(stored_refusal(fixed_options(&c), &nopt), None);
+    }
+
+    #[test]
+    fn a_second_mountpoint_must_serve_the_same_and_may_tune_otherwise() {
+        let c = cfg();
+        let mut offer = Offer::of(&c, 0, 45);
+        offer.connection = Some(77);
+        assert_eq!(attach_refusal(&offer, &c), None);
+        let mut tuned = c.clone();
+        tuned.fuse_threads = 3;
+        tuned.cache_size = Some(1 << 40);
+        assert_eq!(attach_refusal(&offer, &tuned), None);
+        let kept = tuning_kept(&offer, &tuned);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(kept[1].starts_with("--fuse-threads is ") && kept[1].ends_with(", not 3"));
+        let mut other = c.clone();
+        other.block_size = 4 << 20;
+        other.revalidate = None;
+        other.passthrough = false;
+        let why = attach_refusal(&offer, &other).expect("refused");
+        assert_eq!(
+            why,
+            [
+                "--block-size is 1.0 MiB there, not 4.0 MiB",
+                "--immutable is off there, not on",
+                "--revalidate is 60s there, not -",
+                "--no-passthrough is off there, not on",
+            ],
+            "{why:?}"
+        );
+        // An older holder tells neither its connection nor its options.
+        let mut old = offer.clone();
+        (old.connection, old.served) = (None, Vec::new());
+        let why = attach_refusal(&old, &c).expect("refused");
+        assert!(why[0].contains("take it over first"), "{why:?}");
     }
 
     #[test]
