@@ -99,11 +99,10 @@ fn a_second_mount_of_a_data_set_attaches_to_it_and_reads_no_source_byte_again() 
 
     // The same command for a second job: attached, not refused.
     let mut b = Mount::start(&sc.src, &mnt_b, &sc.cache, &[]);
-    assert!(
-        b.stderr().contains("attached to the running mount"),
-        "{}",
-        b.stderr()
-    );
+    // (said just after the bind mount shows)
+    wait_until("the attach to be said", Duration::from_secs(20), || {
+        b.stderr().contains("attached to the running mount")
+    });
     let _ = try_drop_page_cache();
     check_files(&sc, &mnt_b);
     let via_b = stats_of(&mnt_b);
@@ -280,4 +279,81 @@ fn a_user_without_cap_sys_admin_is_told_attaching_needs_root() {
     );
     assert!(!is_mounted(&mnt_b));
     check_files(&sc, &sc.mnt);
+}
+
+#[test]
+fn an_attached_mount_whose_holder_is_killed_is_detached_and_its_command_fails() {
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
+    let mnt_b = sc.path().join("mnt-b");
+    fs::create_dir(&mnt_b).unwrap();
+    let mut a = sc.mount(&[]);
+    let mut b = Mount::start(&sc.src, &mnt_b, &sc.cache, &[]);
+    check_files(&sc, &mnt_b);
+    // The holder killed outside systemd: its mount dies (ENOTCONN), the
+    // attached one with it; the command that made it must not wait on a
+    // dead mountpoint for ever.
+    a.kill9_and_detach();
+    let st = b
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the attached command waits on a dead mount: {}", b.stderr()));
+    assert_eq!(st.code(), Some(1), "{}", b.stderr());
+    assert!(
+        !is_mounted(&mnt_b),
+        "the dead mount is left at {}",
+        mnt_b.display()
+    );
+    assert!(b.stderr().contains("is gone"), "{}", b.stderr());
+    // The next mount of the data set works as after any holder's death.
+    let _a = sc.mount(&[]);
+    check_files(&sc, &sc.mnt);
+}
+
+#[test]
+fn the_watchdog_watches_an_attached_mountpoint_once_the_first_is_unmounted() {
+    require_fuse!();
+    let sc = Scratch::with_sample_files();
+    let mnt_b = sc.path().join("mnt-b");
+    fs::create_dir(&mnt_b).unwrap();
+    let mut a = sc.mount(&["--watchdog", "2s"]);
+    let mut b = Mount::start(&sc.src, &mnt_b, &sc.cache, &[]);
+    umount(&sc.mnt);
+    check_files(&sc, &mnt_b);
+    // The server stops answering while only /mnt/b is left: the holder's
+    // probe must ask /mnt/b (its own mountpoint is a plain directory now,
+    // which never hangs) and replace the server.
+    let stopped = common::restart::server_pid(&mnt_b).expect("a server answers");
+    signal(stopped, Signal::STOP).unwrap();
+    let reader = {
+        let mnt_b = mnt_b.clone();
+        let files = sc.files.clone();
+        std::thread::spawn(move || {
+            for (name, data) in &files {
+                let got = fs::read(mnt_b.join(name)).map_err(|e| format!("{name}: {e}"))?;
+                if got != *data {
+                    return Err(format!("{name}: wrong bytes"));
+                }
+            }
+            Ok(())
+        })
+    };
+    // (the holder's log, not a request: one would wait on the stopped
+    // server)
+    let replaced = wait_for(Duration::from_secs(60), || a.stderr().contains("watchdog:"));
+    if !replaced {
+        // (else the reader, and the test's end, would wait on it for ever)
+        let _ = signal(stopped, Signal::KILL);
+        panic!(
+            "the stopped server was not replaced within 60 s: {}",
+            a.stderr()
+        );
+    }
+    reader
+        .join()
+        .unwrap()
+        .expect("a read through /mnt/b failed");
+    let now = common::restart::server_pid(&mnt_b).expect("a server answers");
+    assert_ne!(now, stopped, "{}", a.stderr());
+    exited_ok(Some(b.unmount()), "the second locafs mount");
+    exited_ok(a.wait_exit(Duration::from_secs(30)), "the holder");
 }

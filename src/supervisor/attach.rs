@@ -155,6 +155,16 @@ pub fn attach(cfg: &MountConfig, stay: bool) -> ExitCode {
         refuse("no mountpoint");
         return fail(1, format!("{running} has no mountpoint left"));
     };
+    // Caught before the bind mount: a SIGTERM right after it unmounts what
+    // it made rather than leave a mount nobody stands for.
+    let signals = match super::signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+    {
+        Ok(s) => s,
+        Err(e) => {
+            refuse("signals");
+            return fail(1, format!("signals: {e}"));
+        }
+    };
     if let Err(e) = rustix::mount::mount_bind(&from, &cfg.mountpoint) {
         refuse("bind mount failed");
         return fail(1, format!("bind mount of {} failed: {e}", from.display()));
@@ -179,26 +189,38 @@ pub fn attach(cfg: &MountConfig, stay: bool) -> ExitCode {
     }
     info!("{summary}");
     crate::mount::announce_ready(&summary);
-    wait_unmounted(&cfg.mountpoint, n)
+    wait_unmounted(&cfg.mountpoint, n, &signals)
 }
 
+/// How often a waiting attached mount asks whether its connection still
+/// has a process behind it.
+const ALIVE_EVERY: Duration = Duration::from_secs(2);
+
 /// Stays until `mp` is no longer a mount of connection `n` (exit 0), or a
-/// signal says stop: then unmounts `mp` (lazily if busy) and exits 0.
-fn wait_unmounted(mp: &Path, n: u32) -> ExitCode {
-    let signals = match super::signals::Signals::catch(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
-    {
-        Ok(s) => s,
-        Err(e) => {
-            crate::logging::say(&format!("signals: {e}"));
-            return ExitCode::from(1);
-        }
-    };
+/// signal says stop: then unmounts `mp` (lazily if busy) and exits 0. If
+/// the process serving the connection is gone for good (its holder killed:
+/// reads fail with ENOTCONN), `mp` is detached and the exit is 1, as the
+/// holder's own would be.
+fn wait_unmounted(mp: &Path, n: u32, signals: &super::signals::Signals) -> ExitCode {
+    let mut asked = std::time::Instant::now();
     loop {
         if connection::connection_number(mp) != Some(n) {
             info!("{} unmounted", mp.display());
             return ExitCode::SUCCESS;
         }
         let _ = super::signals::wait_readable(&[signals.fd()], Duration::from_millis(200));
+        if asked.elapsed() >= ALIVE_EVERY {
+            asked = std::time::Instant::now();
+            let deadline = crate::dead_mount::PROBE_DEADLINE;
+            if crate::dead_mount::probe(mp, deadline) == crate::dead_mount::MountState::Dead {
+                tracing::error!(
+                    "{}: the locafs process serving it is gone (its holder died); detaching it",
+                    mp.display()
+                );
+                let _ = crate::sys::lazy_unmount(mp);
+                return ExitCode::from(1);
+            }
+        }
         if let Some(sig) = signals.drain().into_iter().next() {
             crate::sys::sd_notify("STOPPING=1");
             info!("signal {sig} received: unmounting {}", mp.display());

@@ -433,7 +433,7 @@ impl Holder {
                     );
                 }
                 Some(
-                    watchdog::Probe::start(cfg.mountpoint.clone())
+                    watchdog::Probe::start(cfg.mountpoint.clone(), conn_no)
                         .map_err(|e| (1, format!("watchdog: {e}")))?,
                 )
             }
@@ -839,11 +839,30 @@ impl Holder {
     /// mountpoints of the connection remain (attached by a second `locafs
     /// mount`), only this holder's own is unmounted and it serves on
     /// (None): it exits when the connection ends, as after a `umount`.
+    /// Under a systemd unit (no restart queued) the others are detached
+    /// too: the unit's stop ends its process either way.
     fn stop(&mut self) -> Option<ExitCode> {
         let others = self.other_mountpoints();
         // (a queued systemd restart keeps every mountpoint: `stop_all`)
         let restarting = self.in_fd_store && systemd::restart_queued();
-        if !others.is_empty() && !restarting {
+        if !others.is_empty() && !restarting && systemd::under_systemd() {
+            // A unit's stop ends its process (systemd kills what is left
+            // after TimeoutStopSec): serving on would end the others as a
+            // dead mount a minute later. They are detached now, said.
+            for p in &others {
+                if let Err(e) = crate::sys::lazy_unmount(p) {
+                    warn!("unmount of {} failed: {e}", p.display());
+                }
+            }
+            warn!(
+                "this unit is stopping: the mountpoints attached to it are detached too: {}",
+                others
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        } else if !others.is_empty() && !restarting {
             if let Err(e) = self.conn.unmount() {
                 warn!("unmount of {} failed: {e}", self.cfg.mountpoint.display());
             }

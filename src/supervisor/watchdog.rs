@@ -27,16 +27,29 @@ pub struct Probe {
 
 impl Probe {
     /// Starts the thread asking `mountpoint` (off until [`Probe::set_on`]).
-    pub fn start(mountpoint: PathBuf) -> std::io::Result<Probe> {
+    /// Once `mountpoint` is no longer a mount of connection `conn` (it was
+    /// unmounted while a mountpoint a second `locafs mount` attached
+    /// remains), the probe asks one of the connection's other mountpoints:
+    /// a server that hangs is found whichever mountpoint its readers use.
+    pub fn start(mountpoint: PathBuf, conn: Option<u32>) -> std::io::Result<Probe> {
         let sent_ns = Arc::new(AtomicU64::new(0));
         let on = Arc::new(AtomicBool::new(false));
         let (s, o) = (Arc::clone(&sent_ns), Arc::clone(&on));
+        let mut target = mountpoint;
         std::thread::Builder::new()
             .name("locafs-watchdog".into())
             .spawn(move || loop {
                 if o.load(Ordering::Relaxed) {
+                    if let Some(n) = conn {
+                        if crate::connection::connection_number(&target) != Some(n) {
+                            if let Some(p) = crate::connection::mountpoints_of(n).into_iter().next()
+                            {
+                                target = p;
+                            }
+                        }
+                    }
                     s.store(crate::shm::monotonic_ns().max(1), Ordering::Release);
-                    let _ = crate::sys::getxattr(&mountpoint, crate::fs::PING_XATTR);
+                    let _ = crate::sys::getxattr(&target, crate::fs::PING_XATTR);
                     s.store(0, Ordering::Release);
                 }
                 std::thread::sleep(PROBE_EVERY);
