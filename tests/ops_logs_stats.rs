@@ -113,6 +113,12 @@ fn stats_json_schema_and_watch() {
     assert!(obj["peers"].as_array().is_some_and(|p| p.is_empty()));
     // This mount's own share of the cache directory.
     assert!(obj["cache_shares"].as_array().is_some_and(|p| p.len() == 1));
+    // Every mountpoint of the data set: here the one.
+    assert_eq!(
+        obj["mountpoints"],
+        serde_json::json!([obj["mountpoint"]]),
+        "{v}"
+    );
     assert!(obj["uptime_s"].is_f64());
     // No restart yet: the last one's time, reason and detail are null; the
     // server is not its holder.
@@ -123,7 +129,7 @@ fn stats_json_schema_and_watch() {
     assert_ne!(obj["pid"], obj["supervisor_pid"], "{v}");
     assert_eq!(
         obj.len(),
-        strings.len() + counts.len() + 11,
+        strings.len() + counts.len() + 12,
         "unexpected keys: {v}"
     );
     let total: u64 = sc.files.iter().map(|(_, d)| d.len() as u64).sum();
