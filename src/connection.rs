@@ -268,21 +268,11 @@ pub fn connection_number(mountpoint: &Path) -> Option<u32> {
 /// ([`Connection::alive`]) are these its own: once it ended, the number
 /// may be another mount's.
 pub fn mountpoints_of(n: u32) -> Vec<PathBuf> {
-    use std::os::unix::ffi::OsStringExt;
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
     let dev = format!("0:{n}");
-    info.lines()
-        .filter(|l| l.split(' ').nth(2) == Some(dev.as_str()))
-        .filter(|l| {
-            l.split(' ')
-                .skip_while(|f| *f != "-")
-                .nth(1)
-                .is_some_and(|t| t.starts_with("fuse"))
-        })
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|mp| PathBuf::from(std::ffi::OsString::from_vec(crate::sys::unescape_mount(mp))))
+    crate::sys::mounts()
+        .into_iter()
+        .filter(|m| m.dev == dev && m.fstype.starts_with("fuse"))
+        .map(|m| m.mountpoint)
         .collect()
 }
 

@@ -160,6 +160,39 @@ pub fn is_mountpoint(p: &Path) -> bool {
     false
 }
 
+/// One mount of /proc/self/mountinfo, its fields decoded.
+pub struct MountEntry {
+    /// `major:minor` of its file system (`0:N` for FUSE connection N).
+    pub dev: String,
+    pub mountpoint: PathBuf,
+    /// e.g. "fuse.locafs".
+    pub fstype: String,
+    /// The file system's name (for locafs, `locafs:SOURCE`).
+    pub source: Vec<u8>,
+}
+
+/// Every mount of this mount namespace, in the order of
+/// /proc/self/mountinfo (empty if it cannot be read).
+pub fn mounts() -> Vec<MountEntry> {
+    use std::os::unix::ffi::OsStringExt;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let mut after = f.iter().skip_while(|x| **x != "-").skip(1);
+            let (fstype, source) = (after.next()?, after.next()?);
+            Some(MountEntry {
+                dev: (*f.get(2)?).to_owned(),
+                mountpoint: PathBuf::from(std::ffi::OsString::from_vec(unescape_mount(f.get(4)?))),
+                fstype: (*fstype).to_owned(),
+                source: unescape_mount(source),
+            })
+        })
+        .collect()
+}
+
 /// The /proc/self/mountinfo line of the mount whose root is `p` (the last
 /// one if several are stacked).
 pub fn mountinfo_line(p: &Path) -> Option<String> {

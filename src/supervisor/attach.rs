@@ -72,20 +72,10 @@ pub fn unprivileged(args: &MountRequest) -> Option<ExitCode> {
 /// The live locafs mounts whose file system name is `source`'s.
 fn mountpoints_of_source(source: &Path) -> Vec<PathBuf> {
     let want = format!("locafs:{}", source.display());
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    info.lines()
-        .filter(|l| {
-            let mut after = l.split(' ').skip_while(|f| *f != "-").skip(1);
-            after.next() == Some("fuse.locafs")
-                && after.next().map(crate::sys::unescape_mount).as_deref() == Some(want.as_bytes())
-        })
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| {
-            use std::os::unix::ffi::OsStringExt;
-            PathBuf::from(std::ffi::OsString::from_vec(crate::sys::unescape_mount(m)))
-        })
+    crate::sys::mounts()
+        .into_iter()
+        .filter(|m| m.fstype == "fuse.locafs" && m.source == want.as_bytes())
+        .map(|m| m.mountpoint)
         .collect()
 }
 
