@@ -43,6 +43,9 @@ pub struct Counts {
     pub requests: AtomicU64,
     /// Requests answered 503 by the proxy itself.
     pub slowdowns: AtomicU64,
+    /// 503 or 429 answers of the store itself, passed back (a loaded moto
+    /// sends some).
+    pub upstream_throttled: AtomicU64,
     /// Listing requests (GET on a bucket with a query).
     pub lists: AtomicU64,
     /// HEAD requests.
@@ -57,6 +60,11 @@ impl Counts {
     /// Object GETs in all.
     pub fn total_gets(&self) -> u64 {
         self.gets.lock().values().sum()
+    }
+
+    /// Throttling answers the client got: the proxy's and the store's.
+    pub fn throttled(&self) -> u64 {
+        self.slowdowns.load(Relaxed) + self.upstream_throttled.load(Relaxed)
     }
 }
 
@@ -266,6 +274,10 @@ async fn serve(
             return Ok(());
         };
         let rhead = String::from_utf8_lossy(&raw[..end]).into_owned();
+        let status = rhead.split(' ').nth(1).unwrap_or("");
+        if status == "503" || status == "429" {
+            counts.upstream_throttled.fetch_add(1, Relaxed);
+        }
         let rbody = &raw[end + 4..];
         // A HEAD answer says the object's length but has no body.
         let len = if method == "HEAD" {
