@@ -39,10 +39,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tracing::warn;
 
 use crate::locate::Asked;
+use crate::peer::PeerNode;
 use crate::prefetch::ReadAhead;
 
-/// The extended attribute of the mount root that names the control socket.
-pub const CONTROL_XATTR: &str = "user.locafs.control";
+use crate::fs::CONTROL_XATTR;
 /// Read buffer of each end of a connection.
 const IO_BUFFER: usize = 1 << 20;
 /// Longest request line, and longest `where` payload, of the owner (a plan
@@ -358,8 +358,10 @@ fn address(value: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
 pub fn serve(
     root: &Path,
     ra: Arc<ReadAhead>,
+    peer: Option<Arc<PeerNode>>,
     rt: &tokio::runtime::Handle,
 ) -> std::io::Result<String> {
+    let ra = Arc::new(Served { ra, peer });
     let (value, std_listener) = {
         let mut tries = 0;
         loop {
@@ -455,12 +457,39 @@ fn busy() -> Response {
     }
 }
 
+/// What the requests are answered from: read-ahead (plans, `warm`, the
+/// namespace and cache a `where` reads) and the peer cache's members, when
+/// there is one (the owners a `where` names).
+struct Served {
+    ra: Arc<ReadAhead>,
+    peer: Option<Arc<PeerNode>>,
+}
+
+impl Served {
+    /// The `where` query (`locate.rs`): owners and cached state of the
+    /// files asked, or of the whole data set in listing order; on the
+    /// blocking pool.
+    async fn locate(&self, asked: Asked) -> Result<crate::locate::Located, String> {
+        let owners = match &self.peer {
+            Some(node) => crate::locate::Owners::of(node),
+            None => crate::locate::Owners::single(),
+        };
+        let ns = Arc::clone(self.ra.namespace());
+        let reader = Arc::clone(self.ra.reader());
+        tokio::task::spawn_blocking(move || {
+            crate::locate::locate(&ns, reader.cache().as_ref(), &owners, asked)
+        })
+        .await
+        .map_err(|e| format!("where: {e}"))
+    }
+}
+
 /// The requests of one connection of an owner or a reader, each line (and
 /// a `where`'s payload) at most `limit` bytes; a longer one is answered
 /// with an error and the connection closed.
 async fn serve_connection(
     stream: tokio::net::UnixStream,
-    ra: Arc<ReadAhead>,
+    ra: Arc<Served>,
     role: Role,
     root: Arc<PathBuf>,
     limit: usize,
@@ -523,7 +552,7 @@ fn refused(why: String) -> Response {
 }
 
 async fn handle(
-    ra: &Arc<ReadAhead>,
+    ra: &Served,
     req: serde_json::Result<Request>,
     payload: Vec<u8>,
     role: &Role,
@@ -550,7 +579,7 @@ async fn handle(
              root may ask for it",
             rustix::process::geteuid().as_raw()
         )),
-        Request::Warm { path } => match ra.warm(&path).await {
+        Request::Warm { path } => match ra.ra.warm(&path).await {
             Ok((cached, missing)) => Response {
                 ok: missing == 0,
                 cached_bytes: cached,
@@ -695,7 +724,7 @@ async fn handle(
                     (kept, hidden)
                 }
             };
-            let (files, unknown) = ra.set_plan(&paths).await;
+            let (files, unknown) = ra.ra.set_plan(&paths).await;
             Response {
                 ok: true,
                 files: files as u64,

@@ -72,6 +72,10 @@ const PLUS_PARALLEL: usize = 32;
 /// listing's order ([`Namespace::ahead_asks`]).
 const STAT_AHEAD: usize = 64;
 
+/// The extended attribute of the root that names the control socket
+/// (`control.rs` serves it; its value is `@` and the abstract name).
+pub const CONTROL_XATTR: &str = "user.locafs.control";
+
 /// The extended attribute of the mount root that returns `stats` as JSON.
 pub const STATS_XATTR: &str = "user.locafs.stats";
 /// The extended attribute of the mount root that returns the serving
@@ -807,7 +811,7 @@ impl<B: Send + Sync + 'static> FsCore<B> {
         use crate::source::{ACL_ACCESS_XATTR, ACL_DEFAULT_XATTR};
         match name.to_str() {
             Some(STATS_XATTR) if ino == ROOT => reply(Ok(self.stats_json())),
-            Some(crate::control::CONTROL_XATTR) if ino == ROOT => {
+            Some(CONTROL_XATTR) if ino == ROOT => {
                 reply(Ok(self.opts.control_socket.clone().into_bytes()))
             }
             Some(n @ (ACL_ACCESS_XATTR | ACL_DEFAULT_XATTR)) => {

@@ -527,9 +527,6 @@ impl Server {
             Arc::clone(&ns),
             rt.handle().clone(),
         );
-        if let Some(node) = &peer_node {
-            readahead.set_peer_node(Arc::clone(node));
-        }
         plug_views(&stats, &cache, &reader, &readahead);
         plug_process(&stats, state);
         if let Some(addr) = cfg.metrics {
@@ -551,9 +548,13 @@ impl Server {
         }
         // (A file a locafs before the abstract socket may have left.)
         let _ = cfg.dataset.remove_file("control.sock");
-        let control_socket =
-            crate::control::serve(&cfg.mountpoint, Arc::clone(&readahead), rt.handle())
-                .map_err(|e| (1, format!("control socket: {e}")))?;
+        let control_socket = crate::control::serve(
+            &cfg.mountpoint,
+            Arc::clone(&readahead),
+            peer_node.clone(),
+            rt.handle(),
+        )
+        .map_err(|e| (1, format!("control socket: {e}")))?;
         let ttl = match cfg.revalidate {
             None => Duration::from_secs(24 * 3600),
             Some(d) => d,

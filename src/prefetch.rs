@@ -207,8 +207,6 @@ pub struct ReadAhead {
     pub stats: ReadAheadStats,
     wake: tokio::sync::Notify,
     rt: tokio::runtime::Handle,
-    /// The peer cache, when there is one (for the `where` query).
-    peer: std::sync::OnceLock<Arc<crate::peer::PeerNode>>,
     /// When the kernel last asked for a directory listing: milliseconds
     /// after `started`, plus one (0: never). See [`LISTING_QUIET`].
     listed_at: AtomicU64,
@@ -248,7 +246,6 @@ impl ReadAhead {
             stats: ReadAheadStats::default(),
             wake: tokio::sync::Notify::new(),
             rt,
-            peer: std::sync::OnceLock::new(),
             listed_at: AtomicU64::new(0),
             started: Instant::now(),
         });
@@ -514,28 +511,14 @@ impl ReadAhead {
         (n, unknown)
     }
 
-    /// Gives the `where` query the peer cache's member list.
-    pub fn set_peer_node(&self, node: Arc<crate::peer::PeerNode>) {
-        let _ = self.peer.set(node);
+    /// The namespace read-ahead walks.
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.ns
     }
 
-    /// The `where` query (`locate.rs`): owners and cached state of the
-    /// files asked, or of the whole data set in listing order; on the
-    /// blocking pool.
-    pub async fn locate(
-        &self,
-        asked: crate::locate::Asked,
-    ) -> Result<crate::locate::Located, String> {
-        let owners = match self.peer.get() {
-            Some(node) => crate::locate::Owners::of(node),
-            None => crate::locate::Owners::single(),
-        };
-        let (ns, reader) = (Arc::clone(&self.ns), Arc::clone(&self.reader));
-        tokio::task::spawn_blocking(move || {
-            crate::locate::locate(&ns, reader.cache().as_ref(), &owners, asked)
-        })
-        .await
-        .map_err(|e| format!("where: {e}"))
+    /// The reader read-ahead fetches through.
+    pub fn reader(&self) -> &Arc<Reader> {
+        &self.reader
     }
 
     /// Makes sure every block of a file is cached (for `locafs warm`).
