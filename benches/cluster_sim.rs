@@ -39,8 +39,8 @@
 use std::time::Instant;
 
 use locafs::cache::policy::{Admission, Policy, Tier};
-use locafs::locality::{distributed_split, epoch_batches, permutation, Layout, SplitMix64};
 use locafs::peer::placement::{block_key, path_id, MemberId, Placement};
+use locafs::peer::sampler::{distributed_split, epoch_batches, permutation, Layout, SplitMix64};
 
 const GB: f64 = 1e9;
 const BLOCK_SIZE: u32 = 1 << 20;

@@ -5,7 +5,7 @@
 //! image-folder data set whose caches together hold it (each node's cache is
 //! 0.6 of it). Each node runs 2 learners with 2 loader workers each, batch 8
 //! per learner, for 3 epochs, once with DistributedSampler's assignment and
-//! once with the LocalitySampler's (`locafs::locality`, the algorithm of
+//! once with the LocalitySampler's (`locafs::peer::sampler`, the algorithm of
 //! the Python package; owners from the mount's `where` query, which every
 //! node must answer alike). Both hand the node's order for the epoch to its
 //! mount as a plan, as the Python sampler does, so read-ahead helps both the
@@ -38,8 +38,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lab::{start, wait_for_peers, Net, Node, NodeSpec};
-use locafs::control::{Client, Request};
-use locafs::locality::{distributed_split, epoch_batches, permutation, Layout};
+use locafs::mount::control::{Client, Request};
+use locafs::peer::sampler::{distributed_split, epoch_batches, permutation, Layout};
 use rand::{Rng, SeedableRng};
 
 const NODES: usize = 3;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use locafs::private_dir::PrivateDir;
+use locafs::sys::private_dir::PrivateDir;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

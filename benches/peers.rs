@@ -561,7 +561,7 @@ fn locafs_lab_netns(n: usize) -> Result<common::netns::Lab, String> {
 /// against the same block read and verified from the local cache file.
 fn latency(nodes: &[Node], net: &Net, src: &Path, files: &[String], secret: &Path) {
     let canon = std::fs::canonicalize(src).unwrap();
-    let ds_name = locafs::config::dataset_id(&canon);
+    let ds_name = locafs::mount::config::dataset_id(&canon);
     let dataset = locafs::peer::wire_dataset_id(&ds_name);
     let placement = Placement::new(
         (0..NODES)

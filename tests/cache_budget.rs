@@ -452,8 +452,10 @@ fn cache_ls_rm_and_gc_never_touch_a_mounted_data_set() {
     let err = String::from_utf8_lossy(&out.stderr);
     let left = used_of(&ls, &b_id).unwrap();
     assert!(
-        err.contains(&format!("still {} held", locafs::units::format_size(left)))
-            && err.contains(&format!("mounted now, and never removed: {b_id}")),
+        err.contains(&format!(
+            "still {} held",
+            locafs::sys::units::format_size(left)
+        )) && err.contains(&format!("mounted now, and never removed: {b_id}")),
         "{err} (cache ls: {ls})"
     );
     assert!(s.cache.join(&b_id).is_dir() && !s.cache.join(&a_id).exists());

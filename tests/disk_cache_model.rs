@@ -20,8 +20,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use locafs::cache::disk::DiskCache;
 use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
+use locafs::obs::stats::Stats;
 use locafs::source::SourceVersion;
-use locafs::stats::Stats;
 use proptest::prelude::*;
 
 const BS: u64 = 64 * 1024;

@@ -16,8 +16,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use locafs::cache::disk::DiskCache;
 use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
+use locafs::obs::stats::Stats;
 use locafs::source::SourceVersion;
-use locafs::stats::Stats;
 
 fn rss() -> u64 {
     common::proc_status(std::process::id(), "VmRSS").unwrap_or(0) * 1024
@@ -149,7 +149,7 @@ fn books_per_entry() {
                 table: 0,
             }
         });
-        let handle = locafs::private_dir::PrivateDir::create(&dir).unwrap();
+        let handle = locafs::sys::private_dir::PrivateDir::create(&dir).unwrap();
         drop(Index::create(&handle, 1 << 20, puts).unwrap());
         for round in ["first", "second"] {
             common::drop_page_cache();

@@ -195,7 +195,7 @@ fn every_mount_option_is_in_the_options_table_and_the_example_file_and_nothing_e
 
 #[test]
 fn the_example_file_parses_and_holds_the_true_defaults() {
-    use locafs::config::{read_config, resolve, MountFlags, MountRequest};
+    use locafs::mount::config::{read_config, resolve, MountFlags, MountRequest};
     let keys = example_keys();
     let d = tempfile::tempdir().unwrap();
     let (src, mnt, cache) = (d.path().join("s"), d.path().join("m"), d.path().join("c"));
@@ -276,7 +276,7 @@ fn the_example_file_parses_and_holds_the_true_defaults() {
             if rustix::process::geteuid().is_root() {
                 assert_eq!(
                     Path::new(shown),
-                    locafs::config::default_cache_dir(),
+                    locafs::mount::config::default_cache_dir(),
                     "cache-dir"
                 );
                 checked.push(k.name.clone());
@@ -321,7 +321,7 @@ fn o_takes_every_option_the_file_does() {
             "true" | "false" => name,
             v => format!("{name}={}", v.trim_matches('"')),
         };
-        locafs::config::parse_o(std::slice::from_ref(&opt))
+        locafs::mount::config::parse_o(std::slice::from_ref(&opt))
             .unwrap_or_else(|e| panic!("-o {opt}: {e}"));
     }
 }

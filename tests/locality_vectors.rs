@@ -1,12 +1,12 @@
 //! The shared test vector of the locality sampler: `tests/data/locality_vectors.json`
-//! is what `locafs::locality` gives for a handful of small layouts. The Python
+//! is what `locafs::peer::sampler` gives for a handful of small layouts. The Python
 //! sampler (packaging/python) is checked against the same file, so the two
 //! implementations agree bit for bit. Regenerate it, after a deliberate change
 //! of the algorithm, with `LOCAFS_WRITE_VECTORS=1 cargo test --test locality_vectors`
 //! (the regenerating run writes the file and fails: it checked nothing; run
 //! it again without the variable).
 
-use locafs::locality::{epoch_batches, rank_indices, Layout, SplitMix64};
+use locafs::peer::sampler::{epoch_batches, rank_indices, Layout, SplitMix64};
 use serde_json::{json, Value};
 
 const VECTORS: &str = concat!(

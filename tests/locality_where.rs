@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::*;
 use common::*;
-use locafs::control::{Client, Request, Response};
+use locafs::mount::control::{Client, Request, Response};
 use locafs::peer::placement::{block_key, path_id, MemberId, Placement};
 use serde_json::Value;
 
@@ -149,7 +149,7 @@ fn three_nodes_agree_on_owners_and_the_owner_serves_the_block() {
     let mut members: Vec<String> = ports.iter().map(|p| addr(*p)).collect();
     members.sort();
     let placement = Placement::new(members.iter().map(|m| MemberId::new(m.clone())).collect());
-    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(&c.source()));
+    let dataset = locafs::peer::wire_dataset_id(&locafs::mount::config::dataset_id(&c.source()));
     let expected: Vec<u64> = c
         .files
         .iter()

@@ -1,11 +1,16 @@
-//! The import graph of `src/`: no circle between the crate's top-level
-//! modules, and the leaves stay leaves.
+//! The import graph of `src/`: no circle at any depth (between the
+//! subsystems at the root, between the modules of each folder), the
+//! subsystems in their layers, the leaves stay leaves, and clap only in the
+//! command line.
 //!
 //! Reads every `src/**/*.rs` (without comments and `#[cfg(test)]`
-//! modules), takes each `crate::a::...` path (in `use` lines and inline,
-//! grouped `crate::{a, b}` too) as an edge from the file's top-level module
-//! to `a`, and fails on a cycle. `cargo test --test module_graph --
-//! --nocapture` prints the graph.
+//! modules), takes each `crate::a::b::...`, `super::...` and `self::...`
+//! path (in `use` lines and inline, grouped `crate::{a, b}` too) and
+//! resolves it to the deepest module it names. A file in module `x::y::z`
+//! naming module `x::w::v` is an edge `y -> w` inside folder `x`: each
+//! folder's graph must be free of circles (a parent's `mod.rs` is the
+//! folder's shared vocabulary: its children may use it, and it is no node).
+//! `cargo test --test module_graph -- --nocapture` prints the graphs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -13,21 +18,48 @@ use std::path::{Path, PathBuf};
 /// Files that must import nothing from the crate (the recording side of
 /// metrics: the read path calls it, so it may call nothing back).
 const LEAVES: &[&str] = &[
-    "src/metrics.rs",
-    "src/units.rs",
-    "src/epoch.rs",
-    "src/concurrency.rs",
-    "src/logging.rs",
-    "src/private_dir.rs",
+    "src/obs/metrics/mod.rs",
+    "src/sys/units.rs",
+    "src/meta/epoch.rs",
+    "src/read/concurrency.rs",
+    "src/obs/logging.rs",
+    "src/sys/private_dir.rs",
+    "src/sys/shm.rs",
+];
+
+/// The subsystems from the ground up: each may import only those before it
+/// (docs/architecture.md draws them). `cache` and `meta` share a layer:
+/// neither imports the other.
+const LAYERS: &[&[&str]] = &[
+    &["sys"],
+    &["obs"],
+    &["source"],
+    &["cache", "meta"],
+    &["read"],
+    &["peer"],
+    &["fs"],
+    &["mount"],
+    &["cli"],
 ];
 
 /// Modules that may import only these (observability knows the engine only
 /// through the snapshot parts the engine fills).
 const AT_MOST: &[(&str, &[&str])] = &[
-    ("stats", &["units"]),
-    ("metrics", &["stats", "units"]),
-    // (locate: the `where` request names what it asks, `locate::Asked`.)
-    ("control", &["locate", "logging", "prefetch", "sys"]),
+    ("obs::stats", &["sys::units"]),
+    ("obs::metrics", &["obs::stats", "sys::units"]),
+    // (locate: the `where` request names what it asks, `locate::Asked`;
+    // `fs` names the control xattr.)
+    (
+        "mount::control",
+        &[
+            "fs",
+            "obs::logging",
+            "peer::locate",
+            "peer",
+            "read::prefetch",
+            "sys",
+        ],
+    ),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -41,22 +73,26 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a file belongs to (`src/cache/disk.rs` -> `cache`);
-/// None for the binaries.
-fn module_of(rel: &Path) -> Option<String> {
+/// The module a file is (`src/cache/disk/mod.rs` -> `cache::disk`,
+/// `src/read/reader.rs` -> `read::reader`); None for lib.rs and the
+/// binaries.
+fn module_of(rel: &Path) -> Option<Vec<String>> {
     let parts: Vec<String> = rel
         .iter()
         .map(|c| c.to_string_lossy().into_owned())
         .collect();
-    match parts.as_slice() {
-        [src, f] if src == "src" => match f.strip_suffix(".rs")? {
-            "main" | "lib" => None,
-            m => Some(m.to_owned()),
-        },
-        [src, bin, ..] if src == "src" && bin == "bin" => None,
-        [src, dir, ..] if src == "src" => Some(dir.clone()),
-        _ => None,
+    let (first, rest) = parts.split_first()?;
+    if first != "src" || rest.first().is_some_and(|d| d == "bin") {
+        return None;
     }
+    let mut m = rest.to_vec();
+    let last = m.pop()?;
+    match last.strip_suffix(".rs")? {
+        "mod" => {}
+        "lib" | "main" if m.is_empty() => return None,
+        stem => m.push(stem.to_owned()),
+    }
+    (!m.is_empty()).then_some(m)
 }
 
 /// The file's code without comments and without `#[cfg(test)] mod ...`
@@ -100,71 +136,94 @@ fn ident(s: &str) -> &str {
     &s[..end]
 }
 
-/// Top-level names inside a `{...}` group that starts at `s[0]`.
-fn group_names(s: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut depth = 0;
-    let mut item_start = true;
-    for (i, c) in s.char_indices() {
-        match c {
-            '{' => {
-                depth += 1;
-                if depth == 1 {
-                    item_start = true;
-                    continue;
+/// The paths of a use tree (`a::b`, `a::{b, c::{d, self}}`, `a::*`) that
+/// starts at `s`, below `base`: `self` is the path so far, `super` its
+/// parent.
+fn tree(s: &str, base: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let s = s.trim_start();
+    if let Some(inner) = s.strip_prefix('{') {
+        let (mut depth, mut start) = (1, 0);
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        tree(&inner[start..i], base, out);
+                        return;
+                    }
                 }
-            }
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    break;
+                ',' if depth == 1 => {
+                    tree(&inner[start..i], base.clone(), out);
+                    start = i + 1;
                 }
-            }
-            ',' if depth == 1 => {
-                item_start = true;
-                continue;
-            }
-            _ => {}
-        }
-        if depth == 1 && item_start && !c.is_whitespace() {
-            item_start = false;
-            let n = ident(&s[i..]);
-            if !n.is_empty() && n != "self" {
-                names.push(n.to_owned());
+                _ => {}
             }
         }
+        return;
     }
-    names
+    let id = ident(s);
+    let mut base = base;
+    match id {
+        // `*`, or the end of a group's item.
+        "" => {
+            out.push(base);
+            return;
+        }
+        "self" => {}
+        "super" => {
+            base.pop();
+        }
+        _ => base.push(id.to_owned()),
+    }
+    match s[id.len()..].strip_prefix("::") {
+        Some(rest) => tree(rest, base, out),
+        None => out.push(base),
+    }
 }
 
-/// The top-level modules this code names through `crate::`.
-fn crate_refs(code: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        let before = rest[..i].chars().last();
-        rest = &rest[i + "crate::".len()..];
-        // `$crate::` in macros, or a longer identifier ending in "crate".
-        if before.is_some_and(|c| c == '$' || c.is_ascii_alphanumeric() || c == '_') {
+/// Every path this code names from the crate, made absolute: `crate::...`,
+/// and `super::...` / `self::...` from module `here`.
+fn crate_paths(code: &str, here: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("::") {
+        let head_start = code[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |j| j + 1);
+        let head = &code[head_start..i];
+        let before = code[..head_start].chars().last();
+        // `$crate::` in macros; the second `super` of `super::super::`.
+        if before.is_some_and(|c| c == '$' || c == ':') {
             continue;
         }
-        if rest.starts_with('{') {
-            out.extend(group_names(rest));
-        } else {
-            let n = ident(rest);
-            if !n.is_empty() {
-                out.insert(n.to_owned());
-            }
-        }
+        let base = match head {
+            "crate" => Vec::new(),
+            "self" => here.to_vec(),
+            "super" => here[..here.len().saturating_sub(1)].to_vec(),
+            _ => continue,
+        };
+        tree(&code[i + 2..], base, &mut out);
     }
     out
 }
 
+/// The top-level modules this code names through `crate::`.
+fn crate_refs(code: &str) -> BTreeSet<String> {
+    crate_paths(code, &[])
+        .into_iter()
+        .filter_map(|p| p.first().cloned())
+        .collect()
+}
+
 struct Graph {
-    /// module -> modules it imports (itself excluded)
-    edges: BTreeMap<String, BTreeSet<String>>,
-    /// files that import something from the crate -> what
+    /// folder ("" for `src/`) -> its modules -> the modules of the same
+    /// folder they import
+    folders: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    /// file -> the modules it imports from the crate (each path cut to the
+    /// deepest module it names; its own module left out)
     file_refs: BTreeMap<String, BTreeSet<String>>,
+    /// file -> its module (`read::reader`)
+    file_module: BTreeMap<String, String>,
 }
 
 fn graph() -> Graph {
@@ -172,18 +231,62 @@ fn graph() -> Graph {
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     files.sort();
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut file_refs = BTreeMap::new();
-    for f in files {
-        let rel = f.strip_prefix(root).unwrap().to_owned();
-        let text = std::fs::read_to_string(&f).unwrap();
-        let refs = crate_refs(&product_code(&text));
-        file_refs.insert(rel.display().to_string(), refs.clone());
-        let Some(m) = module_of(&rel) else { continue };
-        let e = edges.entry(m.clone()).or_default();
-        e.extend(refs.into_iter().filter(|r| *r != m));
+    let rels: Vec<PathBuf> = files
+        .iter()
+        .map(|f| f.strip_prefix(root).unwrap().to_owned())
+        .collect();
+    let modules: BTreeSet<Vec<String>> = rels.iter().filter_map(|r| module_of(r)).collect();
+    let mut g = Graph {
+        folders: BTreeMap::new(),
+        file_refs: BTreeMap::new(),
+        file_module: BTreeMap::new(),
+    };
+    for (f, rel) in files.iter().zip(&rels) {
+        let text = std::fs::read_to_string(f).unwrap();
+        let here = module_of(rel).unwrap_or_default();
+        let mut refs = BTreeSet::new();
+        for mut p in crate_paths(&product_code(&text), &here) {
+            // Cut to the deepest module (`cache::disk::DiskCache` ->
+            // `cache::disk`); an item of lib.rs names none.
+            while !p.is_empty() && !modules.contains(&p) {
+                p.pop();
+            }
+            if p.is_empty() || p == here {
+                continue;
+            }
+            refs.insert(p.join("::"));
+            if here.is_empty() {
+                continue;
+            }
+            let c = here.iter().zip(&p).take_while(|(a, b)| a == b).count();
+            if c < here.len() && c < p.len() {
+                g.folders
+                    .entry(here[..c].join("::"))
+                    .or_default()
+                    .entry(here[c].clone())
+                    .or_default()
+                    .insert(p[c].clone());
+            }
+        }
+        if !here.is_empty() {
+            for c in 0..here.len() {
+                g.folders
+                    .entry(here[..c].join("::"))
+                    .or_default()
+                    .entry(here[c].clone())
+                    .or_default();
+            }
+        }
+        let key = rel.display().to_string();
+        g.file_module.insert(key.clone(), here.join("::"));
+        g.file_refs.insert(key, refs);
     }
-    Graph { edges, file_refs }
+    g
+}
+
+/// Whether module `m` is `prefix` or inside it.
+fn under(m: &str, prefix: &str) -> bool {
+    m == prefix || m.starts_with(&format!("{prefix}::"))
 }
 
 /// Strongly connected components with more than one module (Tarjan).
@@ -283,22 +386,49 @@ fn circle(edges: &BTreeMap<String, BTreeSet<String>>, comp: &[String], from: &st
 }
 
 #[test]
-fn no_import_circle_between_modules() {
+fn no_import_circle_at_any_depth() {
     let g = graph();
-    println!("module graph of src/ (top-level modules, product code):");
-    for (m, to) in &g.edges {
-        let to: Vec<&str> = to.iter().map(String::as_str).collect();
-        println!("  {m} -> {}", to.join(", "));
+    let mut msgs = Vec::new();
+    for (folder, edges) in &g.folders {
+        let name = if folder.is_empty() { "src" } else { folder };
+        println!("{name}:");
+        for (m, to) in edges {
+            let to: Vec<&str> = to.iter().map(String::as_str).collect();
+            println!("  {m} -> {}", to.join(", "));
+        }
+        for c in cycles(edges) {
+            msgs.push(format!(
+                "in {name}: {{{}}}: e.g. {}",
+                c.join(", "),
+                circle(edges, &c, &c[0])
+            ));
+        }
     }
-    let found = cycles(&g.edges);
-    let msgs: Vec<String> = found
-        .iter()
-        .map(|c| format!("{{{}}}: e.g. {}", c.join(", "), circle(&g.edges, c, &c[0])))
-        .collect();
     for m in &msgs {
         println!("CIRCLE {m}");
     }
     assert!(msgs.is_empty(), "import circles in src/: {msgs:#?}");
+}
+
+#[test]
+fn the_subsystems_keep_their_layers() {
+    let g = graph();
+    let top = &g.folders[""];
+    let layer_of = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
+    for m in top.keys() {
+        assert!(
+            layer_of(m).is_some(),
+            "src/{m} is in no layer: add it to LAYERS and docs/architecture.md"
+        );
+    }
+    assert!(top.len() <= 10, "{} subsystems at the root", top.len());
+    for (m, to) in top {
+        let lm = layer_of(m).unwrap();
+        for t in to {
+            let lt = layer_of(t).unwrap();
+            assert!(lt < lm, "{m} imports {t}, which is not below it");
+        }
+    }
 }
 
 #[test]
@@ -317,15 +447,34 @@ fn leaves_import_nothing_from_the_crate() {
 fn observability_and_the_command_line_keep_their_place() {
     let g = graph();
     for (m, allowed) in AT_MOST {
-        let extra: Vec<&String> = g.edges[*m]
-            .iter()
-            .filter(|d| !allowed.contains(&d.as_str()))
-            .collect();
-        assert!(extra.is_empty(), "{m} imports {extra:?}");
+        let mut seen = false;
+        for (file, refs) in &g.file_refs {
+            if !under(&g.file_module[file], m) {
+                continue;
+            }
+            seen = true;
+            let extra: Vec<&String> = refs
+                .iter()
+                .filter(|t| !under(t, m) && !allowed.iter().any(|a| under(t, a)))
+                .collect();
+            assert!(extra.is_empty(), "{file} ({m}) imports {extra:?}");
+        }
+        assert!(seen, "no file of {m}: update AT_MOST");
     }
-    // The command line sits on top: nothing in the library imports it.
-    for (m, to) in &g.edges {
-        assert!(m == "cli" || !to.contains("cli"), "{m} imports cli");
+    // The command line sits on top: nothing in the library imports it, and
+    // only it knows clap (the library's options are plain types).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (file, refs) in &g.file_refs {
+        let m = &g.file_module[file];
+        if under(m, "cli") || m.is_empty() {
+            continue;
+        }
+        assert!(!refs.iter().any(|t| under(t, "cli")), "{file} imports cli");
+        let code = product_code(&std::fs::read_to_string(root.join(file)).unwrap());
+        assert!(
+            !code.contains("clap::") && !code.contains("use clap"),
+            "{file} uses clap: only src/cli may"
+        );
     }
 }
 
@@ -339,6 +488,17 @@ fn the_scanner_sees_every_form_of_path() {
     );
     let refs: Vec<String> = crate_refs(&code).into_iter().collect();
     assert_eq!(refs, ["a", "b", "c", "d", "e"]);
+    let here = ["x".to_owned(), "y".to_owned()];
+    let deep = crate_paths(
+        "use super::z::{W, self};\nuse super::super::q::*;\nfn f() { self::k::f(); }\n\
+         use crate::{a::{b::C, d}, e};\n",
+        &here,
+    );
+    let deep: Vec<String> = deep.iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        deep,
+        ["x::z::W", "x::z", "q", "x::y::k::f", "a::b::C", "a::d", "e"]
+    );
     let mut edges = BTreeMap::new();
     for (a, b) in [("x", "y"), ("y", "z"), ("z", "x"), ("z", "w")] {
         edges

@@ -65,7 +65,7 @@ fn setup(d: &common::Scratch, stop_after: u64) -> (Arc<Hooked<SlowLister>>, Vec<
     (Arc::new(Hooked::wrap(&d.src, hook)), names)
 }
 
-fn config(d: &common::Scratch) -> locafs::config::MountConfig {
+fn config(d: &common::Scratch) -> locafs::mount::config::MountConfig {
     inproc::config(d, &["--metadata-timeout", "1s", "--no-readahead"])
 }
 

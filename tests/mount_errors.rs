@@ -701,7 +701,7 @@ fn a_user_who_may_not_mount_gets_exit_2_what_it_takes_and_no_leftovers() {
     assert_eq!(dataset_dirs(), Vec::<PathBuf>::new(), "{err}");
 
     // A data set directory from before stays, without a stale socket.
-    let id = locafs::config::dataset_id(&fs::canonicalize(&s.src).unwrap());
+    let id = locafs::mount::config::dataset_id(&fs::canonicalize(&s.src).unwrap());
     let kept = s.cache.join(id);
     fs::create_dir(&kept).unwrap();
     std::os::unix::fs::chown(&kept, Some(65534), Some(65534)).unwrap();

@@ -324,7 +324,7 @@ fn a_remount_after_a_walk_keeps_entries_only_listed_flagged() {
 #[test]
 fn where_answers_from_listings_without_a_stat() {
     require_fuse!();
-    use locafs::control::{Client, Request};
+    use locafs::mount::control::{Client, Request};
     let d = Scratch::new();
     let n = 2000;
     files(&d, n);

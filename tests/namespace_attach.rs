@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locafs::namespace::{Namespace, ROOT};
-use locafs::shm::SharedState;
+use locafs::meta::namespace::{Namespace, ROOT};
 use locafs::source::{DirSource, EntryKind, Source};
+use locafs::sys::shm::SharedState;
 use proptest::prelude::*;
 
 /// One entry as a listing gives it: inode, name, kind, and its size and

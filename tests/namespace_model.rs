@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fakes::NoSource;
-use locafs::namespace::{Namespace, ROOT};
+use locafs::meta::namespace::{Namespace, ROOT};
 use locafs::source::{DirSource, EntryKind, Source, SourceAttr};
 use proptest::prelude::*;
 
@@ -183,7 +183,7 @@ fn save_restore(
     refresh: bool,
 ) -> Result<Namespace, TestCaseError> {
     let bytes = ns.save(b"src", 1);
-    let decode = || locafs::manifest::decode(&bytes[..]).expect("the saved manifest decodes");
+    let decode = || locafs::meta::manifest::decode(&bytes[..]).expect("the saved manifest decodes");
     let dead = Arc::new(NoSource::default());
     let frozen = Namespace::restore(dead.clone(), None, Arc::default(), decode(), Duration::ZERO)
         .expect("the saved manifest restores");
@@ -369,12 +369,12 @@ fn a_manifest_that_is_not_one_tree_is_not_restored() {
         ..dir
     };
     let restore = |records: &[(u64, &[u8], SourceAttr)]| {
-        let mut e = locafs::manifest::Encoder::new(b"src", 1);
+        let mut e = locafs::meta::manifest::Encoder::new(b"src", 1);
         e.push(1, b"", &dir, true);
         for (parent, name, a) in records {
             e.push(*parent, name, a, false);
         }
-        let m = locafs::manifest::decode(e.finish(3)).expect("decodes");
+        let m = locafs::meta::manifest::decode(e.finish(3)).expect("decodes");
         let source: Arc<dyn Source> = Arc::new(NoSource::default());
         Namespace::restore(source, None, Arc::default(), m, Duration::ZERO)
     };

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fakes::{Call, Hook, Hooked, MemSource, Stall};
-use locafs::namespace::{Namespace, RELIST_MAX, ROOT};
+use locafs::meta::namespace::{Namespace, RELIST_MAX, ROOT};
 use locafs::source::Source;
 
 /// What the [`MemSource`] behind it is asked: its listings say they carry

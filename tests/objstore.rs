@@ -1561,7 +1561,7 @@ fn throttling_cuts_read_ahead_concurrency_to_its_floor() {
         &data.path().join("c0/0000.bin"),
         &sc.mnt.join("c0/0000.bin"),
     );
-    let floor = locafs::concurrency::AUTO_FLOOR as u64;
+    let floor = locafs::read::concurrency::AUTO_FLOOR as u64;
     let mut high = m.stat("prefetch_concurrency");
     wait_until(
         "read-ahead to raise its concurrency",

@@ -181,7 +181,7 @@ fn a_flood_from_one_host_and_a_reader_that_never_reads_neither_starve_an_honest_
     let pid = common::restart::server_pid(&target.mountpoint).unwrap();
     eprintln!("target before: (VmRSS, VmHWM) {:?}", memory_of(pid));
 
-    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
+    let dataset = locafs::peer::wire_dataset_id(&locafs::mount::config::dataset_id(
         &std::fs::canonicalize(c.source()).unwrap(),
     ));
     let reqs = Arc::new(requests(&c, dataset));
@@ -447,7 +447,7 @@ fn a_handshake_flood_from_one_host_is_retried_and_bounded_and_a_peer_still_conne
     // Meanwhile a legitimate peer (the cluster's keys) connects from
     // another address and gets a block.
     let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();
-    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
+    let dataset = locafs::peer::wire_dataset_id(&locafs::mount::config::dataset_id(
         &std::fs::canonicalize(c.source()).unwrap(),
     ));
     let req = requests(&c, dataset).remove(0);

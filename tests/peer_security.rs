@@ -332,7 +332,7 @@ fn lone_target(c: &Cluster) -> (Node, u16, [u8; 16], ClusterIdentity) {
             peer_timeout: "1s",
         },
     );
-    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(
+    let dataset = locafs::peer::wire_dataset_id(&locafs::mount::config::dataset_id(
         &std::fs::canonicalize(c.source()).unwrap(),
     ));
     let identity = ClusterIdentity::from_secret(&std::fs::read(&c.secret).unwrap()).unwrap();

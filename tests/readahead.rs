@@ -725,7 +725,7 @@ fn remote_epoch(n: usize, args: &[&str]) -> (Scratch, Arc<SlowSource>, locafs::m
 fn auto_concurrency_rises_above_its_start_when_the_source_rewards_it() {
     require_fuse!();
     let (d, source, m) = remote_epoch(3000, &[]);
-    let start = locafs::concurrency::AUTO_START as u64;
+    let start = locafs::read::concurrency::AUTO_START as u64;
     let s = snapshot(&d.mnt);
     assert!(
         s.read_ahead.prefetch_concurrency_auto,

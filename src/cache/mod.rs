@@ -1,3 +1,9 @@
+//! The local cache subsystem: blocks on disk and the policy that keeps
+//! them (this file, `disk`, `policy`, `recover`, `record_index`), the
+//! queue that writes fetched blocks off the reply path (`writeback`), the
+//! budget that data sets sharing a cache directory book (`budget`), and the
+//! one-mount-per-directory lock (`lock`).
+//!
 //! The local block cache: what a block is, how it is named and checksummed,
 //! and its two seams: [`BlockStore`], the blocks the read path gets and
 //! puts, and [`CompleteFiles`], whole cached files the open path hands to
@@ -8,10 +14,13 @@
 //! here may fail a read: a cache fault is logged, counted and reported as a
 //! miss, so the caller falls back to the source.
 
+pub mod budget;
 pub mod disk;
+pub mod lock;
 pub mod policy;
 pub mod record_index;
 pub mod recover;
+pub mod writeback;
 
 use std::fs::File;
 use std::path::Path;
@@ -182,7 +191,7 @@ impl ChecksummedBytes {
 
 /// What the cache holds, for `stats` (a part of the stats snapshot, so it
 /// is defined with the others in stats.rs).
-pub use crate::stats::CacheUsage;
+pub use crate::obs::stats::CacheUsage;
 
 /// Called with a version's key when its cached file stops being complete.
 pub type DroppedHook = Box<dyn Fn(&VersionKey) + Send + Sync>;

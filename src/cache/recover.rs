@@ -36,7 +36,7 @@ use bytes::{Buf, BufMut};
 use rustix::fs::OFlags;
 
 use super::{Checksum, VersionKey};
-use crate::private_dir::PrivateDir;
+use crate::sys::private_dir::PrivateDir;
 
 /// Bytes of one record, and of a file's header.
 pub const REC: usize = 64;

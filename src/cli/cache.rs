@@ -11,9 +11,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::budget::{self, DatasetInfo};
-use crate::private_dir::PrivateDir;
-use crate::units::{format_size, Size, Span};
+use crate::cache::budget::{self, DatasetInfo};
+use crate::sys::private_dir::PrivateDir;
+use crate::sys::units::{format_size, Size, Span};
 
 /// Arguments of `locafs cache`.
 #[derive(clap::Args, Debug)]
@@ -60,7 +60,7 @@ pub enum CacheCommand {
 pub fn main(args: CacheArgs) -> ExitCode {
     let dir = args
         .cache_dir
-        .unwrap_or_else(crate::config::default_cache_dir);
+        .unwrap_or_else(crate::mount::config::default_cache_dir);
     // As `mount` opens it: the path may pass through symlinks (a link to
     // the cache disk).
     let dir = match PrivateDir::open_root(&dir, false) {
@@ -73,7 +73,7 @@ pub fn main(args: CacheArgs) -> ExitCode {
             eprintln!(
                 "locafs: cache dir {}: {}",
                 dir.display(),
-                crate::logging::short_io(&e)
+                crate::obs::logging::short_io(&e)
             );
             return ExitCode::from(2);
         }
@@ -110,7 +110,7 @@ fn listed(dir: &PrivateDir) -> Option<(budget::Ledger, Vec<DatasetInfo>)> {
             eprintln!(
                 "locafs: cache dir {}: {}",
                 dir.path().display(),
-                crate::logging::short_io(&e)
+                crate::obs::logging::short_io(&e)
             )
         })
         .ok()
@@ -195,16 +195,16 @@ fn mountpoints(dir: &PrivateDir, id: &str) -> Vec<String> {
     let Ok(top) = std::fs::canonicalize(dir.path()) else {
         return Vec::new();
     };
-    let sock = crate::supervisor::takeover::socket_path(&top.join(id));
-    if !crate::supervisor::takeover::listening(&sock) {
+    let sock = crate::mount::supervisor::takeover::socket_path(&top.join(id));
+    if !crate::mount::supervisor::takeover::listening(&sock) {
         return Vec::new();
     }
-    let Ok((offer, _)) = crate::supervisor::takeover::connect(&sock) else {
+    let Ok((offer, _)) = crate::mount::supervisor::takeover::connect(&sock) else {
         return Vec::new();
     };
     offer
         .connection
-        .map(crate::connection::mountpoints_of)
+        .map(crate::mount::connection::mountpoints_of)
         .unwrap_or_default()
         .iter()
         .map(|p| p.display().to_string())

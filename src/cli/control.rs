@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::control::{mount_root_of, Client, Request};
-use crate::units::format_size;
+use crate::mount::control::{mount_root_of, Client, Request};
+use crate::sys::units::format_size;
 
 /// Arguments of `locafs warm`.
 #[derive(clap::Args, Debug)]
@@ -71,7 +71,7 @@ fn walk(
                     p.push(format!(
                         "{}: {}",
                         dir.display(),
-                        crate::logging::short_io(&e)
+                        crate::obs::logging::short_io(&e)
                     ));
                 }
                 continue;
@@ -115,7 +115,11 @@ pub fn warm(args: WarmArgs) -> ExitCode {
         match std::fs::symlink_metadata(root.join(&rel)) {
             Ok(m) => starts.push((root, rel, m.is_dir())),
             Err(e) => {
-                eprintln!("locafs: {}: {}", p.display(), crate::logging::short_io(&e));
+                eprintln!(
+                    "locafs: {}: {}",
+                    p.display(),
+                    crate::obs::logging::short_io(&e)
+                );
                 return ExitCode::from(2);
             }
         }
@@ -281,7 +285,7 @@ pub fn plan(args: PlanArgs) -> ExitCode {
                 eprintln!(
                     "locafs: {}: {}",
                     args.file.display(),
-                    crate::logging::short_io(&e)
+                    crate::obs::logging::short_io(&e)
                 );
                 return ExitCode::from(2);
             }
@@ -319,7 +323,7 @@ pub(crate) fn connect_mount(mountpoint: &Path) -> Result<(PathBuf, Client), Exit
         eprintln!(
             "locafs: {}: {}",
             mountpoint.display(),
-            crate::logging::short_io(&e)
+            crate::obs::logging::short_io(&e)
         );
         ExitCode::from(2)
     })?;

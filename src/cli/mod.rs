@@ -19,8 +19,8 @@ use std::process::ExitCode;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::MountRequest;
-use crate::units::ParseError;
+use crate::mount::config::MountRequest;
+use crate::sys::units::ParseError;
 use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
 use secret::SecretArgs;
@@ -115,13 +115,13 @@ pub fn main() -> ExitCode {
         Err(e) => return parse_error(e),
     };
     match cli.command {
-        Command::Mount(args) => crate::supervisor::entry::main(args.request, args.daemon),
+        Command::Mount(args) => crate::mount::supervisor::entry::main(args.request, args.daemon),
         Command::Stats(args) => stats::main(args),
         Command::Warm(args) => control::warm(args),
         Command::Plan(args) => control::plan(args),
         Command::Where(args) => where_::main(args),
         Command::Cache(args) => cache::main(args),
-        Command::Serve => crate::supervisor::serve_main(),
+        Command::Serve => crate::mount::supervisor::serve_main(),
         Command::Secret(args) => secret::main(args),
     }
 }
@@ -186,7 +186,7 @@ mod tests {
 
     #[test]
     fn sizes_and_durations_parse_at_the_edge_and_fail_in_one_line() {
-        use crate::units::{Size, Span};
+        use crate::sys::units::{Size, Span};
         let a = mount(&["--cache-size", "5G", "--revalidate", "5m", "--daemon"]).unwrap();
         assert_eq!(a.request.flags.cache_size, Some(Size(5 << 30)));
         assert_eq!(
@@ -199,7 +199,7 @@ mod tests {
             unit_error(&e).unwrap(),
             format!(
                 "--cache-size: {}",
-                crate::units::parse_size("12X").unwrap_err()
+                crate::sys::units::parse_size("12X").unwrap_err()
             )
         );
         let e = mount(&["--peer-timeout", "5y"]).unwrap_err();

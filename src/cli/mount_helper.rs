@@ -148,7 +148,7 @@ fn enter_namespace(ns: &OsStr) -> Result<(), String> {
 
 /// The helper: `args` are the arguments after argv[0].
 pub fn main(args: &[OsString]) -> ExitCode {
-    let say = |m: &str| crate::logging::say(&format!("{HELPER_NAME}: {m}"));
+    let say = |m: &str| crate::obs::logging::say(&format!("{HELPER_NAME}: {m}"));
     let inv = match parse(args) {
         Ok(i) => i,
         Err(Usage(m)) => {

@@ -63,12 +63,12 @@ fn write_new(path: &Path, secret: &str) -> Result<(), String> {
                     path.display()
                 )
             } else {
-                format!("{}: {}", path.display(), crate::logging::short_io(&e))
+                format!("{}: {}", path.display(), crate::obs::logging::short_io(&e))
             }
         })?;
     f.write_all(format!("{secret}\n").as_bytes())
         .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {}", path.display(), crate::logging::short_io(&e)))
+        .map_err(|e| format!("{}: {}", path.display(), crate::obs::logging::short_io(&e)))
 }
 
 /// Prints `secret`, unless stdout is a file others may open.

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::fuse::STATS_XATTR;
-use crate::stats::StatsSnapshot;
-use crate::units::format_size;
+use crate::fs::fuse::STATS_XATTR;
+use crate::obs::stats::StatsSnapshot;
+use crate::sys::units::format_size;
 
 /// Arguments of `locafs stats`.
 #[derive(clap::Args, Debug)]
@@ -34,7 +34,11 @@ pub fn fetch(mountpoint: &std::path::Path) -> Result<StatsSnapshot, String> {
         if e.raw_os_error() == Some(libc::ENODATA) || e.raw_os_error() == Some(libc::ENOTSUP) {
             format!("{}: not a locafs mount", mountpoint.display())
         } else {
-            format!("{}: {}", mountpoint.display(), crate::logging::short_io(&e))
+            format!(
+                "{}: {}",
+                mountpoint.display(),
+                crate::obs::logging::short_io(&e)
+            )
         }
     })?;
     let mut snap: StatsSnapshot = serde_json::from_slice(&raw)
@@ -53,7 +57,7 @@ fn mountpoints(mountpoint: &std::path::Path) -> Vec<String> {
     if libc::major(m.dev()) != 0 {
         return Vec::new();
     }
-    crate::connection::mountpoints_of(libc::minor(m.dev()))
+    crate::mount::connection::mountpoints_of(libc::minor(m.dev()))
         .iter()
         .map(|p| p.display().to_string())
         .collect()

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::control::{Request, Response};
+use crate::mount::control::{Request, Response};
 
 /// Arguments of `locafs where`.
 #[derive(clap::Args, Debug)]

@@ -36,8 +36,8 @@ use super::codec::{self, Frame, WireVersion};
 use super::membership::{Member, Membership, MAX_BACKOFF};
 use super::placement::{block_key, path_id};
 use crate::cache::{ChecksummedBytes, FileVersion};
-use crate::reader::PeerTier;
-use crate::stats::Stats;
+use crate::obs::stats::Stats;
+use crate::read::reader::PeerTier;
 
 /// Members asked for one block before giving up on peers.
 pub const MAX_ATTEMPTS: usize = 2;

@@ -32,7 +32,55 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::server::{Counter, Held};
+/// One unit held under a limit; released when dropped.
+pub struct Held {
+    pub(super) release: Vec<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for r in self.release.drain(..) {
+            r();
+        }
+    }
+}
+
+/// Units held per key (a peer, a host; `()` for a total), each given back
+/// by the closure `take` returns (run by [`Held`]'s drop). Also the
+/// handshake bounds' ([`HandshakeGate`]) and the server's `PeerLimits`.
+pub(super) struct Counter<K>(Arc<Mutex<HashMap<K, usize>>>);
+
+impl<K> Default for Counter<K> {
+    fn default() -> Self {
+        Counter(Arc::default())
+    }
+}
+
+impl<K: Hash + Eq + Copy + Send + Sync + 'static> Counter<K> {
+    /// Takes one unit for `k` if it has fewer than `max`.
+    pub(super) fn take(&self, k: K, max: usize) -> Option<Box<dyn FnOnce() + Send + Sync>> {
+        let mut m = self.0.lock();
+        let n = m.entry(k).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        let map = Arc::clone(&self.0);
+        Some(Box::new(move || {
+            let mut m = map.lock();
+            if let Some(n) = m.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&k);
+                }
+            }
+        }))
+    }
+
+    pub(super) fn get(&self, k: &K) -> usize {
+        self.0.lock().get(k).copied().unwrap_or(0)
+    }
+}
 
 /// What a reply costs besides its block: the frame header, the stream's
 /// state in quinn and our task. Also makes a flood of tiny replies count.

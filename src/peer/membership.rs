@@ -47,7 +47,7 @@ use tracing::{debug, info, warn};
 
 use super::placement::{MemberId, Placement};
 use super::tls::PEER_SERVER_NAME;
-use crate::stats::{PeerSnapshot, Stats};
+use crate::obs::stats::{PeerSnapshot, Stats};
 
 /// How often `--peers` names are resolved again.
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);

@@ -1,3 +1,9 @@
+//! The cluster subsystem: the peer cache (this file and the wire up below),
+//! the `where` query that names each file's owner and cached state
+//! (`locate`), and the reference of locality-aware loading's assignment of
+//! samples to learners, which the Python sampler implements bit for bit
+//! (`sampler`).
+//!
 //! The peer cache: the nodes of one job act as one cache, so that each block
 //! leaves the source once per cluster instead of once per node per epoch.
 //!
@@ -5,7 +11,7 @@
 //! hashing, pure), `tls` (mutual authentication from the cluster secret or
 //! the admin's CA and certificates),
 //! `membership` (the `--peers` list, liveness, one pooled QUIC connection per
-//! member), `client` (the [`crate::reader::PeerTier`] the reader asks:
+//! member), `client` (the [`crate::read::reader::PeerTier`] the reader asks:
 //! owner first, then the next in line, verified, bounded in time) and
 //! `server` (answers other nodes from `Reader::fetch_for_peer`, within
 //! the per-host limits and reply memory of `limits`). [`PeerNode`]
@@ -18,8 +24,10 @@
 pub mod client;
 pub mod codec;
 pub mod limits;
+pub mod locate;
 pub mod membership;
 pub mod placement;
+pub mod sampler;
 pub mod server;
 pub mod tls;
 
@@ -29,9 +37,9 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use crate::reader::Reader;
+use crate::obs::stats::Stats;
+use crate::read::reader::Reader;
 use crate::source::Source;
-use crate::stats::Stats;
 
 use self::client::PeerClient;
 use self::membership::Membership;

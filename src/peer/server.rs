@@ -53,9 +53,7 @@
 //! [`REFUSAL_LOG_EVERY`] each (with the number held back), so a flood of
 //! them cannot fill the log; `peer_refused_connections` counts every one.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -64,16 +62,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use parking_lot::Mutex;
 use tracing::{debug, info};
 
 use super::codec::{self, Frame};
-use super::limits::{self, Admit, HandshakeGate, LogLimiter, ReplyBudget, ReplyMemory};
+use super::limits::{
+    self, Admit, Counter, HandshakeGate, Held, LogLimiter, ReplyBudget, ReplyMemory,
+};
 use super::membership::Membership;
 use crate::cache::{FileVersion, VersionKey};
-use crate::reader::Reader;
+use crate::obs::stats::Stats;
+use crate::read::reader::Reader;
 use crate::source::{EntryKind, Source, SourceVersion};
-use crate::stats::Stats;
 
 /// Streams a peer may have open on one connection.
 pub const STREAMS_PER_CONNECTION: u32 = 64;
@@ -164,56 +163,6 @@ pub struct PeerLimits {
     hosts: Counter<IpAddr>,
     requests: Counter<SocketAddr>,
     host_requests: Counter<IpAddr>,
-}
-
-/// One unit held under a limit; released when dropped.
-pub struct Held {
-    pub(super) release: Vec<Box<dyn FnOnce() + Send + Sync>>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        for r in self.release.drain(..) {
-            r();
-        }
-    }
-}
-
-/// Units held per key (a peer, a host; `()` for a total), each given back
-/// by the closure `take` returns (run by [`Held`]'s drop). Also the
-/// handshake bounds' (`limits::HandshakeGate`).
-pub(super) struct Counter<K>(Arc<Mutex<HashMap<K, usize>>>);
-
-impl<K> Default for Counter<K> {
-    fn default() -> Self {
-        Counter(Arc::default())
-    }
-}
-
-impl<K: Hash + Eq + Copy + Send + Sync + 'static> Counter<K> {
-    /// Takes one unit for `k` if it has fewer than `max`.
-    pub(super) fn take(&self, k: K, max: usize) -> Option<Box<dyn FnOnce() + Send + Sync>> {
-        let mut m = self.0.lock();
-        let n = m.entry(k).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        let map = Arc::clone(&self.0);
-        Some(Box::new(move || {
-            let mut m = map.lock();
-            if let Some(n) = m.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&k);
-                }
-            }
-        }))
-    }
-
-    pub(super) fn get(&self, k: &K) -> usize {
-        self.0.lock().get(k).copied().unwrap_or(0)
-    }
 }
 
 impl PeerLimits {

@@ -27,8 +27,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::credential_process::ProcessSpec;
-
 /// Keys of a profile that get credentials by a flow locafs does not run.
 const UNSUPPORTED: &[&str] = &[
     "role_arn",
@@ -118,6 +116,96 @@ fn split_kv(t: &str) -> Option<(String, String)> {
         return None;
     }
     Some((k.to_ascii_lowercase(), t[at + 1..].trim().to_owned()))
+}
+
+/// A profile's `credential_process`, as read from its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// How the profile was named (`--profile x`, `AWS_PROFILE=x`), for
+    /// messages.
+    pub who: String,
+    /// The command line as written.
+    pub command: String,
+    /// Its words ([`split_command`]).
+    pub argv: Vec<String>,
+    /// The file it is in.
+    pub file: PathBuf,
+}
+
+impl ProcessSpec {
+    /// `who`'s `credential_process` `command` (in `file`), split into
+    /// words; a line that cannot be split (an unclosed quote, or no words)
+    /// is an error naming the profile and file.
+    pub fn new(who: &str, command: &str, file: PathBuf) -> Result<ProcessSpec, String> {
+        let argv = split_command(command)
+            .map_err(|e| format!("{who}: credential_process (in {}) {e}", file.display()))?;
+        Ok(ProcessSpec {
+            who: who.to_owned(),
+            command: command.to_owned(),
+            argv,
+            file,
+        })
+    }
+
+    /// "--profile x: credential_process `cmd` (in FILE)", shortened.
+    pub(super) fn label(&self) -> String {
+        let mut cmd: String = self.command.chars().take(120).collect();
+        if cmd.len() < self.command.len() {
+            cmd.push_str("...");
+        }
+        format!(
+            "{}: credential_process `{cmd}` (in {})",
+            self.who,
+            self.file.display()
+        )
+    }
+}
+
+/// Splits a command line into words as the AWS CLI does (Python's
+/// `shlex.split` in POSIX mode).
+pub fn split_command(command: &str) -> Result<Vec<String>, String> {
+    match shlex::split(command) {
+        None => Err("has an unclosed quote or a trailing backslash".to_owned()),
+        Some(w) if w.is_empty() => Err("is empty".to_owned()),
+        Some(w) => Ok(w),
+    }
+}
+
+/// Checks an endpoint URL (`--endpoint`, a profile's `endpoint_url`):
+/// `http://` or `https://`, a host, and a port if any that is a number.
+/// Why not otherwise (a phrase).
+pub fn check_endpoint(e: &str) -> Result<(), String> {
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .ok_or("is not an http:// or https:// URL")?;
+    if e.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("is not a URL (it holds a space or a control character)".to_owned());
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        // [v6]:port
+        Some(v6) => match v6.split_once(']') {
+            Some((h, p)) if !h.is_empty() => (h, p.strip_prefix(':')),
+            _ => return Err("has a malformed [IPv6] host".to_owned()),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("has no host".to_owned());
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().ok().filter(|&n| n > 0).is_none() {
+            return Err(format!(
+                "has a port {p:?} that is not a number from 1 to 65535"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A profile's static keys. `Debug` shows the key id only.
@@ -247,7 +335,7 @@ impl Files {
                 "{}: {}: {}",
                 how_named(name, named),
                 p.display(),
-                crate::logging::short_io(&e)
+                crate::obs::logging::short_io(&e)
             )),
         };
         let creds = read(&self.credentials)?;
@@ -451,7 +539,7 @@ impl Profile {
             self.endpoint_url.clone()
         };
         if let Some(e) = &endpoint {
-            super::object::check_endpoint(e).map_err(|why| {
+            check_endpoint(e).map_err(|why| {
                 format!(
                     "{who}: endpoint_url {e} (in {}) {why}",
                     self.endpoint_file

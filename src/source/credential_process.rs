@@ -28,7 +28,6 @@
 //! run past its deadline.
 
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -36,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 use object_store::aws::AwsCredential;
 use tracing::warn;
 
-use super::aws_profile::StaticKeys;
+use super::aws_profile::{ProcessSpec, StaticKeys};
 
 /// How long the command may run before it is killed.
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -49,59 +48,6 @@ pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 /// Of the command's output, at most this much is read (keys are a few KiB).
 const MAX_OUTPUT: u64 = 1 << 20;
-
-/// A profile's `credential_process`, as read from its file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessSpec {
-    /// How the profile was named (`--profile x`, `AWS_PROFILE=x`), for
-    /// messages.
-    pub who: String,
-    /// The command line as written.
-    pub command: String,
-    /// Its words ([`split_command`]).
-    pub argv: Vec<String>,
-    /// The file it is in.
-    pub file: PathBuf,
-}
-
-impl ProcessSpec {
-    /// `who`'s `credential_process` `command` (in `file`), split into
-    /// words; a line that cannot be split (an unclosed quote, or no words)
-    /// is an error naming the profile and file.
-    pub fn new(who: &str, command: &str, file: PathBuf) -> Result<ProcessSpec, String> {
-        let argv = split_command(command)
-            .map_err(|e| format!("{who}: credential_process (in {}) {e}", file.display()))?;
-        Ok(ProcessSpec {
-            who: who.to_owned(),
-            command: command.to_owned(),
-            argv,
-            file,
-        })
-    }
-
-    /// "--profile x: credential_process `cmd` (in FILE)", shortened.
-    fn label(&self) -> String {
-        let mut cmd: String = self.command.chars().take(120).collect();
-        if cmd.len() < self.command.len() {
-            cmd.push_str("...");
-        }
-        format!(
-            "{}: credential_process `{cmd}` (in {})",
-            self.who,
-            self.file.display()
-        )
-    }
-}
-
-/// Splits a command line into words as the AWS CLI does (Python's
-/// `shlex.split` in POSIX mode).
-pub fn split_command(command: &str) -> Result<Vec<String>, String> {
-    match shlex::split(command) {
-        None => Err("has an unclosed quote or a trailing backslash".to_owned()),
-        Some(w) if w.is_empty() => Err("is empty".to_owned()),
-        Some(w) => Ok(w),
-    }
-}
 
 /// Keys a command printed, and when they expire (None: never).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,7 +170,7 @@ pub fn run(argv: &[String], deadline: Duration, stdin: Stdin) -> Result<Vec<u8>,
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("cannot be run: {}", crate::logging::short_io(&e)))?;
+        .map_err(|e| format!("cannot be run: {}", crate::obs::logging::short_io(&e)))?;
     let kill = |child: &mut std::process::Child| {
         if stdin == Stdin::Null {
             if let Ok(pid) = i32::try_from(child.id()) {
@@ -435,6 +381,9 @@ impl object_store::CredentialProvider for ProcessCredentials {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
+    use super::super::aws_profile::split_command;
     use super::*;
 
     const T0: &str = "2026-12-03T14:00:00Z";

@@ -1,3 +1,7 @@
+//! The source subsystem: where the data set lives (`posix`, `object` with
+//! `aws_profile` and `credential_process`) and the guard that is the only
+//! way the mount calls into it, every call with a deadline (`guard`).
+//!
 //! The source: where the data set really lives (a directory on NFS, Lustre,
 //! GPFS or a local disk). This module lists, stats and reads it, and pins
 //! every read to a [`SourceVersion`] so that bytes of a changed file are never
@@ -14,6 +18,7 @@
 
 pub mod aws_profile;
 pub mod credential_process;
+pub mod guard;
 pub mod object;
 pub mod posix;
 
@@ -304,7 +309,7 @@ pub trait Source: Send + Sync + 'static {
     }
 
     /// [`Source::read_at`] for async callers. The default runs it on the
-    /// runtime's blocking pool; the [`SourceGuard`](crate::source_guard::SourceGuard)
+    /// runtime's blocking pool; the [`SourceGuard`](crate::source::guard::SourceGuard)
     /// runs it on its own bounded pool and holds no thread while it waits.
     fn read_at_async(
         self: Arc<Self>,

@@ -374,43 +374,6 @@ fn gcs_build_error(url: &str, e: &object_store::Error) -> String {
     }
 }
 
-/// Checks an endpoint URL (`--endpoint`, a profile's `endpoint_url`):
-/// `http://` or `https://`, a host, and a port if any that is a number.
-/// Why not otherwise (a phrase).
-pub fn check_endpoint(e: &str) -> Result<(), String> {
-    let rest = e
-        .strip_prefix("http://")
-        .or_else(|| e.strip_prefix("https://"))
-        .ok_or("is not an http:// or https:// URL")?;
-    if e.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("is not a URL (it holds a space or a control character)".to_owned());
-    }
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let (host, port) = match host_port.strip_prefix('[') {
-        // [v6]:port
-        Some(v6) => match v6.split_once(']') {
-            Some((h, p)) if !h.is_empty() => (h, p.strip_prefix(':')),
-            _ => return Err("has a malformed [IPv6] host".to_owned()),
-        },
-        None => match host_port.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (host_port, None),
-        },
-    };
-    if host.is_empty() {
-        return Err("has no host".to_owned());
-    }
-    if let Some(p) = port {
-        if p.parse::<u16>().ok().filter(|&n| n > 0).is_none() {
-            return Err(format!(
-                "has a port {p:?} that is not a number from 1 to 65535"
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// object_store's S3 client configured from the `AWS_*` environment (as
 /// `AmazonS3Builder::from_env`), without its keys and session token when
 /// a profile's keys sign instead: an `AWS_SESSION_TOKEN` of the
@@ -568,7 +531,7 @@ struct BadReply(String);
 
 /// At most one line a minute about malformed answers (each is counted in
 /// `source_bad_replies`).
-static BAD_REPLIES: crate::logging::RateLimit = crate::logging::RateLimit::new(60_000);
+static BAD_REPLIES: crate::obs::logging::RateLimit = crate::obs::logging::RateLimit::new(60_000);
 
 /// Counts a malformed answer and logs it (at most once a minute).
 fn bad_reply(count: &AtomicU64, what: &str) {
@@ -857,7 +820,7 @@ impl ListingBounds {
 }
 
 /// At most one line a minute about listings stopped by their bounds.
-static LISTING_STOPS: crate::logging::RateLimit = crate::logging::RateLimit::new(60_000);
+static LISTING_STOPS: crate::obs::logging::RateLimit = crate::obs::logging::RateLimit::new(60_000);
 
 /// A data set in an object store (see the module comment).
 pub struct ObjectSource {
@@ -1661,6 +1624,7 @@ mod tests {
 
     #[test]
     fn endpoints_must_be_http_urls_with_a_host() {
+        use crate::source::aws_profile::check_endpoint;
         for ok in [
             "http://10.0.0.5:9000",
             "https://s3.eu-west-1.amazonaws.com/",

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use locafs::cache::VersionKey;
+use locafs::obs::stats::StatsSnapshot;
 use locafs::peer::codec::{self, Frame, WireVersion};
 use locafs::source::{SourceAttr, SourceVersion};
-use locafs::stats::StatsSnapshot;
 use rand::{Rng, SeedableRng};
 
 use super::daemon::{answers_stats, bin, snapshot};

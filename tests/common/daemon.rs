@@ -488,7 +488,7 @@ pub fn try_stats_of(mnt: &Path) -> Option<Value> {
 
 /// The stats of a mount as the library's client reads them (the
 /// `user.locafs.stats` xattr); fails the test if the mount does not answer.
-pub fn snapshot(mnt: &Path) -> locafs::stats::StatsSnapshot {
+pub fn snapshot(mnt: &Path) -> locafs::obs::stats::StatsSnapshot {
     locafs::cli::stats::fetch(mnt).unwrap_or_else(|e| panic!("stats of {}: {e}", mnt.display()))
 }
 

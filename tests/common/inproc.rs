@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use locafs::config::MountConfig;
+use locafs::mount::config::MountConfig;
 use locafs::mount::Mount;
 use locafs::source::Source;
 
@@ -26,7 +26,7 @@ pub fn config(d: &Scratch, extra: &[&str]) -> MountConfig {
     let locafs::cli::Command::Mount(args) = cli.command else {
         unreachable!()
     };
-    locafs::config::resolve(&args.request).unwrap()
+    locafs::mount::config::resolve(&args.request).unwrap()
 }
 
 /// Mounts `cfg` over `source` in this process.
@@ -43,9 +43,9 @@ pub fn read_ahead(
     cache_dir: &std::path::Path,
     rt: &tokio::runtime::Runtime,
     jobs: usize,
-) -> Arc<locafs::prefetch::ReadAhead> {
+) -> Arc<locafs::read::prefetch::ReadAhead> {
     use std::time::Duration;
-    let stats = Arc::new(locafs::stats::Stats::default());
+    let stats = Arc::new(locafs::obs::stats::Stats::default());
     let (disk, _) = locafs::cache::disk::DiskCache::open(
         cache_dir,
         Some(64 << 20),
@@ -55,15 +55,15 @@ pub fn read_ahead(
     .unwrap();
     let cache: Arc<dyn locafs::cache::BlockStore> = Arc::new(disk);
     let ns = Arc::new(
-        locafs::namespace::Namespace::new(
+        locafs::meta::namespace::Namespace::new(
             Arc::clone(&source),
             Some(Duration::from_secs(3600)),
             Arc::default(),
         )
         .unwrap(),
     );
-    let reader = locafs::reader::Reader::new(
-        locafs::reader::ReaderConfig {
+    let reader = locafs::read::reader::Reader::new(
+        locafs::read::reader::ReaderConfig {
             block_size: 1 << 20,
             memory_bytes: 16 << 20,
             write_queue_bytes: 16 << 20,
@@ -76,13 +76,13 @@ pub fn read_ahead(
         rt.handle().clone(),
         stats,
     );
-    locafs::prefetch::ReadAhead::new(
-        locafs::prefetch::ReadAheadConfig {
+    locafs::read::prefetch::ReadAhead::new(
+        locafs::read::prefetch::ReadAheadConfig {
             sequential: false,
             epoch: false,
             max_window: 8 << 20,
             memory: 64 << 20,
-            jobs: locafs::concurrency::Jobs::Fixed(jobs),
+            jobs: locafs::read::concurrency::Jobs::Fixed(jobs),
             bandwidth: None,
             small_file: 4 << 20,
             plan_ahead: 64,

@@ -155,7 +155,7 @@ pub struct RoleLauncher {
     role: String,
 }
 
-impl locafs::supervisor::Launcher for RoleLauncher {
+impl locafs::mount::supervisor::Launcher for RoleLauncher {
     fn command(&self) -> Command {
         let test = std::env::var(ROLE_TEST_ENV).expect("a role process");
         let mut c = Command::new(std::env::current_exe().unwrap());
@@ -200,12 +200,12 @@ fn holder() -> i32 {
     let locafs::cli::Command::Mount(m) = cli.command else {
         unreachable!()
     };
-    let cfg = locafs::config::resolve(&m.request).unwrap();
-    locafs::logging::init(cfg.log_format, cfg.log_file.as_deref());
+    let cfg = locafs::mount::config::resolve(&m.request).unwrap();
+    locafs::obs::logging::init(cfg.log_format, cfg.log_file.as_deref());
     let launcher = RoleLauncher {
         role: std::env::var(SERVERS_ENV).unwrap(),
     };
-    let code = locafs::supervisor::hold_with(&m.request, cfg, Box::new(launcher));
+    let code = locafs::mount::supervisor::hold_with(&m.request, cfg, Box::new(launcher));
     // (ExitCode has no accessor: report through the process's status)
     if code == std::process::ExitCode::SUCCESS {
         0
@@ -219,7 +219,7 @@ fn server() -> i32 {
     let what = std::env::var(GATE_WHAT_ENV)
         .ok()
         .and_then(|s| Gated::decode(&s));
-    let code = locafs::supervisor::serve_with(move |cfg| {
+    let code = locafs::mount::supervisor::serve_with(move |cfg| {
         let src: Arc<dyn locafs::source::Source> = match (gate, what) {
             (Some(dir), Some(what)) => Arc::new(Hooked::wrap(
                 &cfg.source,

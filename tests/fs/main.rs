@@ -25,16 +25,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fakes::{Backing, Kernel, MemCache, MemComplete, MemSource};
 use locafs::cache::{FileVersion, VersionKey};
+use locafs::fs::handles::OpenMode;
 use locafs::fs::{
     DirPlusReply, DirReply, FsCore, FsOptions, HandleJournal, OpenReply, Opened, Restored,
     STATS_XATTR,
 };
-use locafs::handles::OpenMode;
-use locafs::namespace::{Namespace, ROOT};
-use locafs::prefetch::{ReadAhead, ReadAheadConfig};
-use locafs::reader::{Reader, ReaderConfig};
+use locafs::meta::namespace::{Namespace, ROOT};
+use locafs::obs::stats::Stats;
+use locafs::read::prefetch::{ReadAhead, ReadAheadConfig};
+use locafs::read::reader::{Reader, ReaderConfig};
 use locafs::source::{EntryKind, SourceAttr, SourceVersion};
-use locafs::stats::Stats;
 
 const BS: u64 = 4096;
 const WAIT: Duration = Duration::from_secs(60);
@@ -189,7 +189,7 @@ impl Harness {
                 epoch: false,
                 max_window: 8 * BS,
                 memory: 64 * BS,
-                jobs: locafs::concurrency::Jobs::Fixed(1),
+                jobs: locafs::read::concurrency::Jobs::Fixed(1),
                 bandwidth: None,
                 small_file: 0,
                 plan_ahead: 0,

@@ -67,9 +67,9 @@ use super::recover::{self, Op, Put};
 use super::{
     BlockStore, CacheUsage, Checksum, ChecksummedBytes, CompleteFiles, FileVersion, VersionKey,
 };
-use crate::private_dir::PrivateDir;
+use crate::obs::stats::Stats;
 use crate::source::SourceVersion;
-use crate::stats::Stats;
+use crate::sys::private_dir::PrivateDir;
 
 mod books;
 mod direct_io;
@@ -272,8 +272,8 @@ impl DiskCache {
                 io::ErrorKind::InvalidInput,
                 format!(
                     "cache size {} is too small (at least {})",
-                    crate::units::format_size(capacity),
-                    crate::units::format_size(FIXED_OVERHEAD * 2)
+                    crate::sys::units::format_size(capacity),
+                    crate::sys::units::format_size(FIXED_OVERHEAD * 2)
                 ),
             ));
         }
