@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::mount::control::{mount_root_of, Client, Request};
@@ -103,173 +103,209 @@ fn walk(
 pub fn warm(args: WarmArgs) -> ExitCode {
     // Every path is checked before anything is asked of the daemon: a wrong
     // one is a usage error, not a problem found halfway.
-    let mut starts: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
-    for p in &args.paths {
-        let (root, rel) = match mount_root_of(p) {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("locafs: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        match std::fs::symlink_metadata(root.join(&rel)) {
-            Ok(m) => starts.push((root, rel, m.is_dir())),
-            Err(e) => {
-                eprintln!(
-                    "locafs: {}: {}",
-                    p.display(),
-                    crate::obs::logging::short_io(&e)
-                );
-                return ExitCode::from(2);
-            }
+    let starts = match starting_points(&args.paths) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("locafs: {e}");
+            return ExitCode::from(2);
         }
-    }
-    let tty = std::io::stdout().is_terminal();
-    let bar = if tty {
-        let b = indicatif::ProgressBar::new(0);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        Some(b)
-    } else {
-        None
     };
     let (tx, rx) = std::sync::mpsc::sync_channel::<(PathBuf, PathBuf, u64)>(4096);
     let queue = Mutex::new(rx);
-    let found = Found::default();
-    let done_files = Arc::new(AtomicU64::new(0));
-    let done_bytes = Arc::new(AtomicU64::new(0));
-    let cached_bytes = Arc::new(AtomicU64::new(0));
-    let missing_bytes = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicUsize::new(0));
-    let problems = Arc::new(Mutex::new(Vec::<String>::new()));
-    let start = Instant::now();
+    let progress = Progress::new();
     std::thread::scope(|s| {
-        let (found, failed_walk, problems_walk) = (&found, &failed, &problems);
+        let progress = &progress;
         s.spawn(move || {
             for (root, rel, is_dir) in starts {
                 if is_dir {
-                    let f = walk(&root, &rel, &tx, found, problems_walk);
-                    failed_walk.fetch_add(f, Relaxed);
+                    let f = walk(&root, &rel, &tx, &progress.found, &progress.problems);
+                    progress.failed.fetch_add(f, Relaxed);
                 } else if let Ok(m) = std::fs::symlink_metadata(root.join(&rel)) {
                     if m.is_file() {
-                        found.files.fetch_add(1, Relaxed);
-                        found.bytes.fetch_add(m.len(), Relaxed);
+                        progress.found.files.fetch_add(1, Relaxed);
+                        progress.found.bytes.fetch_add(m.len(), Relaxed);
                         let _ = tx.send((root, rel, m.len()));
                     }
                 }
             }
-            found.done.store(true, Relaxed);
+            progress.found.done.store(true, Relaxed);
         });
         for _ in 0..args.jobs.max(1) {
-            let (queue, done_files, done_bytes) = (&queue, &done_files, &done_bytes);
-            let (cached_bytes, missing_bytes, failed, problems, bar) =
-                (&cached_bytes, &missing_bytes, &failed, &problems, &bar);
-            s.spawn(move || {
-                let mut client: Option<(PathBuf, Client)> = None;
-                loop {
-                    let Some((root, rel, size)) = queue.lock().ok().and_then(|q| q.recv().ok())
-                    else {
-                        return;
-                    };
-                    if client.as_ref().is_none_or(|(r, _)| *r != root) {
-                        match Client::connect(&root) {
-                            Ok(c) => client = Some((root.clone(), c)),
-                            Err(e) => {
-                                failed.fetch_add(1, Relaxed);
-                                if let Ok(mut p) = problems.lock() {
-                                    p.push(e);
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                    let Some((_, c)) = client.as_mut() else {
-                        continue;
-                    };
-                    match c.call(&Request::Warm { path: rel.clone() }) {
-                        Ok(r) => {
-                            cached_bytes.fetch_add(r.cached_bytes, Relaxed);
-                            missing_bytes.fetch_add(r.missing_bytes, Relaxed);
-                            if !r.ok {
-                                failed.fetch_add(1, Relaxed);
-                                if let Ok(mut p) = problems.lock() {
-                                    p.push(format!(
-                                        "{}: {}",
-                                        rel.display(),
-                                        r.error.unwrap_or_default()
-                                    ));
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            failed.fetch_add(1, Relaxed);
-                            client = None;
-                            if let Ok(mut p) = problems.lock() {
-                                p.push(format!("{}: {e}", rel.display()));
-                            }
-                        }
-                    }
-                    let f = done_files.fetch_add(1, Relaxed) + 1;
-                    let b = done_bytes.fetch_add(size, Relaxed) + size;
-                    // The totals grow while the walk goes on.
-                    let (total_files, total_bytes) =
-                        (found.files.load(Relaxed), found.bytes.load(Relaxed));
-                    let walking = if found.done.load(Relaxed) {
-                        ""
-                    } else {
-                        " found so far"
-                    };
-                    match bar {
-                        Some(bar) => {
-                            bar.set_length(total_bytes);
-                            bar.set_position(b);
-                            bar.set_message(format!("{f}/{total_files} files{walking}"));
-                        }
-                        None => {
-                            if f % 1000 == 0 || (f == total_files && walking.is_empty()) {
-                                let el = start.elapsed().as_secs_f64().max(1e-3);
-                                println!(
-                                    "{f}/{total_files} files{walking}, {}/{} ({}/s)",
-                                    format_size(b),
-                                    format_size(total_bytes),
-                                    format_size((b as f64 / el) as u64)
-                                );
-                            }
-                        }
-                    }
-                }
-            });
+            let queue = &queue;
+            s.spawn(move || warm_worker(queue, progress));
         }
     });
-    if let Some(b) = &bar {
-        b.finish_and_clear();
+    progress.finish()
+}
+
+/// Each path as (its mount's root, the path below it, whether a
+/// directory); the first that is not in a locafs mount or not there is the
+/// error.
+fn starting_points(paths: &[PathBuf]) -> Result<Vec<(PathBuf, PathBuf, bool)>, String> {
+    let mut starts = Vec::new();
+    for p in paths {
+        let (root, rel) = mount_root_of(p)?;
+        let m = std::fs::symlink_metadata(root.join(&rel))
+            .map_err(|e| format!("{}: {}", p.display(), crate::obs::logging::short_io(&e)))?;
+        starts.push((root, rel, m.is_dir()));
     }
-    let el = start.elapsed().max(Duration::from_millis(1));
-    let failed = failed.load(Relaxed);
-    println!(
-        "warm: {} files, {} cached in {:.1}s; {} did not fit; {} files with problems",
-        found.files.load(Relaxed),
-        format_size(cached_bytes.load(Relaxed)),
-        el.as_secs_f64(),
-        format_size(missing_bytes.load(Relaxed)),
-        failed
-    );
-    let problems = problems.lock().map(|p| p.clone()).unwrap_or_default();
-    for p in problems.iter().take(20) {
-        println!("  {p}");
+    Ok(starts)
+}
+
+/// One worker of `warm`: asks the mount of each file it takes from the
+/// queue to cache it, one connection per mount, until the queue ends.
+fn warm_worker(
+    queue: &Mutex<std::sync::mpsc::Receiver<(PathBuf, PathBuf, u64)>>,
+    progress: &Progress,
+) {
+    let mut client: Option<(PathBuf, Client)> = None;
+    loop {
+        let Some((root, rel, size)) = queue.lock().ok().and_then(|q| q.recv().ok()) else {
+            return;
+        };
+        if client.as_ref().is_none_or(|(r, _)| *r != root) {
+            match Client::connect(&root) {
+                Ok(c) => client = Some((root.clone(), c)),
+                Err(e) => {
+                    progress.problem(e);
+                    continue;
+                }
+            }
+        }
+        let Some((_, c)) = client.as_mut() else {
+            continue;
+        };
+        match c.call(&Request::Warm { path: rel.clone() }) {
+            Ok(r) => {
+                progress.cached_bytes.fetch_add(r.cached_bytes, Relaxed);
+                progress.missing_bytes.fetch_add(r.missing_bytes, Relaxed);
+                if !r.ok {
+                    progress.problem(format!(
+                        "{}: {}",
+                        rel.display(),
+                        r.error.unwrap_or_default()
+                    ));
+                }
+            }
+            Err(e) => {
+                client = None;
+                progress.problem(format!("{}: {e}", rel.display()));
+            }
+        }
+        progress.advance(size);
     }
-    if problems.len() > 20 {
-        println!("  ... and {} more", problems.len() - 20);
+}
+
+/// What `warm` has found, done and met, shown as it goes (a bar on a
+/// terminal, else a line every 1,000 files) and summed up at the end.
+struct Progress {
+    found: Found,
+    done_files: AtomicU64,
+    done_bytes: AtomicU64,
+    cached_bytes: AtomicU64,
+    missing_bytes: AtomicU64,
+    failed: AtomicUsize,
+    problems: Mutex<Vec<String>>,
+    bar: Option<indicatif::ProgressBar>,
+    start: Instant,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let bar = std::io::stdout().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(0);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            b
+        });
+        Progress {
+            found: Found::default(),
+            done_files: AtomicU64::new(0),
+            done_bytes: AtomicU64::new(0),
+            cached_bytes: AtomicU64::new(0),
+            missing_bytes: AtomicU64::new(0),
+            failed: AtomicUsize::new(0),
+            problems: Mutex::new(Vec::new()),
+            bar,
+            start: Instant::now(),
+        }
     }
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+
+    /// A file that failed, and why.
+    fn problem(&self, why: String) {
+        self.failed.fetch_add(1, Relaxed);
+        if let Ok(mut p) = self.problems.lock() {
+            p.push(why);
+        }
+    }
+
+    /// One more file done, of `size` bytes.
+    fn advance(&self, size: u64) {
+        let f = self.done_files.fetch_add(1, Relaxed) + 1;
+        let b = self.done_bytes.fetch_add(size, Relaxed) + size;
+        // The totals grow while the walk goes on.
+        let (total_files, total_bytes) = (
+            self.found.files.load(Relaxed),
+            self.found.bytes.load(Relaxed),
+        );
+        let walking = if self.found.done.load(Relaxed) {
+            ""
+        } else {
+            " found so far"
+        };
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(total_bytes);
+                bar.set_position(b);
+                bar.set_message(format!("{f}/{total_files} files{walking}"));
+            }
+            None => {
+                if f % 1000 == 0 || (f == total_files && walking.is_empty()) {
+                    let el = self.start.elapsed().as_secs_f64().max(1e-3);
+                    println!(
+                        "{f}/{total_files} files{walking}, {}/{} ({}/s)",
+                        format_size(b),
+                        format_size(total_bytes),
+                        format_size((b as f64 / el) as u64)
+                    );
+                }
+            }
+        }
+    }
+
+    /// The summary, the first problems, and the exit code (1 if any file
+    /// failed).
+    fn finish(&self) -> ExitCode {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+        let el = self.start.elapsed().max(Duration::from_millis(1));
+        let failed = self.failed.load(Relaxed);
+        println!(
+            "warm: {} files, {} cached in {:.1}s; {} did not fit; {} files with problems",
+            self.found.files.load(Relaxed),
+            format_size(self.cached_bytes.load(Relaxed)),
+            el.as_secs_f64(),
+            format_size(self.missing_bytes.load(Relaxed)),
+            failed
+        );
+        let problems = self.problems.lock().map(|p| p.clone()).unwrap_or_default();
+        for p in problems.iter().take(20) {
+            println!("  {p}");
+        }
+        if problems.len() > 20 {
+            println!("  ... and {} more", problems.len() - 20);
+        }
+        if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
     }
 }
 

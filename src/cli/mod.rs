@@ -12,6 +12,7 @@ pub mod control;
 pub mod mount_helper;
 pub mod secret;
 pub mod stats;
+pub mod stats_table;
 pub mod where_;
 
 use std::process::ExitCode;

@@ -108,7 +108,7 @@ pub fn main(args: StatsArgs) -> ExitCode {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             } else {
-                print!("{}", s.table());
+                print!("{}", super::stats_table::table(&s));
             }
             ExitCode::SUCCESS
         }
@@ -142,7 +142,11 @@ fn watch(args: &StatsArgs) -> ExitCode {
                 None => Rates::between(&snap, &snap, 1.0),
             };
             let head = if tty { "\x1b[H\x1b[2J" } else { "" };
-            format!("{head}{}{}\n", snap.table(), rates.lines())
+            format!(
+                "{head}{}{}\n",
+                super::stats_table::table(&snap),
+                rates.lines()
+            )
         };
         let mut stdout = std::io::stdout().lock();
         if stdout

@@ -579,28 +579,7 @@ async fn handle(
              root may ask for it",
             rustix::process::geteuid().as_raw()
         )),
-        Request::Warm { path } => match ra.ra.warm(&path).await {
-            Ok((cached, missing)) => Response {
-                ok: missing == 0,
-                cached_bytes: cached,
-                missing_bytes: missing,
-                files: 1,
-                error: (missing > 0).then(|| {
-                    "the cache is full of data still in use, or its disk failed or \
-                     took longer than --source-timeout to write (see the daemon's log)"
-                        .into()
-                }),
-                ..Default::default()
-            },
-            Err(e) => {
-                warn!("warm: {e}");
-                Response {
-                    ok: false,
-                    error: Some(e),
-                    ..Default::default()
-                }
-            }
-        },
+        Request::Warm { path } => warm(&ra.ra, &path).await,
         Request::Where {
             paths,
             joined,
@@ -613,125 +592,175 @@ async fn handle(
                 (Some(p), None, None) => Asked::Paths(p),
                 (None, None, None) => Asked::All,
             };
-            // A reader's paths that they could not reach are answered as
-            // not found.
-            let hidden = match (&reader, &asked) {
-                (Some(c), Asked::Paths(p)) => {
-                    let p: Vec<Vec<u8>> = p
-                        .iter()
-                        .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
-                        .collect();
-                    Some(reachable_blocking(root, c, p, false).await)
-                }
-                (Some(c), Asked::Joined(j)) => {
-                    let p: Vec<Vec<u8>> = if j.is_empty() {
-                        Vec::new()
-                    } else {
-                        j.split(|b| *b == 0).map(<[u8]>::to_vec).collect()
-                    };
-                    Some(reachable_blocking(root, c, p, false).await)
-                }
-                _ => None,
-            };
-            match ra.locate(asked).await {
-                Ok(mut l) => {
-                    if let Some(c) = &reader {
-                        match hidden {
-                            Some(v) => hide(&mut l, &v),
-                            None => keep_listable(&mut l, root, c).await,
-                        }
-                        // (Which directories could not be listed: their names
-                        // are not the reader's to know.)
-                        if !l.problems.is_empty() {
-                            l.problems = vec![format!(
-                                "{} directories could not be listed",
-                                l.problems.len()
-                            )];
-                        }
-                    }
-                    let mut error = (!l.problems.is_empty()).then(|| {
-                        let more = l.problems.len().saturating_sub(5);
-                        let mut s = l.problems[..l.problems.len().min(5)].join("; ");
-                        if more > 0 {
-                            s += &format!("; and {more} more directories not listed");
-                        }
-                        s
-                    });
-                    if l.node_index.is_none() {
-                        error = Some(
-                            "this node has not found itself in its --peers list (yet): \
-                         its --listen address must be one of them"
-                                .into(),
-                        );
-                    }
-                    let mut r = Response {
-                        ok: l.node_index.is_some(),
-                        error,
-                        files: l.owners.len() as u64,
-                        unknown: l.unknown,
-                        node_index: l.node_index,
-                        num_nodes: Some(l.num_nodes),
-                        members: Some(l.members),
-                        ..Default::default()
-                    };
-                    if packed {
-                        let mut owners = Vec::with_capacity(l.owners.len() * 4);
-                        for o in &l.owners {
-                            owners.extend_from_slice(&o.unwrap_or(NOT_FOUND).to_le_bytes());
-                        }
-                        let cached: Vec<u8> = l.cached.iter().map(|c| *c as u8).collect();
-                        r.owners_packed = Some(base64(&owners));
-                        r.cached_packed = Some(base64(&cached));
-                        r.paths_joined = l.paths;
-                    } else {
-                        r.paths = l.paths.map(|p| {
-                            if l.owners.is_empty() {
-                                Vec::new()
-                            } else {
-                                p.split('\0').map(str::to_owned).collect()
-                            }
-                        });
-                        r.owners = Some(l.owners);
-                        r.cached = Some(l.cached);
-                    }
-                    r
-                }
-                Err(e) => Response {
-                    ok: false,
-                    error: Some(e),
-                    ..Default::default()
-                },
-            }
+            where_(ra, asked, packed, reader.as_ref(), root).await
         }
-        Request::Plan { paths } => {
-            // A reader plans only what they could reach; the rest counts
-            // as not found.
-            let (paths, hidden) = match &reader {
-                None => (paths, 0),
-                Some(c) => {
-                    let p: Vec<Vec<u8>> = paths
-                        .iter()
-                        .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
-                        .collect();
-                    let ok = reachable_blocking(root, c, p, false).await;
-                    let n = paths.len();
-                    let kept: Vec<PathBuf> = paths
-                        .into_iter()
-                        .zip(ok)
-                        .filter_map(|(p, ok)| ok.then_some(p))
-                        .collect();
-                    let hidden = n - kept.len();
-                    (kept, hidden)
-                }
-            };
-            let (files, unknown) = ra.ra.set_plan(&paths).await;
+        Request::Plan { paths } => plan(&ra.ra, paths, reader.as_ref(), root).await,
+    }
+}
+
+/// `warm`: every block of one file cached.
+async fn warm(ra: &Arc<ReadAhead>, path: &Path) -> Response {
+    match ra.warm(path).await {
+        Ok((cached, missing)) => Response {
+            ok: missing == 0,
+            cached_bytes: cached,
+            missing_bytes: missing,
+            files: 1,
+            error: (missing > 0).then(|| {
+                "the cache is full of data still in use, or its disk failed or \
+                 took longer than --source-timeout to write (see the daemon's log)"
+                    .into()
+            }),
+            ..Default::default()
+        },
+        Err(e) => {
+            warn!("warm: {e}");
             Response {
-                ok: true,
-                files: files as u64,
-                unknown: (unknown + hidden) as u64,
+                ok: false,
+                error: Some(e),
                 ..Default::default()
             }
         }
+    }
+}
+
+/// `where`: the owner and cached state of the files asked; a reader's
+/// paths that they could not reach are answered as not found.
+async fn where_(
+    ra: &Served,
+    asked: Asked,
+    packed: bool,
+    reader: Option<&Caller>,
+    root: &Path,
+) -> Response {
+    let hidden = match (reader, &asked) {
+        (Some(c), Asked::Paths(p)) => {
+            let p: Vec<Vec<u8>> = p
+                .iter()
+                .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
+                .collect();
+            Some(reachable_blocking(root, c, p, false).await)
+        }
+        (Some(c), Asked::Joined(j)) => {
+            let p: Vec<Vec<u8>> = if j.is_empty() {
+                Vec::new()
+            } else {
+                j.split(|b| *b == 0).map(<[u8]>::to_vec).collect()
+            };
+            Some(reachable_blocking(root, c, p, false).await)
+        }
+        _ => None,
+    };
+    let mut l = match ra.locate(asked).await {
+        Ok(l) => l,
+        Err(e) => {
+            return Response {
+                ok: false,
+                error: Some(e),
+                ..Default::default()
+            }
+        }
+    };
+    if let Some(c) = reader {
+        match hidden {
+            Some(v) => hide(&mut l, &v),
+            None => keep_listable(&mut l, root, c).await,
+        }
+        // (Which directories could not be listed: their names
+        // are not the reader's to know.)
+        if !l.problems.is_empty() {
+            l.problems = vec![format!(
+                "{} directories could not be listed",
+                l.problems.len()
+            )];
+        }
+    }
+    located(l, packed)
+}
+
+/// The answer to a `where` from what was located: the owners and cached
+/// states as lists, or packed (base64 of little-endian u32s and bytes).
+fn located(l: crate::peer::locate::Located, packed: bool) -> Response {
+    let mut error = (!l.problems.is_empty()).then(|| {
+        let more = l.problems.len().saturating_sub(5);
+        let mut s = l.problems[..l.problems.len().min(5)].join("; ");
+        if more > 0 {
+            s += &format!("; and {more} more directories not listed");
+        }
+        s
+    });
+    if l.node_index.is_none() {
+        error = Some(
+            "this node has not found itself in its --peers list (yet): \
+             its --listen address must be one of them"
+                .into(),
+        );
+    }
+    let mut r = Response {
+        ok: l.node_index.is_some(),
+        error,
+        files: l.owners.len() as u64,
+        unknown: l.unknown,
+        node_index: l.node_index,
+        num_nodes: Some(l.num_nodes),
+        members: Some(l.members),
+        ..Default::default()
+    };
+    if packed {
+        let mut owners = Vec::with_capacity(l.owners.len() * 4);
+        for o in &l.owners {
+            owners.extend_from_slice(&o.unwrap_or(NOT_FOUND).to_le_bytes());
+        }
+        let cached: Vec<u8> = l.cached.iter().map(|c| *c as u8).collect();
+        r.owners_packed = Some(base64(&owners));
+        r.cached_packed = Some(base64(&cached));
+        r.paths_joined = l.paths;
+    } else {
+        r.paths = l.paths.map(|p| {
+            if l.owners.is_empty() {
+                Vec::new()
+            } else {
+                p.split('\0').map(str::to_owned).collect()
+            }
+        });
+        r.owners = Some(l.owners);
+        r.cached = Some(l.cached);
+    }
+    r
+}
+
+/// `plan`: read-ahead follows the loader's order; a reader plans only
+/// what they could reach, the rest counts as not found.
+async fn plan(
+    ra: &Arc<ReadAhead>,
+    paths: Vec<PathBuf>,
+    reader: Option<&Caller>,
+    root: &Path,
+) -> Response {
+    let (paths, hidden) = match reader {
+        None => (paths, 0),
+        Some(c) => {
+            let p: Vec<Vec<u8>> = paths
+                .iter()
+                .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
+                .collect();
+            let ok = reachable_blocking(root, c, p, false).await;
+            let n = paths.len();
+            let kept: Vec<PathBuf> = paths
+                .into_iter()
+                .zip(ok)
+                .filter_map(|(p, ok)| ok.then_some(p))
+                .collect();
+            let hidden = n - kept.len();
+            (kept, hidden)
+        }
+    };
+    let (files, unknown) = ra.set_plan(&paths).await;
+    Response {
+        ok: true,
+        files: files as u64,
+        unknown: (unknown + hidden) as u64,
+        ..Default::default()
     }
 }
 

@@ -180,6 +180,19 @@ pub struct Core {
     orphans_possible: std::sync::atomic::AtomicBool,
 }
 
+/// A block booked for writing (`Core::book_block`).
+struct Booked {
+    /// Evictions to carry out before the write.
+    work: Vec<Eviction>,
+    /// The entry was made for this block.
+    new: bool,
+    /// What was booked: the block, and a new entry's meta and overhead.
+    bytes: u64,
+    meta_in_xattr: bool,
+    /// The entry's generation: it was dropped meanwhile if it differs.
+    gen: u32,
+}
+
 /// Complete files to verify in the background (see
 /// [`CompleteFiles::open_complete`]): at most [`VERIFY_QUEUE_MAX`], each once.
 #[derive(Default)]
@@ -766,7 +779,9 @@ impl Core {
         }
     }
 
-    /// Writes one block as an own block or a guest.
+    /// Writes one block as an own block or a guest: waits out another
+    /// writer of it, books it (evicting what must go), creates the files of
+    /// a new entry, writes, and settles the books with the outcome.
     fn store(
         &self,
         file: &FileVersion,
@@ -797,9 +812,34 @@ impl Core {
             return false;
         }
         let len = round_alloc(block.data().len() as u64);
-        let tier = tier_of(guest);
-        // Another writer of the same block (a warm-up racing a read): wait
-        // for its outcome rather than report a failure that did not happen.
+        if self.wait_for_other_writer(file, index) {
+            return true;
+        }
+        let mut booked = match self.book_block(file, index, nblocks, len, guest) {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        self.evict(std::mem::take(&mut booked.work));
+        let result = self
+            .create_once(file, nblocks, via, booked.meta_in_xattr)
+            .and_then(|handles| {
+                self.write_block(
+                    file,
+                    index,
+                    block,
+                    guest,
+                    via,
+                    handles,
+                    booked.meta_in_xattr,
+                )
+            });
+        self.settle(file, index, block, guest, &booked, result)
+    }
+
+    /// Waits (at most about 5 s) while another writer has the same block
+    /// (a warm-up racing a read), rather than report a failure that did not
+    /// happen; true if the block is present now.
+    fn wait_for_other_writer(&self, file: &FileVersion, index: u64) -> bool {
         let mut waited = 0;
         loop {
             let writing = {
@@ -815,104 +855,140 @@ impl Core {
                 }
             };
             if !writing || waited >= 5000 {
-                break;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(1));
             waited += 1;
         }
-        let (victims, new, bytes, meta_in_xattr, gen) = {
-            let mut st = self.state.lock();
-            let st = &mut *st;
-            st.books
-                .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
-            let new = !st.books.contains(&file.key);
-            if let Some(e) = st.books.get(&file.key) {
-                if e.blocks[index as usize].slot != Slot::Empty {
-                    return e.blocks[index as usize].slot == Slot::Present;
-                }
+    }
+
+    /// Books a block about to be written: admitted (its entry made if
+    /// new, older versions of the path beyond `MAX_VERSIONS` dropped), its
+    /// slot `Writing` and the entry pinned. Err with the answer to give if
+    /// there is nothing to write (refused: false; present already: true).
+    fn book_block(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        nblocks: u64,
+        len: u64,
+        guest: bool,
+    ) -> Result<Booked, bool> {
+        let tier = tier_of(guest);
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        st.books
+            .set_dataset_bytes(self.dataset_bytes.load(Ordering::Relaxed));
+        let new = !st.books.contains(&file.key);
+        if let Some(e) = st.books.get(&file.key) {
+            if e.blocks[index as usize].slot != Slot::Empty {
+                return Err(e.blocks[index as usize].slot == Slot::Present);
             }
-            let (table, _) = self.meta_layout(&file.rel, nblocks);
-            let inline = nblocks == 1 && self.xattr.load(Ordering::Relaxed);
-            let gen = if new { st.next_gen() } else { 0 };
-            let bits =
-                if inline { META_IN_XATTR } else { 0 } | if guest { META_ON_GUEST } else { 0 };
-            let fresh = Entry::new(file.version.size, nblocks, table, bits, gen);
-            let bytes = len
-                + if new {
-                    fresh.meta_bytes() + PER_FILE_OVERHEAD
-                } else {
-                    0
-                };
-            let make = || fresh;
-            let mut victims = match st.books.admit_with(file.key, bytes, tier, make) {
-                Admission::Reject => return false,
-                Admission::Admit { evict } => evict,
+        }
+        let (table, _) = self.meta_layout(&file.rel, nblocks);
+        let inline = nblocks == 1 && self.xattr.load(Ordering::Relaxed);
+        let gen = if new { st.next_gen() } else { 0 };
+        let bits = if inline { META_IN_XATTR } else { 0 } | if guest { META_ON_GUEST } else { 0 };
+        let fresh = Entry::new(file.version.size, nblocks, table, bits, gen);
+        let bytes = len
+            + if new {
+                fresh.meta_bytes() + PER_FILE_OVERHEAD
+            } else {
+                0
             };
-            if new {
-                // (A path's versions are bounded: see `MAX_VERSIONS`.)
-                let others: Vec<VersionKey> = st
-                    .books
-                    .keys_like(&file.key)
-                    .filter(|k| *k != file.key)
-                    .collect();
-                if others.len() >= MAX_VERSIONS {
-                    for k in others {
-                        if st.books.is_pinned(&k) {
-                            continue;
-                        }
-                        if let Some((x, _)) = st.books.remove(&k) {
-                            victims.push(Evicted {
-                                key: k,
-                                tier: Tier::Own,
-                                gone: Some(x),
-                            });
-                        }
+        let make = || fresh;
+        let mut victims = match st.books.admit_with(file.key, bytes, tier, make) {
+            Admission::Reject => return Err(false),
+            Admission::Admit { evict } => evict,
+        };
+        if new {
+            // (A path's versions are bounded: see `MAX_VERSIONS`.)
+            let others: Vec<VersionKey> = st
+                .books
+                .keys_like(&file.key)
+                .filter(|k| *k != file.key)
+                .collect();
+            if others.len() >= MAX_VERSIONS {
+                for k in others {
+                    if st.books.is_pinned(&k) {
+                        continue;
+                    }
+                    if let Some((x, _)) = st.books.remove(&k) {
+                        victims.push(Evicted {
+                            key: k,
+                            tier: Tier::Own,
+                            gone: Some(x),
+                        });
                     }
                 }
             }
-            let work = self.plan_evictions(st, victims);
-            // (Admitted: on the books, and never its own victim.)
-            let Some(e) = st.books.get_mut(&file.key) else {
-                return false;
-            };
-            let gen = e.gen;
-            e.set_slot(index as usize, Slot::Writing);
-            e.blocks[index as usize].guest = guest;
-            // Read once: only this write (the file's one block) changes it.
-            let meta_in_xattr = e.meta_in_xattr();
-            // Writing entries are pinned: an eviction must not unlink files
-            // that a write is about to recreate.
-            st.books.pin(&file.key);
-            (work, new, bytes, meta_in_xattr, gen)
+        }
+        let work = self.plan_evictions(st, victims);
+        // (Admitted: on the books, and never its own victim.)
+        let Some(e) = st.books.get_mut(&file.key) else {
+            return Err(false);
         };
-        self.evict(victims);
-        let mut result = Ok(());
-        let mut handles = None;
+        let gen = e.gen;
+        e.set_slot(index as usize, Slot::Writing);
+        e.blocks[index as usize].guest = guest;
+        // Read once: only this write (the file's one block) changes it.
+        let meta_in_xattr = e.meta_in_xattr();
+        // Writing entries are pinned: an eviction must not unlink files
+        // that a write is about to recreate.
+        st.books.pin(&file.key);
+        Ok(Booked {
+            work,
+            new,
+            bytes,
+            meta_in_xattr,
+            gen,
+        })
+    }
+
+    /// Creates the files of a new entry once, however many writers of its
+    /// blocks come at once (each would truncate them): serialized and
+    /// checked again inside. The open files, if this call created them.
+    fn create_once(
+        &self,
+        file: &FileVersion,
+        nblocks: u64,
+        via: Via,
+        meta_in_xattr: bool,
+    ) -> io::Result<Option<(DataFile, Option<File>)>> {
         let created = |me: &Self| {
             let st = me.state.lock();
             st.books.get(&file.key).is_none_or(|e| e.created())
         };
-        if !created(self) {
-            // Writers of different blocks of a new version (read-ahead asks
-            // for several at once) must not each create, and so truncate,
-            // the files: creation is serialized and checked again inside.
-            let lock = &self.create_locks[file.key.0[0] as usize % CREATE_LOCKS];
-            let _creating = lock.lock();
-            if !created(self) {
-                match self.create_files(file, nblocks, via, meta_in_xattr) {
-                    Ok(files) => {
-                        handles = Some(files);
-                        if let Some(e) = self.state.lock().books.get_mut(&file.key) {
-                            e.set_bit(CREATED, true);
-                        }
-                    }
-                    Err(e) => result = Err(e),
-                }
-            }
+        if created(self) {
+            return Ok(None);
         }
-        if result.is_ok() {
-            result = self.write_block(file, index, block, guest, via, handles, meta_in_xattr);
+        let lock = &self.create_locks[file.key.0[0] as usize % CREATE_LOCKS];
+        let _creating = lock.lock();
+        if created(self) {
+            return Ok(None);
         }
+        let files = self.create_files(file, nblocks, via, meta_in_xattr)?;
+        if let Some(e) = self.state.lock().books.get_mut(&file.key) {
+            e.set_bit(CREATED, true);
+        }
+        Ok(Some(files))
+    }
+
+    /// The books after a block's write: present and logged to the index,
+    /// or, on failure, its room given back (a new entry forgotten whole).
+    fn settle(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+        guest: bool,
+        booked: &Booked,
+        result: io::Result<()>,
+    ) -> bool {
+        let Booked {
+            new, bytes, gen, ..
+        } = *booked;
+        let tier = tier_of(guest);
         let mut st = self.state.lock();
         if st.books.get(&file.key).is_none_or(|e| e.gen != gen) {
             // The entry was dropped while this block was written (its data

@@ -174,200 +174,320 @@ fn update(s: &StatsSnapshot) {
     }
 }
 
+/// What a series is, for its description.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every series the exporter serves: its kind, name, unit and help text.
+const SERIES: &[(Kind, &str, Option<metrics::Unit>, &str)] = {
+    use metrics::Unit;
+    use Kind::*;
+    &[
+        (
+            Counter,
+            "locafs_tier_bytes_total",
+            Some(Unit::Bytes),
+            "Bytes obtained from each tier: cache = served to readers from memory or the local disk cache; peer = blocks fetched from other nodes; source = blocks read from the data set's storage.",
+        ),
+        (
+            Counter,
+            "locafs_tier_requests_total",
+            None,
+            "Block accesses per tier: cache = blocks found in memory or read and verified from the local disk cache; peer = block fetches asked of other nodes (failed ones included); source = block reads from the source (failed ones included).",
+        ),
+        (
+            Histogram,
+            "locafs_tier_read_duration_seconds",
+            Some(Unit::Seconds),
+            "Time to obtain one block from a tier (see locafs_tier_requests_total).",
+        ),
+        (
+            Counter,
+            "locafs_cache_miss_bytes_total",
+            Some(Unit::Bytes),
+            "Bytes readers asked for that were not in the local cache.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_hit_ratio",
+            None,
+            "Share of bytes served from the local cache since the mount started (reads served by the kernel page cache or passthrough are not seen). For a window, use rate() of locafs_tier_bytes_total and locafs_cache_miss_bytes_total.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_used_bytes",
+            Some(Unit::Bytes),
+            "Disk space the cache uses, counting everything it writes.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_capacity_bytes",
+            Some(Unit::Bytes),
+            "The cache's size limit.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_budget_bytes",
+            Some(Unit::Bytes),
+            "The budget that all mounts of this cache directory share.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_budget_effective_bytes",
+            Some(Unit::Bytes),
+            "The budget in force: lower than locafs_cache_budget_bytes while the cache disk is at its free-space floor.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_dir_used_bytes",
+            Some(Unit::Bytes),
+            "What all data sets in this cache directory hold together.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_grant_bytes",
+            Some(Unit::Bytes),
+            "What this mount's cache may hold now, out of the shared budget.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_dataset_used_bytes",
+            Some(Unit::Bytes),
+            "What each data set in this cache directory holds (its share of the budget).",
+        ),
+        (
+            Gauge,
+            "locafs_cache_files_complete",
+            None,
+            "Files whose every block is cached.",
+        ),
+        (
+            Gauge,
+            "locafs_cache_writable",
+            None,
+            "1 while the cache disk takes writes, 0 while writes are off after a disk error.",
+        ),
+        (
+            Counter,
+            "locafs_cache_evictions_total",
+            None,
+            "Cache entries evicted to make room.",
+        ),
+        (
+            Counter,
+            "locafs_cache_corrupt_blocks_total",
+            None,
+            "Cached blocks that failed their checksum and were dropped (then refetched).",
+        ),
+        (
+            Gauge,
+            "locafs_memory_cache_bytes",
+            Some(Unit::Bytes),
+            "Bytes of blocks held in memory (bounded by --memory-cache).",
+        ),
+        (
+            Gauge,
+            "locafs_open_handles",
+            None,
+            "Open file handles on the mount.",
+        ),
+        (
+            Gauge,
+            "locafs_passthrough_kept",
+            None,
+            "Closed files whose passthrough backing is kept for their next open.",
+        ),
+        (
+            Gauge,
+            "locafs_epoch",
+            None,
+            "The loader's current epoch as detected by read-ahead.",
+        ),
+        (
+            Gauge,
+            "locafs_epoch_files_read",
+            None,
+            "Files read in the current epoch.",
+        ),
+        (
+            Gauge,
+            "locafs_dataset_files",
+            None,
+            "Files in the data set (as listed for read-ahead).",
+        ),
+        (
+            Gauge,
+            "locafs_prefetch_memory_bytes",
+            None,
+            "Prefetch buffers in use.",
+        ),
+        (
+            Gauge,
+            "locafs_prefetch_concurrency",
+            None,
+            "Background fetches allowed in flight now (tuned unless --prefetch-jobs N).",
+        ),
+        (
+            Gauge,
+            "locafs_prefetch_memory_limit_bytes",
+            None,
+            "The prefetch buffer budget.",
+        ),
+        (
+            Counter,
+            "locafs_prefetch_blocks_total",
+            None,
+            "Blocks prefetched within files.",
+        ),
+        (
+            Counter,
+            "locafs_prefetch_bytes_total",
+            None,
+            "Bytes prefetched ahead of the loader across files.",
+        ),
+        (
+            Gauge,
+            "locafs_plan_active",
+            None,
+            "1 while a loader's plan is followed.",
+        ),
+        (
+            Gauge,
+            "locafs_source_stalled",
+            None,
+            "1 while the source is stalled (answers nothing): cached data and the last known tree are served, calls that need the source fail with ETIMEDOUT.",
+        ),
+        (
+            Gauge,
+            "locafs_source_stalled_since_seconds",
+            Some(Unit::Seconds),
+            "Unix time since which the source has not answered (0 while it answers).",
+        ),
+        (
+            Counter,
+            "locafs_source_stalls_total",
+            None,
+            "Times the source was found stalled.",
+        ),
+        (
+            Counter,
+            "locafs_source_calls_refused_total",
+            None,
+            "Calls that needed the source, refused at once while it was stalled.",
+        ),
+        (
+            Counter,
+            "locafs_source_timeouts_total",
+            None,
+            "Calls into the source given up at their deadline (--metadata-timeout, --source-timeout).",
+        ),
+        (
+            Counter,
+            "locafs_source_entries_skipped_total",
+            None,
+            "Source entries skipped because they cannot be file names (object keys with an empty, '.' or '..' segment, or both an object and a prefix), each warned about once.",
+        ),
+        (
+            Counter,
+            "locafs_source_throttled_total",
+            None,
+            "Answers of the source asking to slow down (an object store's 503 SlowDown or 429), each retried with backoff; read-ahead halves its concurrency on them.",
+        ),
+        (
+            Counter,
+            "locafs_source_bad_replies_total",
+            None,
+            "Answers of the source refused as malformed (an object store's body longer or shorter than the range asked, a listing page past its bound or repeating its continuation token); each failed only its own call.",
+        ),
+        (
+            Counter,
+            "locafs_stale_answers_total",
+            None,
+            "Requests answered from the last known tree because the source did not answer in time.",
+        ),
+        (
+            Gauge,
+            "locafs_source_threads",
+            None,
+            "Threads calling into the source now (bounded; a hung source holds some of them).",
+        ),
+        (
+            Gauge,
+            "locafs_peer_mesh_formed_seconds",
+            Some(Unit::Seconds),
+            "Seconds from the mount's start until every listed peer had been reached once (NaN until then).",
+        ),
+        (
+            Gauge,
+            "locafs_peer_members_unreached",
+            None,
+            "Listed peers not reached yet since the mount started.",
+        ),
+        (
+            Counter,
+            "locafs_peer_owner_waits_total",
+            None,
+            "Reads that waited (at most --peer-timeout) for a block's owner that was listed but not reached yet.",
+        ),
+        (
+            Counter,
+            "locafs_peer_unreached_source_blocks_total",
+            None,
+            "Blocks read from the source because their owner was listed but not reached yet.",
+        ),
+        (
+            Counter,
+            "locafs_opens_total",
+            None,
+            "Files opened.",
+        ),
+        (
+            Counter,
+            "locafs_passthrough_opens_total",
+            None,
+            "Opens served by FUSE passthrough (the kernel reads the cached file; such reads are not counted elsewhere).",
+        ),
+        (
+            Counter,
+            "locafs_errors_total",
+            None,
+            "Errors by kind: source = failed source reads; read = reads that failed for the reader (EIO, ETIMEDOUT); cache_corrupt = corrupt cached blocks; cache_write = failed cache writes; peer = failed peer fetches (fell back to the source).",
+        ),
+        (
+            Counter,
+            "locafs_fuse_requests_total",
+            None,
+            "FUSE requests by operation (modify = any write-type request, all refused with EROFS).",
+        ),
+        (
+            Gauge,
+            "locafs_info",
+            None,
+            "Always 1; the labels say what is mounted where and the locafs version.",
+        ),
+        (
+            Gauge,
+            "locafs_start_time_seconds",
+            Some(Unit::Seconds),
+            "When the mount started, in seconds since the Unix epoch.",
+        ),
+    ]
+};
+
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        "locafs_tier_bytes_total",
-        Unit::Bytes,
-        "Bytes obtained from each tier: cache = served to readers from memory or the local disk cache; peer = blocks fetched from other nodes; source = blocks read from the data set's storage."
-    );
-    describe_counter!(
-        "locafs_tier_requests_total",
-        "Block accesses per tier: cache = blocks found in memory or read and verified from the local disk cache; peer = block fetches asked of other nodes (failed ones included); source = block reads from the source (failed ones included)."
-    );
-    describe_histogram!(
-        "locafs_tier_read_duration_seconds",
-        Unit::Seconds,
-        "Time to obtain one block from a tier (see locafs_tier_requests_total)."
-    );
-    describe_counter!(
-        "locafs_cache_miss_bytes_total",
-        Unit::Bytes,
-        "Bytes readers asked for that were not in the local cache."
-    );
-    describe_gauge!(
-        "locafs_cache_hit_ratio",
-        "Share of bytes served from the local cache since the mount started (reads served by the kernel page cache or passthrough are not seen). For a window, use rate() of locafs_tier_bytes_total and locafs_cache_miss_bytes_total."
-    );
-    describe_gauge!(
-        "locafs_cache_used_bytes",
-        Unit::Bytes,
-        "Disk space the cache uses, counting everything it writes."
-    );
-    describe_gauge!(
-        "locafs_cache_capacity_bytes",
-        Unit::Bytes,
-        "The cache's size limit."
-    );
-    describe_gauge!(
-        "locafs_cache_budget_bytes",
-        Unit::Bytes,
-        "The budget that all mounts of this cache directory share."
-    );
-    describe_gauge!(
-        "locafs_cache_budget_effective_bytes",
-        Unit::Bytes,
-        "The budget in force: lower than locafs_cache_budget_bytes while the cache disk is at its free-space floor."
-    );
-    describe_gauge!(
-        "locafs_cache_dir_used_bytes",
-        Unit::Bytes,
-        "What all data sets in this cache directory hold together."
-    );
-    describe_gauge!(
-        "locafs_cache_grant_bytes",
-        Unit::Bytes,
-        "What this mount's cache may hold now, out of the shared budget."
-    );
-    describe_gauge!(
-        "locafs_cache_dataset_used_bytes",
-        Unit::Bytes,
-        "What each data set in this cache directory holds (its share of the budget)."
-    );
-    describe_gauge!(
-        "locafs_cache_files_complete",
-        "Files whose every block is cached."
-    );
-    describe_gauge!(
-        "locafs_cache_writable",
-        "1 while the cache disk takes writes, 0 while writes are off after a disk error."
-    );
-    describe_counter!(
-        "locafs_cache_evictions_total",
-        "Cache entries evicted to make room."
-    );
-    describe_counter!(
-        "locafs_cache_corrupt_blocks_total",
-        "Cached blocks that failed their checksum and were dropped (then refetched)."
-    );
-    describe_gauge!(
-        "locafs_memory_cache_bytes",
-        Unit::Bytes,
-        "Bytes of blocks held in memory (bounded by --memory-cache)."
-    );
-    describe_gauge!("locafs_open_handles", "Open file handles on the mount.");
-    describe_gauge!(
-        "locafs_passthrough_kept",
-        "Closed files whose passthrough backing is kept for their next open."
-    );
-    describe_gauge!(
-        "locafs_epoch",
-        "The loader's current epoch as detected by read-ahead."
-    );
-    describe_gauge!(
-        "locafs_epoch_files_read",
-        "Files read in the current epoch."
-    );
-    describe_gauge!(
-        "locafs_dataset_files",
-        "Files in the data set (as listed for read-ahead)."
-    );
-    describe_gauge!("locafs_prefetch_memory_bytes", "Prefetch buffers in use.");
-    describe_gauge!(
-        "locafs_prefetch_concurrency",
-        "Background fetches allowed in flight now (tuned unless --prefetch-jobs N)."
-    );
-    describe_gauge!(
-        "locafs_prefetch_memory_limit_bytes",
-        "The prefetch buffer budget."
-    );
-    describe_counter!(
-        "locafs_prefetch_blocks_total",
-        "Blocks prefetched within files."
-    );
-    describe_counter!(
-        "locafs_prefetch_bytes_total",
-        "Bytes prefetched ahead of the loader across files."
-    );
-    describe_gauge!("locafs_plan_active", "1 while a loader's plan is followed.");
-    describe_gauge!(
-        "locafs_source_stalled",
-        "1 while the source is stalled (answers nothing): cached data and the last known tree are served, calls that need the source fail with ETIMEDOUT."
-    );
-    describe_gauge!(
-        "locafs_source_stalled_since_seconds",
-        Unit::Seconds,
-        "Unix time since which the source has not answered (0 while it answers)."
-    );
-    describe_counter!(
-        "locafs_source_stalls_total",
-        "Times the source was found stalled."
-    );
-    describe_counter!(
-        "locafs_source_calls_refused_total",
-        "Calls that needed the source, refused at once while it was stalled."
-    );
-    describe_counter!(
-        "locafs_source_timeouts_total",
-        "Calls into the source given up at their deadline (--metadata-timeout, --source-timeout)."
-    );
-    describe_counter!(
-        "locafs_source_entries_skipped_total",
-        "Source entries skipped because they cannot be file names (object keys with an empty, '.' or '..' segment, or both an object and a prefix), each warned about once."
-    );
-    describe_counter!(
-        "locafs_source_throttled_total",
-        "Answers of the source asking to slow down (an object store's 503 SlowDown or 429), each retried with backoff; read-ahead halves its concurrency on them."
-    );
-    describe_counter!(
-        "locafs_source_bad_replies_total",
-        "Answers of the source refused as malformed (an object store's body longer or shorter than the range asked, a listing page past its bound or repeating its continuation token); each failed only its own call."
-    );
-    describe_counter!(
-        "locafs_stale_answers_total",
-        "Requests answered from the last known tree because the source did not answer in time."
-    );
-    describe_gauge!(
-        "locafs_source_threads",
-        "Threads calling into the source now (bounded; a hung source holds some of them)."
-    );
-    describe_gauge!(
-        "locafs_peer_mesh_formed_seconds",
-        Unit::Seconds,
-        "Seconds from the mount's start until every listed peer had been reached once (NaN until then)."
-    );
-    describe_gauge!(
-        "locafs_peer_members_unreached",
-        "Listed peers not reached yet since the mount started."
-    );
-    describe_counter!(
-        "locafs_peer_owner_waits_total",
-        "Reads that waited (at most --peer-timeout) for a block's owner that was listed but not reached yet."
-    );
-    describe_counter!(
-        "locafs_peer_unreached_source_blocks_total",
-        "Blocks read from the source because their owner was listed but not reached yet."
-    );
-    describe_counter!("locafs_opens_total", "Files opened.");
-    describe_counter!(
-        "locafs_passthrough_opens_total",
-        "Opens served by FUSE passthrough (the kernel reads the cached file; such reads are not counted elsewhere)."
-    );
-    describe_counter!(
-        "locafs_errors_total",
-        "Errors by kind: source = failed source reads; read = reads that failed for the reader (EIO, ETIMEDOUT); cache_corrupt = corrupt cached blocks; cache_write = failed cache writes; peer = failed peer fetches (fell back to the source)."
-    );
-    describe_counter!(
-        "locafs_fuse_requests_total",
-        "FUSE requests by operation (modify = any write-type request, all refused with EROFS)."
-    );
-    describe_gauge!(
-        "locafs_info",
-        "Always 1; the labels say what is mounted where and the locafs version."
-    );
-    describe_gauge!(
-        "locafs_start_time_seconds",
-        Unit::Seconds,
-        "When the mount started, in seconds since the Unix epoch."
-    );
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for &(kind, name, unit, help) in SERIES {
+        match (kind, unit) {
+            (Kind::Counter, Some(u)) => describe_counter!(name, u, help),
+            (Kind::Counter, None) => describe_counter!(name, help),
+            (Kind::Gauge, Some(u)) => describe_gauge!(name, u, help),
+            (Kind::Gauge, None) => describe_gauge!(name, help),
+            (Kind::Histogram, Some(u)) => describe_histogram!(name, u, help),
+            (Kind::Histogram, None) => describe_histogram!(name, help),
+        }
+    }
 }
