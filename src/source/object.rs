@@ -183,155 +183,180 @@ impl ObjectSpec {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let throttled = Arc::new(AtomicU64::new(0));
         let bad_replies = Arc::new(AtomicU64::new(0));
-        let connector = ThrottleWatch {
-            throttled: Arc::clone(&throttled),
-            bad_replies: Arc::clone(&bad_replies),
+        let w = Wiring {
+            connector: ThrottleWatch {
+                throttled: Arc::clone(&throttled),
+                bad_replies: Arc::clone(&bad_replies),
+            },
+            client: ClientOptions::new()
+                .with_timeout(timeout)
+                .with_connect_timeout(timeout.min(Duration::from_secs(10)))
+                .with_allow_http(true),
+            retry: RetryConfig {
+                retry_timeout: timeout,
+                ..RetryConfig::default()
+            },
         };
-        let client = ClientOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout.min(Duration::from_secs(10)))
-            .with_allow_http(true);
-        let retry = RetryConfig {
-            retry_timeout: timeout,
-            ..RetryConfig::default()
+        let built = match self.scheme {
+            Scheme::S3 => self.build_s3(w)?,
+            Scheme::Gcs => self.build_gcs(w)?,
+            Scheme::Azure => self.build_azure(w)?,
         };
+        Ok(Built {
+            store: built.store,
+            paged: built.paged,
+            throttled,
+            bad_replies,
+            resume: built.resume,
+        })
+    }
+
+    fn build_s3(&self, w: Wiring) -> Result<Store, String> {
         let err = |e: object_store::Error| format!("{}: {e}", self.url());
-        match self.scheme {
-            Scheme::S3 => {
-                let mut b = s3_builder_from_env(self.keys.is_some())
-                    .with_bucket_name(&self.bucket)
-                    .with_client_options(client)
-                    .with_http_connector(connector)
-                    .with_retry(retry)
-                    .with_skip_signature(self.no_sign_request);
-                if let Some(r) = &self.region {
-                    b = b.with_region(r);
+        let mut b = s3_builder_from_env(self.keys.is_some())
+            .with_bucket_name(&self.bucket)
+            .with_client_options(w.client)
+            .with_http_connector(w.connector)
+            .with_retry(w.retry)
+            .with_skip_signature(self.no_sign_request);
+        if let Some(r) = &self.region {
+            b = b.with_region(r);
+        }
+        use super::aws_profile::ProfileKeys;
+        match &self.keys {
+            None => {}
+            Some(ProfileKeys::Static(k)) => {
+                b = b
+                    .with_access_key_id(&k.access_key_id)
+                    .with_secret_access_key(&k.secret_access_key);
+                if let Some(t) = &k.session_token {
+                    b = b.with_token(t);
                 }
-                use super::aws_profile::ProfileKeys;
-                match &self.keys {
-                    None => {}
-                    Some(ProfileKeys::Static(k)) => {
-                        b = b
-                            .with_access_key_id(&k.access_key_id)
-                            .with_secret_access_key(&k.secret_access_key);
-                        if let Some(t) = &k.session_token {
-                            b = b.with_token(t);
-                        }
-                    }
-                    // Unsigned requests use no credentials: the command is
-                    // not run (apply_profile leaves no keys then anyway).
-                    Some(ProfileKeys::Process(_)) if self.no_sign_request => {}
-                    Some(ProfileKeys::Process(p)) => {
-                        let c = super::credential_process::ProcessCredentials::start(p.clone())?;
-                        b = b.with_credentials(Arc::new(c));
-                    }
-                }
-                if let Some(e) = &self.endpoint {
-                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
-                }
-                let s = Arc::new(b.build().map_err(err)?);
-                Ok(Built {
-                    store: Arc::clone(&s) as Arc<dyn ObjectStore>,
-                    paged: s as Arc<dyn PaginatedListStore>,
-                    throttled,
-                    bad_replies,
-                    resume: Resume::StartAfter,
-                })
             }
-            Scheme::Gcs => {
-                if self.region.is_some() {
-                    return Err(format!("{}: --region is for s3:// only", self.url()));
-                }
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(&self.bucket)
-                    .with_client_options(client)
-                    .with_http_connector(connector)
-                    .with_retry(retry)
-                    .with_skip_signature(self.no_sign_request);
-                if let Some(e) = &self.endpoint {
-                    b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
-                }
-                let s = Arc::new(b.build().map_err(|e| gcs_build_error(&self.url(), &e))?);
-                Ok(Built {
-                    store: Arc::clone(&s) as Arc<dyn ObjectStore>,
-                    paged: s as Arc<dyn PaginatedListStore>,
-                    throttled,
-                    bad_replies,
-                    resume: Resume::StartAfter,
-                })
-            }
-            Scheme::Azure => {
-                if self.region.is_some() {
-                    return Err(format!("{}: --region is for s3:// only", self.url()));
-                }
-                use object_store::azure::AzureConfigKey as K;
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_container_name(&self.bucket)
-                    .with_client_options(client)
-                    .with_http_connector(connector)
-                    .with_retry(retry)
-                    .with_skip_signature(self.no_sign_request);
-                // Azurite (AZURE_STORAGE_USE_EMULATOR=true) names the account
-                // in the path, not the host, and its listing continues
-                // from a marker that is a blob name (it ignores startFrom).
-                let emulator = b.get_config_value(&K::UseEmulator).is_some_and(|v| {
-                    matches!(
-                        v.to_ascii_lowercase().as_str(),
-                        "true" | "1" | "yes" | "y" | "on"
-                    )
-                });
-                if let Some(e) = &self.endpoint {
-                    let e = e.trim_end_matches('/');
-                    if emulator {
-                        // object_store takes an emulator's address only from
-                        // AZURITE_BLOB_STORAGE_URL; --endpoint is the same
-                        // address: the account's URL is it plus the account,
-                        // with the emulator's well-known account and key
-                        // unless others are set.
-                        let account = b
-                            .get_config_value(&K::AccountName)
-                            .unwrap_or_else(|| AZURITE_ACCOUNT.to_owned());
-                        if b.get_config_value(&K::AccessKey).is_none()
-                            && b.get_config_value(&K::SasKey).is_none()
-                            && b.get_config_value(&K::Token).is_none()
-                        {
-                            b = b.with_access_key(AZURITE_KEY);
-                        }
-                        b = b
-                            .with_use_emulator(false)
-                            .with_account(&account)
-                            .with_endpoint(format!("{e}/{account}"));
-                    } else {
-                        b = b.with_endpoint(e.to_owned());
-                    }
-                    b = b.with_allow_http(e.starts_with("http://"));
-                }
-                let s = Arc::new(b.build().map_err(|e| {
-                    if e.to_string().contains("Account must be specified") {
-                        format!(
-                            "{}: no storage account: set AZURE_STORAGE_ACCOUNT_NAME \
-                             (and a key, SAS or identity), or AZURE_STORAGE_USE_EMULATOR=true \
-                             for Azurite: see docs/objstore.md",
-                            self.url()
-                        )
-                    } else {
-                        err(e)
-                    }
-                })?);
-                Ok(Built {
-                    store: Arc::clone(&s) as Arc<dyn ObjectStore>,
-                    paged: s as Arc<dyn PaginatedListStore>,
-                    throttled,
-                    bad_replies,
-                    resume: if emulator {
-                        Resume::Marker
-                    } else {
-                        Resume::StartAfter
-                    },
-                })
+            // Unsigned requests use no credentials: the command is
+            // not run (apply_profile leaves no keys then anyway).
+            Some(ProfileKeys::Process(_)) if self.no_sign_request => {}
+            Some(ProfileKeys::Process(p)) => {
+                let c = super::credential_process::ProcessCredentials::start(p.clone())?;
+                b = b.with_credentials(Arc::new(c));
             }
         }
+        if let Some(e) = &self.endpoint {
+            b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
+        }
+        let s = Arc::new(b.build().map_err(err)?);
+        Ok(Store {
+            store: Arc::clone(&s) as Arc<dyn ObjectStore>,
+            paged: s as Arc<dyn PaginatedListStore>,
+            resume: Resume::StartAfter,
+        })
     }
+
+    fn build_gcs(&self, w: Wiring) -> Result<Store, String> {
+        if self.region.is_some() {
+            return Err(format!("{}: --region is for s3:// only", self.url()));
+        }
+        let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+            .with_bucket_name(&self.bucket)
+            .with_client_options(w.client)
+            .with_http_connector(w.connector)
+            .with_retry(w.retry)
+            .with_skip_signature(self.no_sign_request);
+        if let Some(e) = &self.endpoint {
+            b = b.with_config(object_store::gcp::GoogleConfigKey::BaseUrl, e);
+        }
+        let s = Arc::new(b.build().map_err(|e| gcs_build_error(&self.url(), &e))?);
+        Ok(Store {
+            store: Arc::clone(&s) as Arc<dyn ObjectStore>,
+            paged: s as Arc<dyn PaginatedListStore>,
+            resume: Resume::StartAfter,
+        })
+    }
+
+    fn build_azure(&self, w: Wiring) -> Result<Store, String> {
+        let err = |e: object_store::Error| format!("{}: {e}", self.url());
+        if self.region.is_some() {
+            return Err(format!("{}: --region is for s3:// only", self.url()));
+        }
+        use object_store::azure::AzureConfigKey as K;
+        let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+            .with_container_name(&self.bucket)
+            .with_client_options(w.client)
+            .with_http_connector(w.connector)
+            .with_retry(w.retry)
+            .with_skip_signature(self.no_sign_request);
+        // Azurite (AZURE_STORAGE_USE_EMULATOR=true) names the account
+        // in the path, not the host, and its listing continues
+        // from a marker that is a blob name (it ignores startFrom).
+        let emulator = b.get_config_value(&K::UseEmulator).is_some_and(|v| {
+            matches!(
+                v.to_ascii_lowercase().as_str(),
+                "true" | "1" | "yes" | "y" | "on"
+            )
+        });
+        if let Some(e) = &self.endpoint {
+            let e = e.trim_end_matches('/');
+            if emulator {
+                // object_store takes an emulator's address only from
+                // AZURITE_BLOB_STORAGE_URL; --endpoint is the same
+                // address: the account's URL is it plus the account,
+                // with the emulator's well-known account and key
+                // unless others are set.
+                let account = b
+                    .get_config_value(&K::AccountName)
+                    .unwrap_or_else(|| AZURITE_ACCOUNT.to_owned());
+                if b.get_config_value(&K::AccessKey).is_none()
+                    && b.get_config_value(&K::SasKey).is_none()
+                    && b.get_config_value(&K::Token).is_none()
+                {
+                    b = b.with_access_key(AZURITE_KEY);
+                }
+                b = b
+                    .with_use_emulator(false)
+                    .with_account(&account)
+                    .with_endpoint(format!("{e}/{account}"));
+            } else {
+                b = b.with_endpoint(e.to_owned());
+            }
+            b = b.with_allow_http(e.starts_with("http://"));
+        }
+        let s = Arc::new(b.build().map_err(|e| {
+            if e.to_string().contains("Account must be specified") {
+                format!(
+                    "{}: no storage account: set AZURE_STORAGE_ACCOUNT_NAME \
+                     (and a key, SAS or identity), or AZURE_STORAGE_USE_EMULATOR=true \
+                     for Azurite: see docs/objstore.md",
+                    self.url()
+                )
+            } else {
+                err(e)
+            }
+        })?);
+        Ok(Store {
+            store: Arc::clone(&s) as Arc<dyn ObjectStore>,
+            paged: s as Arc<dyn PaginatedListStore>,
+            resume: if emulator {
+                Resume::Marker
+            } else {
+                Resume::StartAfter
+            },
+        })
+    }
+}
+
+/// What every store client is built with: the HTTP client's options
+/// (timeouts), the retries, and the connector that watches each answer.
+struct Wiring {
+    client: object_store::ClientOptions,
+    connector: ThrottleWatch,
+    retry: object_store::RetryConfig,
+}
+
+/// A store client as one scheme builds it.
+struct Store {
+    store: Arc<dyn ObjectStore>,
+    paged: Arc<dyn PaginatedListStore>,
+    resume: Resume,
 }
 
 /// The variables naming GCS credentials (a service-account file or key,
