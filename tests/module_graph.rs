@@ -1,7 +1,7 @@
 //! The import graph of `src/`: no circle at any depth (between the
 //! subsystems at the root, between the modules of each folder), the
 //! subsystems in their layers, the leaves stay leaves, and clap only in the
-//! command line.
+//! command line; and no product function longer than [`MAX_FN_LINES`].
 //!
 //! Reads every `src/**/*.rs` (without comments and `#[cfg(test)]`
 //! modules), takes each `crate::a::b::...`, `super::...` and `self::...`
@@ -476,6 +476,82 @@ fn observability_and_the_command_line_keep_their_place() {
             "{file} uses clap: only src/cli may"
         );
     }
+}
+
+/// The longest a product function may be, in lines from its `fn` to its
+/// closing brace: past it, a function does several things, and each should
+/// be named.
+const MAX_FN_LINES: usize = 150;
+
+/// Each function of this code: its name, first line (1-based) and length
+/// in lines. A function ends at the first closing brace at its own
+/// indentation (rustfmt's layout).
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let indent = l.len() - t.len();
+        let mut words = t.split_whitespace().peekable();
+        while words.peek().is_some_and(|w| {
+            w.starts_with("pub") || ["async", "const", "unsafe", "extern"].contains(w)
+        }) {
+            words.next();
+        }
+        if words.next() != Some("fn") {
+            continue;
+        }
+        let name = ident(words.next().unwrap_or("")).to_owned();
+        // A declaration without a body (a trait's) ends in `;` before `{`.
+        let Some(open) =
+            (i..lines.len()).find(|&j| lines[j].contains('{') || lines[j].ends_with(';'))
+        else {
+            continue;
+        };
+        if !lines[open].contains('{') {
+            continue;
+        }
+        let close = (open..lines.len()).find(|&j| {
+            let l = lines[j];
+            l.len() > indent && l[..indent].trim().is_empty() && l[indent..].starts_with('}')
+        });
+        if let Some(close) = close {
+            out.push((name, i + 1, close - i + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_product_function_is_longer_than_the_bound() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut long = Vec::new();
+    for f in files {
+        let code = product_code(&std::fs::read_to_string(&f).unwrap());
+        for (name, _, len) in functions(&code) {
+            if len > MAX_FN_LINES {
+                let rel = f.strip_prefix(root).unwrap().display().to_string();
+                long.push(format!("{rel}: {name} is {len} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines (cut them into named steps): {long:#?}"
+    );
+}
+
+#[test]
+fn the_function_scanner_measures_bodies() {
+    let code = "pub(crate) async fn a(\n    x: u8,\n) -> u8 {\n    x\n}\n\
+                trait T {\n    fn decl(&self);\n    fn b(&self) {\n        if true {\n        }\n    }\n}\n";
+    // (the trait's declaration has no body: no function)
+    assert_eq!(
+        functions(code),
+        [("a".to_owned(), 1, 5), ("b".to_owned(), 8, 4)]
+    );
 }
 
 #[test]
