@@ -21,7 +21,7 @@
 //!   outside test modules, the benches, the test kit, the packaging's
 //!   scripts and Python package), a format string's `{}` standing for
 //!   anything.
-//! - docs/architecture.md's module table names every file under src/.
+//! - docs/architecture.md's table of rooms names every file under src/.
 //! - The kernel's `max_background` for a mount is the figure the memory
 //!   docs give (tuning.md's table, which the budget reserves).
 
@@ -660,10 +660,7 @@ fn every_message_the_docs_quote_is_one_the_code_can_print() {
 #[test]
 fn the_module_table_names_every_source_file() {
     let arch = read("docs/architecture.md");
-    let table = section(
-        &arch,
-        "## Modules (each opens with a `//!` paragraph: what it is for, what it must never do)",
-    );
+    let table = section(&arch, "## The rooms");
     let rows: Vec<(String, String)> = table
         .lines()
         .filter(|l| l.starts_with("| `"))

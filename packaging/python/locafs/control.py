@@ -5,7 +5,7 @@ The socket's name is the ``user.locafs.control`` extended attribute of the
 mount root (nothing is added to the data set's tree): ``@NAME`` for a socket
 in the abstract namespace (reachable from the daemon's network namespace
 only), else a path. One JSON request per line, one JSON answer per line, as
-``locafs plan`` and ``locafs where`` use it (src/control.rs). A
+``locafs plan`` and ``locafs where`` use it (src/mount/control.rs). A
 :class:`Mount` made by :func:`locafs.mount` also owns the daemon behind it
 (``_daemon.py``) and unmounts on :meth:`close`; one made from a path
 attaches to a mount someone else made and never unmounts it.

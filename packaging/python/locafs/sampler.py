@@ -3,7 +3,7 @@ the same global batches from ``seed + epoch``; each node trains on the
 samples of a batch that it holds, and only the imbalance moves (the paper's
 Algorithm 1: two heaps, surplus to deficit, at most p-1 moves per batch).
 
-The algorithm is fixed bit for bit (the Rust version, src/locality.rs, must
+The algorithm is fixed bit for bit (the Rust version, src/peer/sampler.rs, must
 agree: tests/data/locality_vectors.json):
 
 1. PRNG: splitmix64 from ``(seed + epoch) mod 2**64``.

@@ -69,7 +69,7 @@ def all_ranks(owners, p, L, b, seed=0, epoch=0, **kw):
 
 class Vectors(unittest.TestCase):
     def test_every_case_of_the_shared_vector(self):
-        # The vector is written by the Rust side (src/locality.rs); it must
+        # The vector is written by the Rust side (src/peer/sampler.rs); it must
         # be there.
         with open(VECTORS) as f:
             cases = json.load(f)["cases"]
@@ -302,7 +302,7 @@ class TorchForm(unittest.TestCase):
 
 
 class PackedAnswer(unittest.TestCase):
-    """The packed ``where`` form (src/control.rs): owners as little-endian
+    """The packed ``where`` form (src/mount/control.rs): owners as little-endian
     u32s in base64, 0xFFFFFFFF for a path that is not a file."""
 
     def test_unpack(self):
