@@ -553,11 +553,23 @@ fn python_as_nobody(code: &str, arg: &Path) -> Result<Output, String> {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .ok_or("no python3 outside /root")?;
-    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/python");
+    // A copy of the package that nobody may read: the checkout may sit in
+    // a directory only its owner can enter (a clone under `mktemp -d`).
+    let pkg = tempfile::tempdir().unwrap();
+    fs::set_permissions(pkg.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let to = pkg.path().join("locafs");
+    fs::create_dir(&to).unwrap();
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/python/locafs");
+    for e in fs::read_dir(&from).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "py") {
+            fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+    fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
     Ok(as_nobody(py)?
         .args(["-c", code])
         .arg(arg)
-        .env("PYTHONPATH", pkg)
+        .env("PYTHONPATH", pkg.path())
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .unwrap())
