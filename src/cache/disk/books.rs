@@ -9,7 +9,9 @@
 //! its meta on disk) for a file of one block, or book a byte the cache does
 //! not write (invariant 3).
 
-use super::*;
+use crate::cache::recover;
+
+use super::{Checksum, Core, Evicted, Op, Policy, Put, Tier, VersionKey, SLOT};
 
 pub(super) const ALLOC: u64 = 4096;
 

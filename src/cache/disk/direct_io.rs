@@ -8,7 +8,10 @@
 //! longer than its source file (the kernel reads a passthrough file to its
 //! end).
 
-use super::*;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use super::{info, Core, File, OFlags, Ordering, PrivateDir};
 
 /// A data file open for writing blocks, and whether it was opened with
 /// O_DIRECT.

@@ -9,7 +9,15 @@
 //! never an error that stops a start-up), or change a byte of the format
 //! without a new magic.
 
-use super::*;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+
+use bytes::{Buf, BufMut};
+
+use super::{
+    Checksum, Core, Entry, FileVersion, Path, Slot, SourceVersion, VersionKey, CREATED, MAX_BLOCKS,
+    META_IN_XATTR, META_ON_GUEST,
+};
 
 pub(super) const MAGIC: &[u8; 8] = b"LOCAFSM1";
 

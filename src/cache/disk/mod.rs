@@ -47,7 +47,6 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 #[cfg(test)]
@@ -58,7 +57,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
@@ -76,9 +75,15 @@ mod direct_io;
 mod format;
 mod startup;
 
-use books::*;
-use direct_io::*;
-use format::*;
+use books::{
+    new_books, round_alloc, tier_of, Entry, Eviction, Slot, State, CREATED, MAX_BLOCKS,
+    MAX_PASSTHROUGH_PINS, MAX_VERSIONS, META_IN_XATTR, META_ON_GUEST, PER_FILE_OVERHEAD,
+};
+use direct_io::{Bounce, DataFile, Via};
+use format::{
+    decode_inline, decode_slot, encode_inline, encode_slot, header_key, path_hash, HEADER_FIXED,
+    INLINE_LEN, META_XATTR, PRESENT, PRESENT_GUEST, SLOT,
+};
 pub use startup::Recovery;
 
 /// Directory blocks and the like, reserved once per cache directory.
@@ -1509,6 +1514,9 @@ impl CompleteFiles for DiskCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::disk::books::Blocks;
+    use crate::cache::disk::books::Books;
+    use crate::cache::disk::direct_io::DIRECT_ALIGN;
     use crate::source::SourceVersion;
     use crate::test_skip::skipped;
     use std::fs::{self, OpenOptions};

@@ -8,7 +8,16 @@
 //! vouch for (every block is still verified when first served), or delete a
 //! file that an entry owns or a writer is creating.
 
-use super::*;
+use std::io;
+
+use super::books::{index_puts, Books};
+use super::format::BLOCK_SIZE_CHANGED;
+use crate::cache::recover;
+
+use super::{
+    debug, info, new_books, warn, Core, Entry, Op, Ordering, Path, PrivateDir, Slot, State, Tier,
+    VersionKey, CREATED, INLINE_LEN, MAX_BLOCKS, META_IN_XATTR, META_ON_GUEST, META_XATTR,
+};
 
 /// What the cache found in its directory at start-up.
 #[derive(Debug, Default)]
