@@ -571,10 +571,87 @@ pub fn serving_toml(args: &MountRequest, cfg: &MountConfig) -> Result<String, Us
     Ok(table.to_string())
 }
 
+/// [`resolve`], step by step; the checks fail in this order, and all but
+/// the peer options' before the cache directory is opened (or made).
 fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageError> {
     let (f, source_arg, mp) = merged(args)?;
-    let mp = &mp;
+    let object = object_spec(&f, &source_arg)?;
+    let (source_timeout, metadata_timeout) = timeouts(&f)?;
+    let source = match &object {
+        Some(spec) => PathBuf::from(spec.url()),
+        None => source_dir(&source_arg, metadata_timeout)?,
+    };
+    let mountpoint = mountpoint_for(&mp, live)?;
+    if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
+        return Err(usage(format!(
+            "mountpoint {} is inside the source",
+            mp.display()
+        )));
+    }
+    if let Some(p) = f.cache_free_floor {
+        if !(0.0..=90.0).contains(&p) {
+            return Err(usage("--cache-free-floor: a percentage between 0 and 90"));
+        }
+    }
+    let memory = Memory::of(&f)?;
+    let serving = Serving::of(&f)?;
+    let cache_size = cache_size(&f)?;
+    let mut readahead = readahead(&f, &memory, serving.fuse_threads);
+    let dirs = CacheDirs::open(&f, object.as_ref(), &source, &mountpoint)?;
+    let mut peer = resolve_peer(&f)?;
+    if let Some(p) = &mut peer {
+        check_peer_timeout(p.timeout, source_timeout)?;
+        // Replies to other nodes are block buffers too: a share of the
+        // budget (docs/tuning.md), taken from read-ahead's.
+        p.reply_memory = crate::peer::limits::reply_memory(memory.budget);
+        readahead.memory = readahead
+            .memory
+            .saturating_sub(p.reply_memory)
+            .max(2 * memory.block_size);
+    }
 
+    Ok(MountConfig {
+        // Made by this call (not looked up beforehand: another mount may
+        // make it in between, and then it is not this one's to remove).
+        dataset_dir_created: dirs.dataset.created(),
+        dataset_name: dirs.id,
+        peer,
+        source,
+        object,
+        mountpoint,
+        cache_dir: dirs.cache.path().to_owned(),
+        dataset_dir: dirs.dataset.path().to_owned(),
+        cache: dirs.cache,
+        dataset: dirs.dataset,
+        notes: dirs.notes,
+        cache_size,
+        cache_free_floor: f.cache_free_floor,
+        block_size: memory.block_size,
+        memory_cache: memory.memory_cache,
+        write_queue: memory.write_queue,
+        write_wait: memory.write_wait,
+        revalidate: (!f.immutable).then_some(f.revalidate.map_or(Duration::from_secs(60), |s| s.0)),
+        passthrough: !f.no_passthrough,
+        open_mode: serving.open_mode,
+        kernel_readahead: f.kernel_readahead.map_or(4 << 20, |s| s.0),
+        source_timeout,
+        metadata_timeout,
+        fuse_threads: serving.fuse_threads,
+        watchdog: serving.watchdog,
+        readahead,
+        log_format: f.log_format.unwrap_or_default(),
+        log_file: f.log_file,
+        metrics: serving.metrics,
+    })
+}
+
+/// The object store SOURCE names, if it is a URL: its spec with the
+/// store options (--endpoint, --region, --no-sign-request, --profile)
+/// applied; those options on a directory source are an error.
+fn object_spec(
+    f: &MountFlags,
+    source_arg: &Path,
+) -> Result<Option<crate::source::object::ObjectSpec>, UsageError> {
     let object = match source_arg.to_str() {
         Some(s) if crate::source::object::is_object_url(s) => {
             let mut spec = crate::source::object::ObjectSpec::parse(s).map_err(usage)?;
@@ -600,6 +677,11 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
              sources (s3://, gs://, az://)",
         ));
     }
+    Ok(object)
+}
+
+/// --source-timeout and --metadata-timeout, checked.
+fn timeouts(f: &MountFlags) -> Result<(Duration, Duration), UsageError> {
     let source_timeout = f.source_timeout.map_or(Duration::from_secs(120), |s| s.0);
     if source_timeout.is_zero() {
         return Err(usage("--source-timeout: must be more than 0"));
@@ -615,63 +697,99 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
             source_timeout.as_secs_f64()
         )));
     }
-    let source = match &object {
-        Some(spec) => PathBuf::from(spec.url()),
-        None => source_dir(&source_arg, metadata_timeout)?,
-    };
-    let mountpoint = if live {
-        crate::mount::dead_mount::table_path(mp)
-            .ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))?
-    } else {
-        check_mountpoint(mp)?
-    };
-    if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
-        return Err(usage(format!(
-            "mountpoint {} is inside the source",
-            mp.display()
-        )));
-    }
+    Ok((source_timeout, metadata_timeout))
+}
 
-    let cache_size = f.cache_size.map(|s| s.0);
-    if let Some(p) = f.cache_free_floor {
-        if !(0.0..=90.0).contains(&p) {
-            return Err(usage("--cache-free-floor: a percentage between 0 and 90"));
+/// The mountpoint's path: checked, or for a live mount only made absolute
+/// (a request to it would wait on the server being replaced).
+fn mountpoint_for(mp: &Path, live: bool) -> Result<PathBuf, UsageError> {
+    if live {
+        crate::mount::dead_mount::table_path(mp)
+            .ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))
+    } else {
+        check_mountpoint(mp)
+    }
+}
+
+/// The block size and the shares of the memory budget (--prefetch-memory)
+/// that are not read-ahead's.
+struct Memory {
+    block_size: u64,
+    /// --prefetch-memory: every block buffer of the daemon.
+    budget: u64,
+    memory_cache: u64,
+    write_queue: u64,
+    write_wait: u64,
+}
+
+impl Memory {
+    fn of(f: &MountFlags) -> Result<Memory, UsageError> {
+        let block_size = f.block_size.map_or(1 << 20, |s| s.0);
+        if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
+            return Err(usage(
+                "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
+            ));
         }
+        let budget = f.prefetch_memory.map_or(256 << 20, |s| s.0);
+        if budget < 8 * block_size {
+            return Err(usage(format!(
+                "--prefetch-memory: at least 8 blocks ({}) are needed",
+                crate::sys::units::format_size(8 * block_size)
+            )));
+        }
+        let memory_cache = f.memory_cache.map_or(budget / 4, |s| s.0);
+        if memory_cache > budget / 2 {
+            return Err(usage("--memory-cache: at most half of --prefetch-memory"));
+        }
+        Ok(Memory {
+            block_size,
+            budget,
+            memory_cache,
+            write_queue: budget / 4,
+            write_wait: budget / 8,
+        })
     }
-    let block_size = f.block_size.map_or(1 << 20, |s| s.0);
-    if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
-        return Err(usage(
-            "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
-        ));
+}
+
+/// How the mount is served: opens, the metrics address, FUSE threads and
+/// the watchdog.
+struct Serving {
+    open_mode: OpenMode,
+    metrics: Option<std::net::SocketAddr>,
+    fuse_threads: usize,
+    /// None: off.
+    watchdog: Option<Duration>,
+}
+
+impl Serving {
+    fn of(f: &MountFlags) -> Result<Serving, UsageError> {
+        let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
+        let metrics = f
+            .metrics
+            .as_deref()
+            .map(|s| parse_listen_addr(s).map_err(|e| usage(format!("--metrics {e}"))))
+            .transpose()?;
+        let fuse_threads = f.fuse_threads.unwrap_or(DEFAULT_FUSE_THREADS);
+        if !(1..=256).contains(&fuse_threads) {
+            return Err(usage("--fuse-threads: must be between 1 and 256"));
+        }
+        let watchdog = f.watchdog.map_or(DEFAULT_WATCHDOG, |s| s.0);
+        if !watchdog.is_zero() && watchdog < Duration::from_secs(2) {
+            return Err(usage("--watchdog: 0 (off) or at least 2s"));
+        }
+        Ok(Serving {
+            open_mode,
+            metrics,
+            fuse_threads,
+            watchdog: (!watchdog.is_zero()).then_some(watchdog),
+        })
     }
-    let budget = f.prefetch_memory.map_or(256 << 20, |s| s.0);
-    if budget < 8 * block_size {
-        return Err(usage(format!(
-            "--prefetch-memory: at least 8 blocks ({}) are needed",
-            crate::sys::units::format_size(8 * block_size)
-        )));
-    }
-    let memory_cache = f.memory_cache.map_or(budget / 4, |s| s.0);
-    if memory_cache > budget / 2 {
-        return Err(usage("--memory-cache: at most half of --prefetch-memory"));
-    }
-    let write_queue = budget / 4;
-    let write_wait = budget / 8;
-    let revalidate = f.revalidate.map_or(Duration::from_secs(60), |s| s.0);
-    let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
-    let metrics = f
-        .metrics
-        .as_deref()
-        .map(|s| parse_listen_addr(s).map_err(|e| usage(format!("--metrics {e}"))))
-        .transpose()?;
-    let fuse_threads = f.fuse_threads.unwrap_or(DEFAULT_FUSE_THREADS);
-    if !(1..=256).contains(&fuse_threads) {
-        return Err(usage("--fuse-threads: must be between 1 and 256"));
-    }
-    let watchdog = f.watchdog.map_or(DEFAULT_WATCHDOG, |s| s.0);
-    if !watchdog.is_zero() && watchdog < Duration::from_secs(2) {
-        return Err(usage("--watchdog: 0 (off) or at least 2s"));
-    }
+}
+
+/// --cache-size, if given: at least room for the cache's fixed overhead
+/// twice.
+fn cache_size(f: &MountFlags) -> Result<Option<u64>, UsageError> {
+    let cache_size = f.cache_size.map(|s| s.0);
     if let Some(c) = cache_size {
         let min = crate::cache::disk::FIXED_OVERHEAD * 2;
         if c < min {
@@ -682,85 +800,69 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
             )));
         }
     }
+    Ok(cache_size)
+}
 
+/// Read-ahead's configuration, with its share of the memory budget
+/// (before the peers take theirs).
+fn readahead(
+    f: &MountFlags,
+    memory: &Memory,
+    fuse_threads: usize,
+) -> crate::read::prefetch::ReadAheadConfig {
+    let block_size = memory.block_size;
     let prefetch_jobs = f
         .prefetch_jobs
         .unwrap_or(crate::read::concurrency::Jobs::Auto);
-    let mut readahead = crate::read::prefetch::ReadAheadConfig {
+    crate::read::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,
         max_window: f.readahead_window.map_or(64 << 20, |s| s.0).max(block_size),
         // Loader reads in flight hold a block each (at most the kernel's 32
         // background requests plus one per FUSE thread): kept out of the
         // read-ahead share so that the whole stays within the budget.
-        memory: (budget - memory_cache - write_queue - write_wait)
+        memory: (memory.budget - memory.memory_cache - memory.write_queue - memory.write_wait)
             .saturating_sub((32 + fuse_threads as u64) * block_size)
             .max(2 * block_size),
         jobs: prefetch_jobs,
         bandwidth: f.prefetch_bandwidth.map(|s| s.0).filter(|b| *b > 0),
         small_file: 4 * block_size,
         plan_ahead: 256,
-    };
-
-    let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let id = f.dataset_id.clone().unwrap_or_else(|| match &object {
-        Some(spec) => object_dataset_id(spec),
-        None => dataset_id(&source),
-    });
-    if id.is_empty() || id.contains('/') || id.starts_with('.') {
-        return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
-    let (cache, dataset, notes) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
-    // Made by this call (not looked up beforehand: another mount may make
-    // it in between, and then it is not this one's to remove).
-    let dataset_dir_created = dataset.created();
-    let cache_dir = cache.path().to_owned();
-    let dataset_dir = dataset.path().to_owned();
-    let id_for_peers = id;
+}
 
-    let mut peer = resolve_peer(&f)?;
-    if let Some(p) = &mut peer {
-        check_peer_timeout(p.timeout, source_timeout)?;
-        // Replies to other nodes are block buffers too: a share of the
-        // budget (docs/tuning.md), taken from read-ahead's.
-        p.reply_memory = crate::peer::limits::reply_memory(budget);
-        readahead.memory = readahead
-            .memory
-            .saturating_sub(p.reply_memory)
-            .max(2 * block_size);
+/// The data set's name and the cache directories, open ([`open_cache_dirs`]).
+struct CacheDirs {
+    /// --dataset-id, or derived from the source.
+    id: String,
+    cache: crate::sys::private_dir::PrivateDir,
+    dataset: crate::sys::private_dir::PrivateDir,
+    notes: Vec<String>,
+}
+
+impl CacheDirs {
+    fn open(
+        f: &MountFlags,
+        object: Option<&crate::source::object::ObjectSpec>,
+        source: &Path,
+        mountpoint: &Path,
+    ) -> Result<CacheDirs, UsageError> {
+        let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
+        let id = f.dataset_id.clone().unwrap_or_else(|| match object {
+            Some(spec) => object_dataset_id(spec),
+            None => dataset_id(source),
+        });
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
+            return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
+        }
+        let (cache, dataset, notes) = open_cache_dirs(&cache_dir, mountpoint, &id)?;
+        Ok(CacheDirs {
+            id,
+            cache,
+            dataset,
+            notes,
+        })
     }
-
-    Ok(MountConfig {
-        dataset_dir_created,
-        dataset_name: id_for_peers,
-        peer,
-        source,
-        object,
-        mountpoint,
-        cache_dir,
-        dataset_dir,
-        cache,
-        dataset,
-        notes,
-        cache_size,
-        cache_free_floor: f.cache_free_floor,
-        block_size,
-        memory_cache,
-        write_queue,
-        write_wait,
-        revalidate: (!f.immutable).then_some(revalidate),
-        passthrough: !f.no_passthrough,
-        open_mode,
-        kernel_readahead: f.kernel_readahead.map_or(4 << 20, |s| s.0),
-        source_timeout,
-        metadata_timeout,
-        fuse_threads,
-        watchdog: (!watchdog.is_zero()).then_some(watchdog),
-        readahead,
-        log_format: f.log_format.unwrap_or_default(),
-        log_file: f.log_file,
-        metrics,
-    })
 }
 
 /// The canonical path of an existing, empty directory with nothing
