@@ -154,7 +154,7 @@ fn a_takeover_by_another_binary_under_load_loses_no_read_and_applies_the_new_opt
         else {
             unreachable!()
         };
-        locafs::mount::config::resolve_live(&a.request)
+        locafs::mount::config::resolve_live(&a.into_request())
             .unwrap()
             .readahead
             .memory

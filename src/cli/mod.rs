@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod control;
+pub mod mount_args;
 pub mod mount_helper;
 pub mod secret;
 pub mod stats;
@@ -18,12 +19,12 @@ pub mod where_;
 use std::process::ExitCode;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use crate::mount::config::MountRequest;
 use crate::sys::units::ParseError;
 use cache::CacheArgs;
 use control::{PlanArgs, WarmArgs};
+use mount_args::MountArgs;
 use secret::SecretArgs;
 use stats::StatsArgs;
 use where_::WhereArgs;
@@ -93,17 +94,6 @@ pub enum Command {
     Serve,
 }
 
-/// Arguments of `locafs mount`: what to mount (resolved by
-/// `config::resolve`) and how to run.
-#[derive(Args, Debug, Default)]
-pub struct MountArgs {
-    #[command(flatten)]
-    pub request: MountRequest,
-    /// Return once the mount is live and keep serving it in the background.
-    #[arg(long)]
-    pub daemon: bool,
-}
-
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -116,7 +106,10 @@ pub fn main() -> ExitCode {
         Err(e) => return parse_error(e),
     };
     match cli.command {
-        Command::Mount(args) => crate::mount::supervisor::entry::main(args.request, args.daemon),
+        Command::Mount(args) => {
+            let daemon = args.daemon;
+            crate::mount::supervisor::entry::main(args.into_request(), daemon)
+        }
         Command::Stats(args) => stats::main(args),
         Command::Warm(args) => control::warm(args),
         Command::Plan(args) => control::plan(args),
@@ -189,9 +182,9 @@ mod tests {
     fn sizes_and_durations_parse_at_the_edge_and_fail_in_one_line() {
         use crate::sys::units::{Size, Span};
         let a = mount(&["--cache-size", "5G", "--revalidate", "5m", "--daemon"]).unwrap();
-        assert_eq!(a.request.flags.cache_size, Some(Size(5 << 30)));
+        assert_eq!(a.flags.cache_size, Some(Size(5 << 30)));
         assert_eq!(
-            a.request.flags.revalidate,
+            a.flags.revalidate,
             Some(Span(std::time::Duration::from_secs(300)))
         );
         assert!(a.daemon);

@@ -2,229 +2,84 @@
 //! `-o` options, which override the TOML file (`--config`), which overrides
 //! the defaults. Also the checks that run before anything is mounted, each
 //! failing with a one-line message and exit status 2. Sizes and durations
-//! arrive parsed ([`Size`], [`Span`]); the command line itself is `cli`.
+//! arrive parsed ([`Size`], [`Span`]); the command line itself, clap's
+//! types and the help texts, is `cli` (`cli::mount_args`).
 //!
-//! Nothing here touches the cache contents or mounts anything.
+//! Nothing here touches the cache contents or mounts anything, or knows
+//! clap: the options are plain types.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::Args;
 use serde::Deserialize;
 
 use crate::obs::logging::{short_io, LogFormat};
 use crate::sys::units::{ParseError, Size, Span};
 
 /// What the user asked to mount: SOURCE, MOUNTPOINT and the options from
-/// the three places, before [`resolve`] merges and checks them (the clap
-/// arguments of `locafs mount`, which adds `--daemon`: see `cli`).
-#[derive(Args, Debug, Default, Clone)]
+/// the three places, before [`resolve`] merges and checks them (the command
+/// line's `locafs mount` gives one; so does a `__serve` with its file).
+#[derive(Debug, Default, Clone)]
 pub struct MountRequest {
-    /// The data set: a directory, or an object store URL (s3://bucket/prefix,
-    /// gs://bucket/prefix, az://container/prefix); read-only for locafs. May
-    /// instead be given as `source = "..."` in the --config file.
+    /// The data set (a directory or an object store URL), if given here
+    /// rather than as `source` in the file.
     pub source: Option<PathBuf>,
-    /// An existing, empty directory to mount on. May instead be given as
-    /// `mountpoint = "..."` in the --config file.
+    /// Where to mount, if given here rather than as `mountpoint` in the file.
     pub mountpoint: Option<PathBuf>,
-    #[command(flatten)]
+    /// The options given as flags (they win over `-o` and the file).
     pub flags: MountFlags,
-    /// Read options from this TOML file (keys as the long options above,
-    /// and source and mountpoint); -o config=FILE says the same.
-    #[arg(long, value_name = "FILE")]
+    /// `--config FILE`: the TOML file to read (else `-o config=FILE`).
     pub config: Option<PathBuf>,
-    /// fstab-style options, comma separated: every option above with `_`
-    /// for `-` (cache_dir=DIR,cache_size=SIZE,immutable,...), and
-    /// config=FILE for --config. Standard mount options (ro, _netdev,
-    /// nofail, x-systemd.*, ...) are accepted and ignored.
-    #[arg(short = 'o', value_name = "OPTIONS")]
+    /// Every `-o OPTIONS` as given, comma separated fstab-style options.
     pub o: Vec<String>,
 }
 
-/// The options of a mount that can come from flags, -o or the TOML file.
-#[derive(Args, Debug, Default, Deserialize, serde::Serialize, Clone)]
+/// The options of a mount that can come from flags, -o or the TOML file:
+/// each field is the option of the same name (`cache_dir`: `--cache-dir`,
+/// `cache-dir` in the file, `cache_dir` in -o), whose help text
+/// (`locafs mount --help`) says what it means and its default. None, or
+/// false: not given (then the other places, then the default, count).
+#[derive(Debug, Default, Deserialize, serde::Serialize, Clone)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct MountFlags {
-    /// Cache directory; one subdirectory per data set, so mounts can share it.
-    /// [default: /var/cache/locafs as root, else $XDG_CACHE_HOME/locafs]
-    #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Most disk space the caches under --cache-dir may use together,
-    /// counting everything they write but their index (e.g. 500G, 64MiB,
-    /// 1.5T; G is GiB): one budget
-    /// that every mount of that directory shares, kept in it. [default: set
-    /// at the directory's first mount to 80% of (free space + what its caches
-    /// hold), then kept]
-    #[arg(long, value_name = "SIZE")]
     pub cache_size: Option<Size>,
-    /// Free space kept on the cache disk, in percent of its size, whatever
-    /// --cache-size says: when other programs fill the disk, the caches give
-    /// space back. Kept in the cache directory, as the budget is. [default:
-    /// the directory's; 5 at its first mount]
-    #[arg(long, value_name = "PERCENT")]
     pub cache_free_floor: Option<f64>,
-    /// Cache block size: the unit of caching, checksumming and fetching.
-    /// [default: 1MiB]
-    #[arg(long, value_name = "SIZE")]
     pub block_size: Option<Size>,
-    /// Part of --prefetch-memory kept for recently read blocks (serves reads
-    /// of parts of a block without re-reading it). [default: a quarter of
-    /// --prefetch-memory]
-    #[arg(long, value_name = "SIZE")]
     pub memory_cache: Option<Size>,
-    /// How long metadata is trusted before it is checked against the source
-    /// again: new, changed and deleted files show up within this time.
-    /// [default: 60s]
-    #[arg(long, value_name = "DURATION")]
     pub revalidate: Option<Span>,
-    /// Trust the source never to change (no revalidation, longest kernel
-    /// caching). [default: off]
-    #[arg(long)]
     #[serde(default)]
     pub immutable: bool,
-    /// Never use FUSE passthrough (serve every read through the daemon).
-    /// [default: off: passthrough for fully cached files where the kernel
-    /// and the privileges allow]
-    #[arg(long)]
     #[serde(default)]
     pub no_passthrough: bool,
-    /// How files are opened: `passthrough` or `kernel`. [default: passthrough]
-    ///
-    /// passthrough: every open and close is a request to the daemon, which
-    /// hands fully cached files to the kernel (FUSE passthrough). kernel: no
-    /// request per open; the kernel keeps a file's page cache across opens,
-    /// so warm reads of many small files run at page-cache speed, but there
-    /// is no passthrough: every read that misses the page cache goes through
-    /// the daemon, and a file changed at the source shows at the next
-    /// attribute refresh (--revalidate), also to descriptors opened before
-    /// the change. See docs/tuning.md.
-    #[arg(long, value_name = "MODE")]
+    /// `passthrough` or `kernel` ([`OpenMode`], parsed by `resolve`).
     pub open_mode: Option<String>,
-    /// Longest wait for the source on one read before it fails (ETIMEDOUT).
-    /// [default: 120s]
-    #[arg(long, value_name = "DURATION")]
     pub source_timeout: Option<Span>,
-    /// Longest wait for the source on one metadata call (lookup, stat,
-    /// listing, readlink, statfs). Past it, what the mount knows is answered
-    /// (last known attributes and listings); the rest fails with ETIMEDOUT.
-    /// A source that answers nothing for this long while a call waits is
-    /// stalled: calls that need it fail at once until it answers again.
-    /// [default: 5s]
-    #[arg(long, value_name = "DURATION")]
     pub metadata_timeout: Option<Span>,
-    /// Threads serving FUSE requests. [default: 8]
-    #[arg(long, value_name = "N")]
     pub fuse_threads: Option<usize>,
-    /// How long the serving process may leave requests unanswered (a
-    /// deadlock, a SIGSTOP) before the process holding the mount kills it
-    /// and starts another, which answers them. A source that stalls is not
-    /// a hang (see --metadata-timeout). 0 turns the watchdog off.
-    /// [default: 30s]
-    #[arg(long, value_name = "DURATION")]
     pub watchdog: Option<Span>,
-    /// Name of the data set's cache subdirectory. [default: derived from the
-    /// source path]
-    #[arg(long, value_name = "NAME")]
     pub dataset_id: Option<String>,
-    /// Turn read-ahead off (within files and across the epoch's files).
-    /// [default: off]
-    #[arg(long)]
     #[serde(default)]
     pub no_readahead: bool,
-    /// Largest sequential read-ahead window per open file. [default: 64MiB]
-    #[arg(long, value_name = "SIZE")]
     pub readahead_window: Option<Size>,
-    /// The kernel's own read-ahead on the mount (the read_ahead_kb of its
-    /// bdi in /sys/class/bdi), which sets how large the reads that reach the
-    /// daemon are: the kernel's 128 KiB default caps sequential reads served
-    /// by the daemon at about a fifth of the disk's speed. 0 leaves the
-    /// kernel's default. Needs root. [default: 4MiB]
-    #[arg(long, value_name = "SIZE")]
     pub kernel_readahead: Option<Size>,
-    /// One memory budget for every block buffer of the daemon: loader reads
-    /// and read-ahead in flight, recently read blocks (--memory-cache) and
-    /// blocks waiting to be written to the cache. [default: 256MiB]
-    #[arg(long, value_name = "SIZE")]
     pub prefetch_memory: Option<Size>,
-    /// Background fetches in flight at once (the epoch's unread files, the
-    /// plan): `auto` tunes the number to the source as it answers (more
-    /// while throughput rises, fewer when reads queue or fail; 4 to 256,
-    /// within --prefetch-memory); a number fixes it. [default: auto]
-    #[arg(long, value_name = "auto|N")]
     pub prefetch_jobs: Option<crate::read::concurrency::Jobs>,
-    /// Bandwidth cap for background prefetch (bytes/s, e.g. 200M). [default: none]
-    #[arg(long, value_name = "SIZE")]
     pub prefetch_bandwidth: Option<Size>,
-    /// Log format on stderr (or in --log-file). [default: text]
-    #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
-    /// Write logs to this file (with --daemon, logs are otherwise dropped).
-    /// [default: stderr]
-    #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
-    /// Serve Prometheus metrics (locafs_*) over HTTP on this address, e.g.
-    /// 127.0.0.1:9100 or :9100 (all interfaces). [default: off]
-    #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
-    /// Serve and ask other nodes of the job on this UDP address (QUIC), e.g.
-    /// 0.0.0.0:7070. Needs --peers, and --cluster-secret-file or
-    /// --peer-ca/--peer-cert/--peer-key. [default: off]
-    #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The nodes of the job, comma separated host:port entries (IPs or DNS
-    /// names; a name with several addresses, like a Kubernetes headless
-    /// service, counts each; names are resolved again every few seconds).
-    /// This node may be in the list. In -o: peers=a:7070,b:7070.
-    #[arg(long, value_name = "LIST")]
     pub peers: Option<String>,
-    /// File holding the cluster secret shared by all nodes of the job
-    /// (make one with `locafs secret --out FILE`: nothing else is accepted);
-    /// nodes without it get nothing.
-    /// Alternative: --peer-ca, --peer-cert and --peer-key.
-    #[arg(long, value_name = "FILE")]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Your own PKI instead of a cluster secret: PEM file of the CA
-    /// certificate(s) that every node's certificate must chain to (names in
-    /// the certificates are not checked). With --peer-cert and --peer-key.
-    #[arg(long, value_name = "FILE")]
     pub peer_ca: Option<PathBuf>,
-    /// PEM file of this node's certificate (then any intermediates), signed
-    /// by --peer-ca, with extended key usages serverAuth and clientAuth (or
-    /// none).
-    #[arg(long, value_name = "FILE")]
     pub peer_cert: Option<PathBuf>,
-    /// PEM file of this node's private key (PKCS#8, RSA or EC; unencrypted).
-    #[arg(long, value_name = "FILE")]
     pub peer_key: Option<PathBuf>,
-    /// Longest wait for one peer on one block before trying the next node or
-    /// the source; also the longest a read waits for a block's owner that is
-    /// listed but not reached yet (nodes starting together). [default: 2s]
-    #[arg(long, value_name = "DURATION")]
     pub peer_timeout: Option<Span>,
-    /// Object stores: the endpoint URL of an S3-compatible store (or of an
-    /// emulator), e.g. http://10.0.0.5:9000; for gs:// the storage API's
-    /// base URL; for az:// the account's blob URL, or with
-    /// AZURE_STORAGE_USE_EMULATOR=true Azurite's (http://127.0.0.1:10000).
-    /// Part of the data set's identity (its cache directory). [default: the
-    /// provider's]
-    #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
-    /// s3:// only: the bucket's region. [default: AWS_REGION or
-    /// AWS_DEFAULT_REGION, else the --profile's region, else us-east-1]
-    #[arg(long, value_name = "REGION")]
     pub region: Option<String>,
-    /// Object stores: send requests unsigned (public buckets); no
-    /// credentials are looked up. [default: off]
-    #[arg(long)]
     #[serde(default)]
     pub no_sign_request: bool,
-    /// s3:// only: an AWS named profile of ~/.aws/credentials and
-    /// ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE): its
-    /// static keys or credential_process, region and endpoint_url
-    /// (--region and --endpoint win).
-    /// Its keys win over AWS_ACCESS_KEY_ID. [default: AWS_PROFILE, whose
-    /// keys lose to AWS_ACCESS_KEY_ID; else no profile]
-    #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
 }
 
@@ -716,10 +571,87 @@ pub fn serving_toml(args: &MountRequest, cfg: &MountConfig) -> Result<String, Us
     Ok(table.to_string())
 }
 
+/// [`resolve`], step by step; the checks fail in this order, and all but
+/// the peer options' before the cache directory is opened (or made).
 fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageError> {
     let (f, source_arg, mp) = merged(args)?;
-    let mp = &mp;
+    let object = object_spec(&f, &source_arg)?;
+    let (source_timeout, metadata_timeout) = timeouts(&f)?;
+    let source = match &object {
+        Some(spec) => PathBuf::from(spec.url()),
+        None => source_dir(&source_arg, metadata_timeout)?,
+    };
+    let mountpoint = mountpoint_for(&mp, live)?;
+    if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
+        return Err(usage(format!(
+            "mountpoint {} is inside the source",
+            mp.display()
+        )));
+    }
+    if let Some(p) = f.cache_free_floor {
+        if !(0.0..=90.0).contains(&p) {
+            return Err(usage("--cache-free-floor: a percentage between 0 and 90"));
+        }
+    }
+    let memory = Memory::of(&f)?;
+    let serving = Serving::of(&f)?;
+    let cache_size = cache_size(&f)?;
+    let mut readahead = readahead(&f, &memory, serving.fuse_threads);
+    let dirs = CacheDirs::open(&f, object.as_ref(), &source, &mountpoint)?;
+    let mut peer = resolve_peer(&f)?;
+    if let Some(p) = &mut peer {
+        check_peer_timeout(p.timeout, source_timeout)?;
+        // Replies to other nodes are block buffers too: a share of the
+        // budget (docs/tuning.md), taken from read-ahead's.
+        p.reply_memory = crate::peer::limits::reply_memory(memory.budget);
+        readahead.memory = readahead
+            .memory
+            .saturating_sub(p.reply_memory)
+            .max(2 * memory.block_size);
+    }
 
+    Ok(MountConfig {
+        // Made by this call (not looked up beforehand: another mount may
+        // make it in between, and then it is not this one's to remove).
+        dataset_dir_created: dirs.dataset.created(),
+        dataset_name: dirs.id,
+        peer,
+        source,
+        object,
+        mountpoint,
+        cache_dir: dirs.cache.path().to_owned(),
+        dataset_dir: dirs.dataset.path().to_owned(),
+        cache: dirs.cache,
+        dataset: dirs.dataset,
+        notes: dirs.notes,
+        cache_size,
+        cache_free_floor: f.cache_free_floor,
+        block_size: memory.block_size,
+        memory_cache: memory.memory_cache,
+        write_queue: memory.write_queue,
+        write_wait: memory.write_wait,
+        revalidate: (!f.immutable).then_some(f.revalidate.map_or(Duration::from_secs(60), |s| s.0)),
+        passthrough: !f.no_passthrough,
+        open_mode: serving.open_mode,
+        kernel_readahead: f.kernel_readahead.map_or(4 << 20, |s| s.0),
+        source_timeout,
+        metadata_timeout,
+        fuse_threads: serving.fuse_threads,
+        watchdog: serving.watchdog,
+        readahead,
+        log_format: f.log_format.unwrap_or_default(),
+        log_file: f.log_file,
+        metrics: serving.metrics,
+    })
+}
+
+/// The object store SOURCE names, if it is a URL: its spec with the
+/// store options (--endpoint, --region, --no-sign-request, --profile)
+/// applied; those options on a directory source are an error.
+fn object_spec(
+    f: &MountFlags,
+    source_arg: &Path,
+) -> Result<Option<crate::source::object::ObjectSpec>, UsageError> {
     let object = match source_arg.to_str() {
         Some(s) if crate::source::object::is_object_url(s) => {
             let mut spec = crate::source::object::ObjectSpec::parse(s).map_err(usage)?;
@@ -745,6 +677,11 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
              sources (s3://, gs://, az://)",
         ));
     }
+    Ok(object)
+}
+
+/// --source-timeout and --metadata-timeout, checked.
+fn timeouts(f: &MountFlags) -> Result<(Duration, Duration), UsageError> {
     let source_timeout = f.source_timeout.map_or(Duration::from_secs(120), |s| s.0);
     if source_timeout.is_zero() {
         return Err(usage("--source-timeout: must be more than 0"));
@@ -760,63 +697,99 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
             source_timeout.as_secs_f64()
         )));
     }
-    let source = match &object {
-        Some(spec) => PathBuf::from(spec.url()),
-        None => source_dir(&source_arg, metadata_timeout)?,
-    };
-    let mountpoint = if live {
-        crate::mount::dead_mount::table_path(mp)
-            .ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))?
-    } else {
-        check_mountpoint(mp)?
-    };
-    if object.is_none() && (source == mountpoint || mountpoint.starts_with(&source)) {
-        return Err(usage(format!(
-            "mountpoint {} is inside the source",
-            mp.display()
-        )));
-    }
+    Ok((source_timeout, metadata_timeout))
+}
 
-    let cache_size = f.cache_size.map(|s| s.0);
-    if let Some(p) = f.cache_free_floor {
-        if !(0.0..=90.0).contains(&p) {
-            return Err(usage("--cache-free-floor: a percentage between 0 and 90"));
+/// The mountpoint's path: checked, or for a live mount only made absolute
+/// (a request to it would wait on the server being replaced).
+fn mountpoint_for(mp: &Path, live: bool) -> Result<PathBuf, UsageError> {
+    if live {
+        crate::mount::dead_mount::table_path(mp)
+            .ok_or_else(|| usage(format!("mountpoint {}: not a path", mp.display())))
+    } else {
+        check_mountpoint(mp)
+    }
+}
+
+/// The block size and the shares of the memory budget (--prefetch-memory)
+/// that are not read-ahead's.
+struct Memory {
+    block_size: u64,
+    /// --prefetch-memory: every block buffer of the daemon.
+    budget: u64,
+    memory_cache: u64,
+    write_queue: u64,
+    write_wait: u64,
+}
+
+impl Memory {
+    fn of(f: &MountFlags) -> Result<Memory, UsageError> {
+        let block_size = f.block_size.map_or(1 << 20, |s| s.0);
+        if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
+            return Err(usage(
+                "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
+            ));
         }
+        let budget = f.prefetch_memory.map_or(256 << 20, |s| s.0);
+        if budget < 8 * block_size {
+            return Err(usage(format!(
+                "--prefetch-memory: at least 8 blocks ({}) are needed",
+                crate::sys::units::format_size(8 * block_size)
+            )));
+        }
+        let memory_cache = f.memory_cache.map_or(budget / 4, |s| s.0);
+        if memory_cache > budget / 2 {
+            return Err(usage("--memory-cache: at most half of --prefetch-memory"));
+        }
+        Ok(Memory {
+            block_size,
+            budget,
+            memory_cache,
+            write_queue: budget / 4,
+            write_wait: budget / 8,
+        })
     }
-    let block_size = f.block_size.map_or(1 << 20, |s| s.0);
-    if !(4096..=(16 << 20)).contains(&block_size) || block_size % 4096 != 0 {
-        return Err(usage(
-            "--block-size: must be a multiple of 4KiB between 4KiB and 16MiB",
-        ));
+}
+
+/// How the mount is served: opens, the metrics address, FUSE threads and
+/// the watchdog.
+struct Serving {
+    open_mode: OpenMode,
+    metrics: Option<std::net::SocketAddr>,
+    fuse_threads: usize,
+    /// None: off.
+    watchdog: Option<Duration>,
+}
+
+impl Serving {
+    fn of(f: &MountFlags) -> Result<Serving, UsageError> {
+        let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
+        let metrics = f
+            .metrics
+            .as_deref()
+            .map(|s| parse_listen_addr(s).map_err(|e| usage(format!("--metrics {e}"))))
+            .transpose()?;
+        let fuse_threads = f.fuse_threads.unwrap_or(DEFAULT_FUSE_THREADS);
+        if !(1..=256).contains(&fuse_threads) {
+            return Err(usage("--fuse-threads: must be between 1 and 256"));
+        }
+        let watchdog = f.watchdog.map_or(DEFAULT_WATCHDOG, |s| s.0);
+        if !watchdog.is_zero() && watchdog < Duration::from_secs(2) {
+            return Err(usage("--watchdog: 0 (off) or at least 2s"));
+        }
+        Ok(Serving {
+            open_mode,
+            metrics,
+            fuse_threads,
+            watchdog: (!watchdog.is_zero()).then_some(watchdog),
+        })
     }
-    let budget = f.prefetch_memory.map_or(256 << 20, |s| s.0);
-    if budget < 8 * block_size {
-        return Err(usage(format!(
-            "--prefetch-memory: at least 8 blocks ({}) are needed",
-            crate::sys::units::format_size(8 * block_size)
-        )));
-    }
-    let memory_cache = f.memory_cache.map_or(budget / 4, |s| s.0);
-    if memory_cache > budget / 2 {
-        return Err(usage("--memory-cache: at most half of --prefetch-memory"));
-    }
-    let write_queue = budget / 4;
-    let write_wait = budget / 8;
-    let revalidate = f.revalidate.map_or(Duration::from_secs(60), |s| s.0);
-    let open_mode: OpenMode = f.open_mode.as_deref().unwrap_or("passthrough").parse()?;
-    let metrics = f
-        .metrics
-        .as_deref()
-        .map(|s| parse_listen_addr(s).map_err(|e| usage(format!("--metrics {e}"))))
-        .transpose()?;
-    let fuse_threads = f.fuse_threads.unwrap_or(DEFAULT_FUSE_THREADS);
-    if !(1..=256).contains(&fuse_threads) {
-        return Err(usage("--fuse-threads: must be between 1 and 256"));
-    }
-    let watchdog = f.watchdog.map_or(DEFAULT_WATCHDOG, |s| s.0);
-    if !watchdog.is_zero() && watchdog < Duration::from_secs(2) {
-        return Err(usage("--watchdog: 0 (off) or at least 2s"));
-    }
+}
+
+/// --cache-size, if given: at least room for the cache's fixed overhead
+/// twice.
+fn cache_size(f: &MountFlags) -> Result<Option<u64>, UsageError> {
+    let cache_size = f.cache_size.map(|s| s.0);
     if let Some(c) = cache_size {
         let min = crate::cache::disk::FIXED_OVERHEAD * 2;
         if c < min {
@@ -827,85 +800,69 @@ fn resolve_for(args: &MountRequest, live: bool) -> Result<MountConfig, UsageErro
             )));
         }
     }
+    Ok(cache_size)
+}
 
+/// Read-ahead's configuration, with its share of the memory budget
+/// (before the peers take theirs).
+fn readahead(
+    f: &MountFlags,
+    memory: &Memory,
+    fuse_threads: usize,
+) -> crate::read::prefetch::ReadAheadConfig {
+    let block_size = memory.block_size;
     let prefetch_jobs = f
         .prefetch_jobs
         .unwrap_or(crate::read::concurrency::Jobs::Auto);
-    let mut readahead = crate::read::prefetch::ReadAheadConfig {
+    crate::read::prefetch::ReadAheadConfig {
         sequential: !f.no_readahead,
         epoch: !f.no_readahead,
         max_window: f.readahead_window.map_or(64 << 20, |s| s.0).max(block_size),
         // Loader reads in flight hold a block each (at most the kernel's 32
         // background requests plus one per FUSE thread): kept out of the
         // read-ahead share so that the whole stays within the budget.
-        memory: (budget - memory_cache - write_queue - write_wait)
+        memory: (memory.budget - memory.memory_cache - memory.write_queue - memory.write_wait)
             .saturating_sub((32 + fuse_threads as u64) * block_size)
             .max(2 * block_size),
         jobs: prefetch_jobs,
         bandwidth: f.prefetch_bandwidth.map(|s| s.0).filter(|b| *b > 0),
         small_file: 4 * block_size,
         plan_ahead: 256,
-    };
-
-    let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let id = f.dataset_id.clone().unwrap_or_else(|| match &object {
-        Some(spec) => object_dataset_id(spec),
-        None => dataset_id(&source),
-    });
-    if id.is_empty() || id.contains('/') || id.starts_with('.') {
-        return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
     }
-    let (cache, dataset, notes) = open_cache_dirs(&cache_dir, &mountpoint, &id)?;
-    // Made by this call (not looked up beforehand: another mount may make
-    // it in between, and then it is not this one's to remove).
-    let dataset_dir_created = dataset.created();
-    let cache_dir = cache.path().to_owned();
-    let dataset_dir = dataset.path().to_owned();
-    let id_for_peers = id;
+}
 
-    let mut peer = resolve_peer(&f)?;
-    if let Some(p) = &mut peer {
-        check_peer_timeout(p.timeout, source_timeout)?;
-        // Replies to other nodes are block buffers too: a share of the
-        // budget (docs/tuning.md), taken from read-ahead's.
-        p.reply_memory = crate::peer::limits::reply_memory(budget);
-        readahead.memory = readahead
-            .memory
-            .saturating_sub(p.reply_memory)
-            .max(2 * block_size);
+/// The data set's name and the cache directories, open ([`open_cache_dirs`]).
+struct CacheDirs {
+    /// --dataset-id, or derived from the source.
+    id: String,
+    cache: crate::sys::private_dir::PrivateDir,
+    dataset: crate::sys::private_dir::PrivateDir,
+    notes: Vec<String>,
+}
+
+impl CacheDirs {
+    fn open(
+        f: &MountFlags,
+        object: Option<&crate::source::object::ObjectSpec>,
+        source: &Path,
+        mountpoint: &Path,
+    ) -> Result<CacheDirs, UsageError> {
+        let cache_dir = f.cache_dir.clone().unwrap_or_else(default_cache_dir);
+        let id = f.dataset_id.clone().unwrap_or_else(|| match object {
+            Some(spec) => object_dataset_id(spec),
+            None => dataset_id(source),
+        });
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
+            return Err(usage(format!("--dataset-id {id:?}: must be a plain name")));
+        }
+        let (cache, dataset, notes) = open_cache_dirs(&cache_dir, mountpoint, &id)?;
+        Ok(CacheDirs {
+            id,
+            cache,
+            dataset,
+            notes,
+        })
     }
-
-    Ok(MountConfig {
-        dataset_dir_created,
-        dataset_name: id_for_peers,
-        peer,
-        source,
-        object,
-        mountpoint,
-        cache_dir,
-        dataset_dir,
-        cache,
-        dataset,
-        notes,
-        cache_size,
-        cache_free_floor: f.cache_free_floor,
-        block_size,
-        memory_cache,
-        write_queue,
-        write_wait,
-        revalidate: (!f.immutable).then_some(revalidate),
-        passthrough: !f.no_passthrough,
-        open_mode,
-        kernel_readahead: f.kernel_readahead.map_or(4 << 20, |s| s.0),
-        source_timeout,
-        metadata_timeout,
-        fuse_threads,
-        watchdog: (!watchdog.is_zero()).then_some(watchdog),
-        readahead,
-        log_format: f.log_format.unwrap_or_default(),
-        log_file: f.log_file,
-        metrics,
-    })
 }
 
 /// The canonical path of an existing, empty directory with nothing

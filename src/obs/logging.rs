@@ -10,12 +10,12 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use clap::ValueEnum;
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 
-/// The format of log lines (`--log-format`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize, serde::Serialize)]
+/// The format of log lines (`--log-format`, whose values the command line
+/// lists in `cli::mount_args`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
     #[default]

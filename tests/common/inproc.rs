@@ -26,7 +26,7 @@ pub fn config(d: &Scratch, extra: &[&str]) -> MountConfig {
     let locafs::cli::Command::Mount(args) = cli.command else {
         unreachable!()
     };
-    locafs::mount::config::resolve(&args.request).unwrap()
+    locafs::mount::config::resolve(&args.into_request()).unwrap()
 }
 
 /// Mounts `cfg` over `source` in this process.

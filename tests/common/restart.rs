@@ -200,12 +200,13 @@ fn holder() -> i32 {
     let locafs::cli::Command::Mount(m) = cli.command else {
         unreachable!()
     };
-    let cfg = locafs::mount::config::resolve(&m.request).unwrap();
+    let request = m.into_request();
+    let cfg = locafs::mount::config::resolve(&request).unwrap();
     locafs::obs::logging::init(cfg.log_format, cfg.log_file.as_deref());
     let launcher = RoleLauncher {
         role: std::env::var(SERVERS_ENV).unwrap(),
     };
-    let code = locafs::mount::supervisor::hold_with(&m.request, cfg, Box::new(launcher));
+    let code = locafs::mount::supervisor::hold_with(&request, cfg, Box::new(launcher));
     // (ExitCode has no accessor: report through the process's status)
     if code == std::process::ExitCode::SUCCESS {
         0

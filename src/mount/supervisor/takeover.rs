@@ -598,22 +598,22 @@ mod tests {
     use super::*;
 
     fn cfg() -> MountConfig {
-        use clap::Parser;
+        use crate::mount::config::{MountFlags, MountRequest};
         let dir = tempfile::tempdir().unwrap();
         let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
         std::fs::create_dir(&src).unwrap();
         std::fs::create_dir(&mnt).unwrap();
-        let argv = ["locafs", "mount"].into_iter().map(String::from).chain([
-            src.display().to_string(),
-            mnt.display().to_string(),
-            "--cache-dir".into(),
-            dir.path().join("cache").display().to_string(),
-        ]);
-        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
-        let crate::cli::Command::Mount(m) = cli.command else {
-            unreachable!()
+        // `locafs mount SRC MNT --cache-dir CACHE`: every other option its default.
+        let request = MountRequest {
+            source: Some(src),
+            mountpoint: Some(mnt),
+            flags: MountFlags {
+                cache_dir: Some(dir.path().join("cache")),
+                ..MountFlags::default()
+            },
+            ..MountRequest::default()
         };
-        let c = crate::mount::config::resolve(&m.request).unwrap();
+        let c = crate::mount::config::resolve(&request).unwrap();
         std::mem::forget(dir);
         c
     }
