@@ -29,17 +29,10 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
-use crate::cache::CompleteFiles;
 use crate::fs::handle_store::{HandleStore, SavedBacking, SavedHandle};
 use crate::fs::handles::OpenMode;
-use crate::fs::{
-    DirPlusReply, DirReply, FsCore, FsOptions, HandleJournal, OpenReply, Opened, Restored,
-};
-use crate::meta::namespace::Namespace;
+use crate::fs::{DirPlusReply, DirReply, FsCore, HandleJournal, OpenReply, Opened, Restored};
 use crate::obs::metrics::{self, FuseOp};
-use crate::obs::stats::Stats;
-use crate::read::prefetch::ReadAhead;
-use crate::read::reader::Reader;
 use crate::source::{EntryKind, SourceAttr};
 
 pub use crate::fs::STATS_XATTR;

@@ -35,29 +35,21 @@ pub mod supervisor;
 pub use server::Server;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::cache::disk::DiskCache;
-use crate::cache::{BlockStore, CompleteFiles};
-use crate::fs::fuse::{FuseOptions, LocaFs};
 use crate::meta::namespace::Namespace;
 use crate::mount::config::MountConfig;
 use crate::obs::logging::short_io;
 use crate::obs::stats::Stats;
 use crate::read::prefetch::ReadAhead;
-use crate::read::reader::{Reader, ReaderConfig};
-use crate::source::guard::{GuardConfig, SourceGuard};
 use crate::source::object::ObjectSource;
 use crate::source::{DirSource, Source};
-use crate::sys::private_dir::PrivateDir;
 use crate::sys::shm::SharedState;
-use crate::sys::units::format_size;
-use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
 
 /// Set in the environment of the background child of `--daemon`: it prints
 /// READY on stdout once mounted.
@@ -127,9 +119,8 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// Builds a server over `source` (cache, namespace, reader,
-    /// read-ahead, control socket), then mounts `cfg.mountpoint` and
-    /// serves it. The source is a parameter so that tests and benchmarks
+    /// Assembles a server over `source` as every mount is
+    /// (`Server::build`), then mounts `cfg.mountpoint` and serves it. The source is a parameter so that tests and benchmarks
     /// can put a slow or failing source behind a real mount.
     pub fn start(cfg: &MountConfig, source: Arc<dyn Source>) -> Result<Mount, (u8, String)> {
         let lock = crate::cache::lock::DatasetLock::acquire(&cfg.dataset)

@@ -31,8 +31,8 @@ use locafs::fs::{
     STATS_XATTR,
 };
 use locafs::meta::namespace::{Namespace, ROOT};
-use locafs::obs::stats::Stats;
 use locafs::mount::assemble::{self, CoreConfig, Tiers};
+use locafs::obs::stats::Stats;
 use locafs::read::prefetch::ReadAheadConfig;
 use locafs::read::reader::ReaderConfig;
 use locafs::source::{EntryKind, SourceAttr, SourceVersion};
