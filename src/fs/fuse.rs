@@ -29,17 +29,10 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
-use crate::cache::CompleteFiles;
 use crate::fs::handle_store::{HandleStore, SavedBacking, SavedHandle};
 use crate::fs::handles::OpenMode;
-use crate::fs::{
-    DirPlusReply, DirReply, FsCore, FsOptions, HandleJournal, OpenReply, Opened, Restored,
-};
-use crate::meta::namespace::Namespace;
+use crate::fs::{DirPlusReply, DirReply, FsCore, HandleJournal, OpenReply, Opened, Restored};
 use crate::obs::metrics::{self, FuseOp};
-use crate::obs::stats::Stats;
-use crate::read::prefetch::ReadAhead;
-use crate::read::reader::Reader;
 use crate::source::{EntryKind, SourceAttr};
 
 pub use crate::fs::STATS_XATTR;
@@ -54,10 +47,6 @@ pub struct FuseOptions {
     /// The kernel open mode (`--open-mode kernel`): answer OPEN with ENOSYS
     /// so that the kernel opens files without the daemon; no passthrough.
     pub kernel_open: bool,
-    pub source_label: String,
-    pub mount_label: String,
-    /// Path of the control socket (the `user.locafs.control` attribute).
-    pub control_socket: String,
 }
 
 /// The mounted file system: the core, and the adapter's settings.
@@ -230,26 +219,12 @@ fn attr(ino: u64, a: &SourceAttr) -> FileAttr {
 }
 
 impl LocaFs {
-    /// The adapter over the core's parts; `dev` is a descriptor of the
-    /// connection (for the backing ids' ioctls).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        ns: Arc<Namespace>,
-        reader: Arc<Reader>,
-        complete: Option<Arc<dyn CompleteFiles>>,
-        stats: Arc<Stats>,
-        rt: tokio::runtime::Handle,
-        opts: FuseOptions,
-        readahead: Arc<ReadAhead>,
-        dev: Arc<OwnedFd>,
-    ) -> Self {
-        let core = FsOptions {
-            source_label: opts.source_label.clone(),
-            mount_label: opts.mount_label.clone(),
-            control_socket: opts.control_socket.clone(),
-        };
+    /// The adapter over the core `fs` (assembled by `mount::assemble`);
+    /// `dev` is a descriptor of the connection (for the backing ids'
+    /// ioctls).
+    pub fn new(fs: Arc<FsCore<KernelBacking>>, opts: FuseOptions, dev: Arc<OwnedFd>) -> Self {
         LocaFs {
-            fs: FsCore::new(ns, reader, complete, stats, rt, core, readahead),
+            fs,
             opts,
             dev,
             store: None,

@@ -352,28 +352,48 @@ fn address(value: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
     }
 }
 
-/// Serves a control socket for the mount whose root is `root` until the
-/// runtime stops; the socket's name, as the `user.locafs.control` value
-/// (`@` and its abstract name).
+/// A control socket bound under a fresh name and not served yet: the
+/// name goes into the file system core (the `user.locafs.control` value)
+/// when a mount is assembled, the socket is served when it starts
+/// ([`serve`]). Connections made before that wait in its backlog.
+pub struct Listener {
+    value: String,
+    listener: std::os::unix::net::UnixListener,
+}
+
+impl Listener {
+    /// The socket's name, as the `user.locafs.control` value (`@` and its
+    /// abstract name).
+    pub fn name(&self) -> &str {
+        &self.value
+    }
+}
+
+/// Binds a control socket under a fresh name in the abstract namespace.
+pub fn bind() -> std::io::Result<Listener> {
+    let mut tries = 0;
+    loop {
+        let value = format!("@{}", socket_name());
+        match std::os::unix::net::UnixListener::bind_addr(&address(&value)?) {
+            Ok(listener) => return Ok(Listener { value, listener }),
+            // Taken (by chance, or by someone guessing): another name.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 8 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Serves the control socket `bound` for the mount whose root is `root`
+/// until the runtime stops.
 pub fn serve(
+    bound: Listener,
     root: &Path,
     ra: Arc<ReadAhead>,
     peer: Option<Arc<PeerNode>>,
     rt: &tokio::runtime::Handle,
-) -> std::io::Result<String> {
+) -> std::io::Result<()> {
     let ra = Arc::new(Served { ra, peer });
-    let (value, std_listener) = {
-        let mut tries = 0;
-        loop {
-            let value = format!("@{}", socket_name());
-            match std::os::unix::net::UnixListener::bind_addr(&address(&value)?) {
-                Ok(l) => break (value, l),
-                // Taken (by chance, or by someone guessing): another name.
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 8 => tries += 1,
-                Err(e) => return Err(e),
-            }
-        }
-    };
+    let std_listener = bound.listener;
     std_listener.set_nonblocking(true)?;
     let _guard = rt.enter();
     let listener = tokio::net::UnixListener::from_std(std_listener)?;
@@ -436,7 +456,7 @@ pub fn serve(
             });
         }
     });
-    Ok(value)
+    Ok(())
 }
 
 /// One answer as the line written on the socket.

@@ -1,6 +1,6 @@
-//! The file system core (src/fs.rs) without FUSE and without root: the
-//! real namespace, reader, read-ahead and open table over an in-memory
-//! source, the kit's in-memory block cache with a complete-file side that
+//! The file system core (src/fs/) without FUSE and without root: the
+//! real namespace, reader, read-ahead and open table, wired as a mount
+//! wires them (`mount::assemble::core`), over an in-memory source, the kit's in-memory block cache with a complete-file side that
 //! counts pins, and a fake kernel that registers passthrough backings
 //! (fakes.rs). Requests go in as the FUSE adapter sends them; answers come
 //! back through the replies. Covers the open protocol (modes, keep_cache,
@@ -31,9 +31,10 @@ use locafs::fs::{
     STATS_XATTR,
 };
 use locafs::meta::namespace::{Namespace, ROOT};
+use locafs::mount::assemble::{self, CoreConfig, Tiers};
 use locafs::obs::stats::Stats;
-use locafs::read::prefetch::{ReadAhead, ReadAheadConfig};
-use locafs::read::reader::{Reader, ReaderConfig};
+use locafs::read::prefetch::ReadAheadConfig;
+use locafs::read::reader::ReaderConfig;
 use locafs::source::{EntryKind, SourceAttr, SourceVersion};
 
 const BS: u64 = 4096;
@@ -166,25 +167,24 @@ impl Harness {
         let cache = Arc::new(MemCache::new(BS));
         let complete = MemComplete::new(Arc::clone(&cache));
         let stats = Arc::new(Stats::default());
-        let ns = Namespace::new(source.clone(), revalidate, Arc::default()).unwrap();
-        let ns = Arc::new(ns.with_stats(Arc::clone(&stats)));
-        let reader = Reader::new(
-            ReaderConfig {
+        // Wired as a mount wires its core, over the fakes.
+        let tiers = Tiers {
+            source: source.clone(),
+            ns: Namespace::new(source.clone(), revalidate, Arc::default()).unwrap(),
+            cache: cache.clone(),
+            complete: Some(complete.clone()),
+            peers: None,
+        };
+        let config = CoreConfig {
+            reader: ReaderConfig {
                 block_size: BS,
                 memory_bytes: 64 * BS,
                 write_queue_bytes: 16 * BS,
                 write_wait_bytes: 16 * BS,
                 source_timeout: WAIT,
             },
-            cache.clone(),
-            source.clone(),
-            None,
-            rt.handle().clone(),
-            Arc::clone(&stats),
-        );
-        // No read-ahead: the tests decide what is cached.
-        let readahead = ReadAhead::new(
-            ReadAheadConfig {
+            // No read-ahead: the tests decide what is cached.
+            readahead: ReadAheadConfig {
                 sequential: false,
                 epoch: false,
                 max_window: 8 * BS,
@@ -194,23 +194,13 @@ impl Harness {
                 small_file: 0,
                 plan_ahead: 0,
             },
-            Arc::clone(&reader),
-            Arc::clone(&ns),
-            rt.handle().clone(),
-        );
-        let fs = FsCore::new(
-            ns,
-            reader,
-            Some(complete.clone()),
-            Arc::clone(&stats),
-            rt.handle().clone(),
-            FsOptions {
+            fs: FsOptions {
                 source_label: "mem:".into(),
                 mount_label: "/mnt".into(),
                 control_socket: "/run/locafs/ctl.sock".into(),
             },
-            readahead,
-        );
+        };
+        let fs = assemble::core(tiers, config, &stats, rt.handle()).fs;
         Harness {
             fs,
             source,

@@ -133,8 +133,9 @@ pub fn serve_with(
     ExitCode::SUCCESS
 }
 
-/// Builds a server in `state` and serves the connection read through
-/// `fuse`.
+/// Assembles a server in `state` as every mount is (`Server::build`:
+/// `mount::assemble`, then the services) and serves the connection read
+/// through `fuse`.
 fn start_server(
     cfg: &MountConfig,
     source: Arc<dyn crate::source::Source>,
