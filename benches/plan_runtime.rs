@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fakes::{Call, Hook, Hooked};
+use locafs::testing::{Call, Hook, Hooked};
 use locafs::source::Source;
 
 const DIRS: usize = 100;

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fakes::SlowSource;
+use locafs::testing::SlowSource;
 use common::inproc::{config, mount};
 use common::{answers_stats, drop_page_cache, peak_rss, snapshot, wait_until, Mount, Scratch};
 use rand::seq::SliceRandom;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::SlowSource;
+use locafs::testing::SlowSource;
 use common::inproc::{config, mount};
 use common::Scratch;
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::fakes::{Call, Hook, Hooked, Stall};
+use locafs::testing::{Call, Hook, Hooked, Stall};
 use common::{inproc, snapshot};
 
 const ENTRIES: u64 = 20_000;

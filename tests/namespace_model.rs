@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::NoSource;
+use locafs::testing::NoSource;
 use locafs::meta::namespace::{Namespace, ROOT};
 use locafs::source::{DirSource, EntryKind, Source, SourceAttr};
 use proptest::prelude::*;
