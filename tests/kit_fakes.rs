@@ -21,8 +21,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::wait_until;
 use locafs::cache::disk::DiskCache;
-use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
-use locafs::source::{DirSource, Source, SourceError, SourceVersion};
+use locafs::cache::{BlockStore, ChecksummedBytes, CompleteFiles, FileVersion};
+use locafs::source::{Acls, DirSource, Source, SourceError, SourceVersion};
+use locafs::testing::{
+    GatedCache, Kernel, MemCache, MemComplete, MemSource, NoSource, SlowSource, StallSource,
+};
 
 /// The same small tree in a directory and in memory.
 fn twin_sources() -> (tempfile::TempDir, DirSource, MemSource) {

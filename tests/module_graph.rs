@@ -547,7 +547,11 @@ fn the_test_kit_fakes_its_subsystems_and_no_product_module_imports_it() {
         );
     }
     let dev = &manifest["dev-dependencies"]["locafs"]["features"];
-    assert!(dev.as_array().unwrap().iter().any(|f| f.as_str() == Some(KIT)));
+    assert!(dev
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f.as_str() == Some(KIT)));
 }
 
 #[test]

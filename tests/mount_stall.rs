@@ -19,9 +19,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locafs::testing::StallSource;
 use common::inproc;
 use common::{listing, signal, snapshot, stats_of, threads, ResumeOnDrop, Signal};
+use locafs::testing::StallSource;
 
 /// Every file's bytes, by path relative to the root.
 type Tree = BTreeMap<PathBuf, Vec<u8>>;

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locafs::testing::{Call, Hook, Hooked, MemSource, Stall};
 use locafs::meta::namespace::{Namespace, RELIST_MAX, ROOT};
 use locafs::source::Source;
+use locafs::testing::{Call, Hook, Hooked, MemSource, Stall};
 
 /// What the [`MemSource`] behind it is asked: its listings say they carry
 /// every attribute (or not, with `attrs` false); stats and listings are

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locafs::testing::SlowSource;
 use common::inproc::{config, mount};
 use common::*;
+use locafs::testing::SlowSource;
 use rand::seq::SliceRandom;
 use rand::{Rng as _, SeedableRng};
 

@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
-use locafs::testing::StallSource;
 use locafs::source::Source;
+use locafs::testing::StallSource;
 
 #[test]
 fn installing_a_plan_does_not_stall_the_runtime() {

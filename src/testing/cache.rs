@@ -109,7 +109,13 @@ impl MemCache {
         was
     }
 
-    fn store(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes, kind: &'static str) -> bool {
+    fn store(
+        &self,
+        file: &FileVersion,
+        index: u64,
+        block: &ChecksummedBytes,
+        kind: &'static str,
+    ) -> bool {
         if self.refuse_puts.load(SeqCst) || self.full.load(SeqCst) {
             return false;
         }
@@ -335,4 +341,3 @@ impl CompleteFiles for MemComplete {
         *self.hook.lock().unwrap() = Some(hook);
     }
 }
-

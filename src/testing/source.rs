@@ -117,11 +117,7 @@ impl<H: Hook, S: Source> Source for Hooked<H, S> {
             }
         })
     }
-    fn list_names(
-        &self,
-        rel: &Path,
-        progress: &dyn Fn(),
-    ) -> io::Result<Vec<DirName>> {
+    fn list_names(&self, rel: &Path, progress: &dyn Fn()) -> io::Result<Vec<DirName>> {
         let entry = || {
             self.hook.around(Call::ListEntry(rel), || ());
             progress()

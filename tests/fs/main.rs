@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use locafs::testing::{Backing, Kernel, MemCache, MemComplete, MemSource};
 use locafs::cache::{FileVersion, VersionKey};
 use locafs::fs::handles::OpenMode;
 use locafs::fs::{
@@ -34,6 +33,7 @@ use locafs::obs::stats::Stats;
 use locafs::read::prefetch::{ReadAhead, ReadAheadConfig};
 use locafs::read::reader::{Reader, ReaderConfig};
 use locafs::source::{EntryKind, SourceAttr, SourceVersion};
+use locafs::testing::{Backing, Kernel, MemCache, MemComplete, MemSource};
 
 const BS: u64 = 4096;
 const WAIT: Duration = Duration::from_secs(60);
