@@ -18,7 +18,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 

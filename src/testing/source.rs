@@ -467,10 +467,10 @@ impl MemSource {
 
     /// Creates or changes the file `rel` in place (and its directories):
     /// an existing file keeps its inode, with a new mtime. Its new version.
-    pub fn write(&self, rel: impl AsRef<Path>, data: &[u8]) -> SourceVersion {
+    pub fn write(&self, rel: &str, data: &[u8]) -> SourceVersion {
         let data = Bytes::copy_from_slice(data);
         let size = data.len() as u64;
-        let rel = rel.as_ref().to_owned();
+        let rel = PathBuf::from(rel);
         self.insert(rel, EntryKind::File, MemEntry::File(data), size, true)
     }
 
