@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fakes::{Call, Hook, Hooked};
 use locafs::source::Source;
+use locafs::testing::{Call, Hook, Hooked};
 
 const DIRS: usize = 100;
 const PER_DIR: usize = 1000;

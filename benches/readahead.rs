@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fakes::SlowSource;
 use common::inproc::{config, mount};
 use common::{answers_stats, drop_page_cache, peak_rss, snapshot, wait_until, Mount, Scratch};
+use locafs::testing::SlowSource;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 

@@ -1,10 +1,14 @@
-//! The kit's fakes answer as the real things do wherever they inject
-//! nothing: `MemSource` as a `DirSource` over the same tree (errors
-//! included), a hooked source as its directory, `MemCache` as a
-//! `DiskCache` for the blocks it is given; and each injects what it says
-//! (a stall holds every call, a gate holds every write). A fake that drifted
-//! from its seam's contract would let tests pass that the real thing fails.
-//! No root needed.
+//! The test kit's fakes (`locafs::testing`, the one set the unit tests,
+//! the integration tests and the benches use) answer as the real things do
+//! wherever they inject nothing: `MemSource` as a `DirSource` over the same
+//! tree (errors, ACLs and changes in place included), a hooked source as
+//! its directory, `MemCache` as a `DiskCache` for the blocks it is given
+//! (every kind of write), `MemComplete` as the `DiskCache`'s complete
+//! files; and each injects what it says (a stall or a hold keeps every
+//! call, a gate every write or read, a cache refuses, is full, or has
+//! another write of a block in flight, the fake kernel registers or
+//! refuses backings). A fake that drifted from its seam's contract would
+//! let tests pass that the real thing fails. No root needed.
 
 mod common;
 
@@ -15,11 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::fakes::{GatedCache, MemCache, MemSource, NoSource, SlowSource, StallSource};
 use common::wait_until;
 use locafs::cache::disk::DiskCache;
-use locafs::cache::{BlockStore, ChecksummedBytes, FileVersion};
-use locafs::source::{DirSource, Source, SourceError, SourceVersion};
+use locafs::cache::{BlockStore, ChecksummedBytes, CompleteFiles, FileVersion};
+use locafs::source::{Acls, DirSource, Source, SourceError, SourceVersion};
+use locafs::testing::{
+    GatedCache, Kernel, MemCache, MemComplete, MemSource, NoSource, SlowSource, StallSource,
+};
 
 /// The same small tree in a directory and in memory.
 fn twin_sources() -> (tempfile::TempDir, DirSource, MemSource) {
@@ -41,6 +47,22 @@ fn twin_sources() -> (tempfile::TempDir, DirSource, MemSource) {
     mem.symlink("l", "a");
     let dir_source = DirSource::new(root.to_owned());
     (dir, dir_source, mem)
+}
+
+/// Runs `call` on a thread of its own and checks that it is held (one call
+/// `waiting`, not finished) until `release`; its answer.
+fn held_until<T: Send + 'static>(
+    waiting: impl Fn() -> u64,
+    call: impl FnOnce() -> T + Send + 'static,
+    release: impl FnOnce(),
+) -> T {
+    let call = std::thread::spawn(call);
+    wait_until("the call to be held", Duration::from_secs(10), || {
+        waiting() == 1
+    });
+    assert!(!call.is_finished(), "answered while held");
+    release();
+    call.join().unwrap()
 }
 
 fn errno<T>(r: io::Result<T>) -> Option<i32> {
@@ -116,6 +138,10 @@ fn mem_source_answers_as_a_directory_does() {
     }
     // Reads: exact bytes of the version asked for, Changed past the end or
     // for another version, NotFound for a missing file.
+    let (vr_a, vm_a) = (
+        real.stat(Path::new("a")).unwrap().version(),
+        mem.stat(Path::new("a")).unwrap().version(),
+    );
     let (vr, vm) = (
         real.stat(Path::new("d/b")).unwrap().version(),
         mem.stat(Path::new("d/b")).unwrap().version(),
@@ -138,9 +164,48 @@ fn mem_source_answers_as_a_directory_does() {
     assert_eq!(read(&real, "d/b", &vr, 0, 10), Err("Changed"));
     assert_eq!(read(&mem, "d/b", &vm, 0, 10), Err("Changed"));
     assert_eq!(read(&mem, "d/b", &vm2, 0, 3).unwrap(), &[8u8; 3][..]);
+    // Changed in place: the same inode, a new version.
+    std::fs::write(dir.path().join("a"), b"HELLO, WORLD!").unwrap();
+    mem.write("a", b"HELLO, WORLD!");
+    for (s, v0) in [(sources[0], vr_a), (sources[1], vm_a)] {
+        let v1 = s.stat(Path::new("a")).unwrap().version();
+        assert_eq!((v1.ino, v1.size), (v0.ino, 13));
+        assert_ne!(v1, v0);
+        assert_eq!(read(s, "a", &v0, 0, 5), Err("Changed"));
+        assert_eq!(read(s, "a", &v1, 0, 5).unwrap(), &b"HELLO"[..]);
+    }
+    // ACLs: none on a plain entry, ENOENT for a missing one.
+    for s in sources {
+        assert!(s.has_acls());
+        assert_eq!(s.acls(Path::new("a")).unwrap(), Acls::default());
+        assert_eq!(errno(s.acls(Path::new("missing"))), Some(libc::ENOENT));
+    }
     mem.remove("d");
     assert_eq!(errno(mem.stat(Path::new("d/e/c"))), Some(libc::ENOENT));
     assert!(mem.calls.load(SeqCst) > 0 && mem.reads.load(SeqCst) > 0);
+    assert!(mem.metadata_calls.load(SeqCst) > 0 && mem.acl_calls.load(SeqCst) == 2);
+}
+
+#[test]
+fn mem_source_injects_acls_and_holds() {
+    let mem = Arc::new(MemSource::new());
+    mem.put_file("a", &b"x"[..]);
+    let acls = Acls {
+        access: Some(vec![2, 0, 0, 0].into_boxed_slice()),
+        default: None,
+    };
+    mem.set_acls("a", acls.clone());
+    assert_eq!(mem.acls(Path::new("a")).unwrap(), acls);
+    // Held: every call waits until the source resumes, then answers.
+    mem.hold();
+    let m = Arc::clone(&mem);
+    let held = held_until(
+        || mem.waiting(),
+        move || m.stat(Path::new("a")).map(|a| a.size),
+        || mem.resume(),
+    );
+    assert_eq!(held.unwrap(), 1);
+    assert_eq!(mem.waiting(), 0);
 }
 
 #[test]
@@ -165,18 +230,15 @@ fn hooked_sources_answer_as_their_directory_and_see_every_call() {
     // A stalled source holds every call until it resumes, then answers.
     let stall = Arc::new(StallSource::new(dir.path()));
     stall.stall();
-    let held = {
-        let stall = Arc::clone(&stall);
-        std::thread::spawn(move || stall.stat(Path::new("a")).map(|a| a.size))
-    };
-    wait_until("the call to be held", Duration::from_secs(10), || {
-        stall.stuck.load(SeqCst) == 1
-    });
-    assert!(!held.is_finished());
-    stall.resume();
-    assert_eq!(held.join().unwrap().unwrap(), 12);
-    assert_eq!(stall.max_stuck.load(SeqCst), 1);
-    assert_eq!(stall.stuck.load(SeqCst), 0);
+    let s = Arc::clone(&stall);
+    let held = held_until(
+        || stall.waiting(),
+        move || s.stat(Path::new("a")).map(|a| a.size),
+        || stall.resume(),
+    );
+    assert_eq!(held.unwrap(), 12);
+    assert_eq!(stall.max_waiting(), 1);
+    assert_eq!(stall.waiting(), 0);
 }
 
 #[test]
@@ -231,30 +293,135 @@ fn mem_cache_keeps_blocks_as_the_disk_cache_does() {
         assert!(c.is_complete(&f));
         assert!(c.has_room_for(&other));
     }
+    // Every kind of write keeps the block; nothing else is being written.
+    let g = file("g2", 3 * BS);
+    for c in caches {
+        assert!(c.put_guest(&g, 0, &block(0, BS as usize)));
+        assert!(c.put_ahead(&g, 1, &block(1, BS as usize), false));
+        assert!(c.put_ahead(&g, 2, &block(2, BS as usize), true));
+        assert!(c.is_complete(&g));
+        assert_eq!(c.get(&g, 1).unwrap().data(), block(1, BS as usize).data());
+        assert!(!c.is_block_being_written(&g, 0));
+    }
     assert_eq!(mem.stored(&f), vec![0, 1, 2]);
-    assert_eq!(mem.usage().used_bytes, 2 * BS + 100);
-    assert_eq!(mem.usage().files_cached, 1);
+    assert_eq!(mem.usage().used_bytes, 5 * BS + 100);
+    assert_eq!(mem.usage().files_cached, 2);
+    assert_eq!(
+        mem.puts(),
+        [
+            (0, "put"),
+            (2, "put"),
+            (1, "put"),
+            (0, "guest"),
+            (1, "ahead"),
+            (2, "ahead guest")
+        ]
+    );
+}
+
+#[test]
+fn mem_cache_refuses_is_full_or_races_another_write_on_demand() {
+    let mem = MemCache::new(4096);
+    let f = file("f", 3 * 4096);
+    mem.refuse_puts.store(true, SeqCst);
+    assert!(!mem.put(&f, 0, &block(0, 4096)) && !mem.put_guest(&f, 0, &block(0, 4096)));
+    assert!(mem.has_room_for(&f), "refusing is not being full");
+    mem.refuse_puts.store(false, SeqCst);
+    mem.full.store(true, SeqCst);
+    assert!(!mem.put_ahead(&f, 0, &block(0, 4096), false));
+    assert!(!mem.has_room_for(&f));
+    mem.full.store(false, SeqCst);
+    assert!(mem.stored(&f).is_empty() && mem.puts().is_empty());
+    // Another writer holds block 1: a write of it gives up until that
+    // write ends (and stores its block); other blocks are written.
+    mem.begin_other_write(&f, 1);
+    assert!(mem.is_block_being_written(&f, 1) && !mem.is_block_being_written(&f, 0));
+    assert!(!mem.put(&f, 1, &block(1, 4096)));
+    assert!(mem.put(&f, 0, &block(0, 4096)));
+    assert!(mem.end_other_write(&f, 1, Some(&block(1, 4096))));
+    assert!(!mem.is_block_being_written(&f, 1) && mem.is_block_cached(&f, 1));
+    assert!(!mem.end_other_write(&f, 1, None));
+    assert_eq!(mem.stored(&f), vec![0, 1]);
+}
+
+#[test]
+fn mem_complete_hands_out_and_pins_whole_files_as_the_disk_cache_does() {
+    const BS: u64 = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, _) = DiskCache::open(dir.path(), Some(64 << 20), BS, Arc::default()).unwrap();
+    let cache = Arc::new(MemCache::new(BS));
+    let mem = MemComplete::new(Arc::clone(&cache));
+    let (whole, part) = (file("whole", 2 * BS), file("part", 2 * BS));
+    for c in [&disk as &dyn BlockStore, &*cache] {
+        for i in 0..2 {
+            assert!(c.put(&whole, i, &block(i, BS as usize)));
+        }
+        assert!(c.put(&part, 0, &block(0, BS as usize)));
+    }
+    let completes: [&dyn CompleteFiles; 2] = [&disk, &*mem];
+    for c in completes {
+        assert!(c.open_complete(&part).is_none());
+        assert!(!c.pin_complete(&part));
+        assert!(c.open_complete(&whole).is_some());
+        assert!(c.pin_complete(&whole));
+        assert!(c.pin_in_use(&whole));
+        for _ in 0..3 {
+            c.unpin(&whole);
+        }
+    }
+    // The fake counts its pins: every one was given back, none twice.
+    assert_eq!(mem.all_pins(), 0);
+    assert!(!mem.unpin_underflow.load(SeqCst));
+    mem.unpin(&whole);
+    assert!(mem.unpin_underflow.load(SeqCst));
+    // A file the test drops is no longer whole, and the hook hears of it.
+    let dropped = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let heard = Arc::clone(&dropped);
+    mem.on_file_dropped(Box::new(move |k| heard.lock().unwrap().push(*k)));
+    mem.drop_file(&whole.key);
+    assert!(mem.open_complete(&whole).is_none());
+    assert_eq!(*dropped.lock().unwrap(), [whole.key]);
+}
+
+#[test]
+fn the_fake_kernel_registers_backings_until_dropped_or_refuses() {
+    let kernel = Arc::new(Kernel::default());
+    let f = std::fs::File::open("/dev/null").unwrap();
+    let (a, b) = (kernel.register(&f).unwrap(), kernel.register(&f).unwrap());
+    assert_ne!(a.id, b.id);
+    assert_eq!(kernel.live(), 2);
+    drop(a);
+    assert_eq!(kernel.live(), 1);
+    kernel.refuse.store(true, SeqCst);
+    let e = kernel.register(&f).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    assert_eq!((kernel.asked.load(SeqCst), kernel.live()), (3, 1));
 }
 
 #[test]
 fn a_gated_cache_holds_writes_until_the_gate_opens() {
     let gated = Arc::new(GatedCache::new(MemCache::new(4096)));
     let f = file("f", 4096);
-    let put = {
-        let (gated, f) = (Arc::clone(&gated), f.clone());
-        std::thread::spawn(move || gated.put(&f, 0, &block(0, 4096)))
-    };
-    wait_until(
-        "the write to wait at the gate",
-        Duration::from_secs(10),
-        || gated.waiting.load(SeqCst) == 1,
+    let (g, f2) = (Arc::clone(&gated), f.clone());
+    let put = held_until(
+        || gated.waiting(),
+        move || g.put(&f2, 0, &block(0, 4096)),
+        || {
+            assert!(!gated.is_block_cached(&f, 0), "written through the gate");
+            gated.open_gate()
+        },
     );
-    assert!(
-        !gated.is_block_cached(&f, 0),
-        "written through a closed gate"
-    );
-    gated.open_gate();
-    assert!(put.join().unwrap());
+    assert!(put);
     assert!(gated.is_block_cached(&f, 0));
     assert_eq!(gated.inner.stored(&f), vec![0]);
+    // Gated reads instead: writes pass, a read waits for the gate.
+    let gated = Arc::new(GatedCache::on_gets(MemCache::new(4096)));
+    assert!(gated.put(&f, 0, &block(0, 4096)));
+    let (g, f2) = (Arc::clone(&gated), f.clone());
+    let get = held_until(
+        || gated.waiting(),
+        move || g.get(&f2, 0).map(|b| b.data().len()),
+        || gated.open_gate(),
+    );
+    assert_eq!(get, Some(4096));
 }

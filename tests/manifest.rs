@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::SlowSource;
 use common::inproc::{config, mount};
 use common::Scratch;
+use locafs::testing::SlowSource;
 
 fn walk(root: &std::path::Path) -> Vec<(String, u64)> {
     let mut out = Vec::new();

@@ -1,7 +1,8 @@
 //! The import graph of `src/`: no circle at any depth (between the
 //! subsystems at the root, between the modules of each folder), the
 //! subsystems in their layers, the leaves stay leaves, and clap only in the
-//! command line; and no product function longer than [`MAX_FN_LINES`].
+//! command line; the test kit (src/testing) stays out of the product; and
+//! no product function longer than [`MAX_FN_LINES`].
 //!
 //! Reads every `src/**/*.rs` (without comments and `#[cfg(test)]`
 //! modules), takes each `crate::a::b::...`, `super::...` and `self::...`
@@ -61,6 +62,12 @@ const AT_MOST: &[(&str, &[&str])] = &[
         ],
     ),
 ];
+
+/// The test kit's fakes (src/testing): compiled into tests only, outside
+/// the layers. It may import the subsystems it fakes; nothing in the
+/// product may import it.
+const KIT: &str = "testing";
+const KIT_FAKES: &[&str] = &["source", "cache"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
@@ -245,6 +252,8 @@ fn graph() -> Graph {
         let text = std::fs::read_to_string(f).unwrap();
         let here = module_of(rel).unwrap_or_default();
         let mut refs = BTreeSet::new();
+        // The kit is no part of the product's graph (its own test below).
+        let kit = here.first().is_some_and(|m| m == KIT);
         for mut p in crate_paths(&product_code(&text), &here) {
             // Cut to the deepest module (`cache::disk::DiskCache` ->
             // `cache::disk`); an item of lib.rs names none.
@@ -255,7 +264,7 @@ fn graph() -> Graph {
                 continue;
             }
             refs.insert(p.join("::"));
-            if here.is_empty() {
+            if here.is_empty() || kit || p[0] == KIT {
                 continue;
             }
             let c = here.iter().zip(&p).take_while(|(a, b)| a == b).count();
@@ -268,7 +277,7 @@ fn graph() -> Graph {
                     .insert(p[c].clone());
             }
         }
-        if !here.is_empty() {
+        if !here.is_empty() && !kit {
             for c in 0..here.len() {
                 g.folders
                     .entry(here[..c].join("::"))
@@ -552,6 +561,74 @@ fn the_function_scanner_measures_bodies() {
         functions(code),
         [("a".to_owned(), 1, 5), ("b".to_owned(), 8, 4)]
     );
+}
+
+#[test]
+fn the_test_kit_fakes_its_subsystems_and_no_product_module_imports_it() {
+    let g = graph();
+    let mut seen = false;
+    for (file, refs) in &g.file_refs {
+        if under(&g.file_module[file], KIT) {
+            seen = true;
+            let extra: Vec<&String> = refs
+                .iter()
+                .filter(|t| !under(t, KIT) && !KIT_FAKES.iter().any(|f| under(t, f)))
+                .collect();
+            assert!(
+                extra.is_empty(),
+                "{file} (the test kit) imports {extra:?}: only what it fakes ({KIT_FAKES:?})"
+            );
+        } else {
+            assert!(
+                !refs.iter().any(|t| under(t, KIT)),
+                "{file} imports the test kit: only tests may"
+            );
+        }
+    }
+    assert!(seen, "no file of src/{KIT}: update KIT");
+    // The binaries name the library as `locafs::`.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    for f in files {
+        let code = product_code(&std::fs::read_to_string(&f).unwrap());
+        assert!(
+            !code.contains(&format!("locafs::{KIT}")),
+            "{} imports the test kit",
+            f.display()
+        );
+    }
+    // Compiled only into tests: unit tests, or the feature that only the
+    // crate's dev-dependency on itself turns on.
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    assert!(
+        lib.contains(&format!(
+            "#[cfg(any(test, feature = \"{KIT}\"))]\npub mod {KIT};"
+        )),
+        "src/lib.rs declares the test kit for tests only"
+    );
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+    let features = manifest["features"].as_table().unwrap();
+    assert_eq!(features[KIT].as_array().map(Vec::len), Some(0));
+    let default = features.get("default").and_then(|d| d.as_array());
+    assert!(
+        default.is_none_or(|d| d.iter().all(|f| f.as_str() != Some(KIT))),
+        "the test kit is on by default"
+    );
+    for (name, dep) in manifest["dependencies"].as_table().unwrap() {
+        let on = dep.get("features").and_then(|f| f.as_array());
+        assert!(
+            name != "locafs" && on.is_none_or(|f| f.iter().all(|x| x.as_str() != Some(KIT))),
+            "a normal dependency turns the test kit on"
+        );
+    }
+    let dev = &manifest["dev-dependencies"]["locafs"]["features"];
+    assert!(dev
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f.as_str() == Some(KIT)));
 }
 
 #[test]

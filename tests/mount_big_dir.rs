@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::fakes::{Call, Hook, Hooked, Stall};
 use common::{inproc, snapshot};
+use locafs::testing::{Call, Hook, Hooked, Stall};
 
 const ENTRIES: u64 = 20_000;
 const DEADLINE: Duration = Duration::from_secs(1);

@@ -19,9 +19,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fakes::StallSource;
 use common::inproc;
 use common::{listing, signal, snapshot, stats_of, threads, ResumeOnDrop, Signal};
+use locafs::testing::StallSource;
 
 /// Every file's bytes, by path relative to the root.
 type Tree = BTreeMap<PathBuf, Vec<u8>>;
@@ -241,7 +241,7 @@ fn a_stalled_source_does_not_freeze_the_mount_and_it_recovers_on_its_own() {
     assert!(s.source_stalls >= 1);
     assert!(s.stale_answers > 0, "{s:?}");
     // Calls into the stalled source stopped: the stuck ones are few.
-    let stuck = source.max_stuck.load(std::sync::atomic::Ordering::SeqCst);
+    let stuck = source.max_waiting();
     assert!(stuck <= 8, "{stuck} calls stuck in the source");
     // ... and the stall started no more threads than the mount ran before
     // (stuck calls hold threads it had; new calls are refused, not given
@@ -402,7 +402,7 @@ fn a_request_waiting_on_the_source_holds_no_fuse_thread() {
     common::wait_until(
         "the lookup waiting in the source",
         Duration::from_secs(30),
-        || source.stuck.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        || source.waiting() > 0,
     );
     let s2 = Arc::clone(&source);
     let data = tree[rel].clone();

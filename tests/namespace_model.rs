@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::NoSource;
 use locafs::meta::namespace::{Namespace, ROOT};
 use locafs::source::{DirSource, EntryKind, Source, SourceAttr};
+use locafs::testing::NoSource;
 use proptest::prelude::*;
 
 /// One entry of a tree: path, kind, size, mtime, source inode.

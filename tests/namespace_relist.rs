@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::{Call, Hook, Hooked, MemSource, Stall};
 use locafs::meta::namespace::{Namespace, RELIST_MAX, ROOT};
 use locafs::source::Source;
+use locafs::testing::{Call, Hook, Hooked, MemSource, Stall};
 
 /// What the [`MemSource`] behind it is asked: its listings say they carry
 /// every attribute (or not, with `attrs` false); stats and listings are
@@ -168,7 +168,7 @@ async fn lookups_in_a_directory_being_listed_wait_for_that_listing() {
         tokio::spawn(async move { ns.refresh_dir_async(d).await })
     };
     common::wait_until("the listing in the source", Duration::from_secs(30), || {
-        src.hold_lists.stuck.load(SeqCst) == 1
+        src.hold_lists.waiting() == 1
     });
     let names: Vec<String> = (0..51).map(|i| format!("f{i:05}")).collect();
     let mut asked: Vec<_> = names

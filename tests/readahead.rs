@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fakes::SlowSource;
 use common::inproc::{config, mount};
 use common::*;
+use locafs::testing::SlowSource;
 use rand::seq::SliceRandom;
 use rand::{Rng as _, SeedableRng};
 
@@ -860,10 +860,10 @@ struct Listings {
     opened: std::sync::Condvar,
 }
 
-impl common::fakes::Hook for Listings {
-    fn around<T>(&self, call: common::fakes::Call<'_>, real: impl FnOnce() -> T) -> T {
+impl locafs::testing::Hook for Listings {
+    fn around<T>(&self, call: locafs::testing::Call<'_>, real: impl FnOnce() -> T) -> T {
         use std::sync::atomic::Ordering::SeqCst;
-        let common::fakes::Call::List(p) = call else {
+        let locafs::testing::Call::List(p) = call else {
             return real();
         };
         let n = self.now.fetch_add(1, SeqCst) + 1;
@@ -912,7 +912,7 @@ fn the_tree_is_listed_for_read_ahead_several_directories_at_a_time() {
             "60s",
         ],
     );
-    let source = Arc::new(common::fakes::Hooked::wrap(&d.src, Listings::default()));
+    let source = Arc::new(locafs::testing::Hooked::wrap(&d.src, Listings::default()));
     let m = mount(&cfg, source.clone());
     let t0 = Instant::now();
     while snapshot(m.mountpoint()).read_ahead.epoch_files_total < 192 {

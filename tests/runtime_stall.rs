@@ -18,12 +18,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fakes::StallSource;
 use locafs::source::Source;
+use locafs::testing::StallSource;
 
 #[test]
 fn installing_a_plan_does_not_stall_the_runtime() {
@@ -60,7 +59,7 @@ fn installing_a_plan_does_not_stall_the_runtime() {
             rt.spawn(async move { ra.set_plan(&paths).await })
         })
         .collect();
-    let waiting = common::wait_for(Duration::from_secs(60), || stall.stuck.load(SeqCst) >= 2);
+    let waiting = common::wait_for(Duration::from_secs(60), || stall.waiting() >= 2);
     // Another task, from outside the runtime, on the runtime's timer.
     let (done, ran) = std::sync::mpsc::channel();
     rt.spawn(async move {
@@ -74,7 +73,7 @@ fn installing_a_plan_does_not_stall_the_runtime() {
     assert!(
         waiting,
         "the plans' lookups never reached the source ({} waiting)",
-        stall.stuck.load(SeqCst)
+        stall.waiting()
     );
     assert!(
         ran.is_ok(),

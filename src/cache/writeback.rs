@@ -336,6 +336,7 @@ impl WriteBack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{GatedCache, MemCache};
 
     #[test]
     fn admission_read_ahead_brings_its_room_the_loader_takes_waits_or_skips() {
@@ -352,71 +353,6 @@ mod tests {
         assert_eq!(kib(1), 1);
         assert_eq!(kib(1024), 1);
         assert_eq!(kib(1025), 2);
-    }
-
-    /// A cache whose `put`s wait until the test opens a gate; records the
-    /// blocks stored and how.
-    #[derive(Default)]
-    struct GatedCache {
-        open: Mutex<bool>,
-        opened: parking_lot::Condvar,
-        puts: Mutex<Vec<(u64, &'static str)>>,
-        /// `put`s refused (its share of the budget is taken) while set.
-        refuse: std::sync::atomic::AtomicBool,
-    }
-
-    impl GatedCache {
-        fn open_gate(&self) {
-            *self.open.lock() = true;
-            self.opened.notify_all();
-        }
-        fn wait_gate(&self) {
-            let mut open = self.open.lock();
-            while !*open {
-                self.opened.wait(&mut open);
-            }
-        }
-    }
-
-    impl BlockStore for GatedCache {
-        fn get(&self, _: &FileVersion, _: u64) -> Option<ChecksummedBytes> {
-            None
-        }
-        fn put(&self, _: &FileVersion, index: u64, _: &ChecksummedBytes) -> bool {
-            self.wait_gate();
-            if self.refuse.load(Relaxed) {
-                return false;
-            }
-            self.puts.lock().push((index, "put"));
-            true
-        }
-        fn put_guest(&self, _: &FileVersion, index: u64, _: &ChecksummedBytes) -> bool {
-            self.wait_gate();
-            if self.refuse.load(Relaxed) {
-                return false;
-            }
-            self.puts.lock().push((index, "guest"));
-            true
-        }
-        fn put_ahead(&self, _: &FileVersion, index: u64, _: &ChecksummedBytes, g: bool) -> bool {
-            self.wait_gate();
-            self.puts
-                .lock()
-                .push((index, if g { "ahead guest" } else { "ahead" }));
-            true
-        }
-        fn is_block_cached(&self, _: &FileVersion, _: u64) -> bool {
-            false
-        }
-        fn is_complete(&self, _: &FileVersion) -> bool {
-            false
-        }
-        fn usage(&self) -> crate::cache::CacheUsage {
-            crate::cache::CacheUsage::default()
-        }
-        fn has_room_for(&self, _: &FileVersion) -> bool {
-            true
-        }
     }
 
     fn wait_for(cond: impl Fn() -> bool) -> bool {
@@ -438,7 +374,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let cache = Arc::new(GatedCache::default());
+        let cache = Arc::new(GatedCache::new(MemCache::new(BS)));
         let stats = Arc::new(Stats::default());
         // Room for one block's write, and for two more to wait.
         let wb = WriteBack::new(
@@ -492,7 +428,7 @@ mod tests {
         cache.open_gate();
         assert!(wait_for(|| done.load(Relaxed) == 5));
         assert!(rt.block_on(ahead).unwrap());
-        let mut puts = cache.puts.lock().clone();
+        let mut puts = cache.inner.puts();
         puts.sort();
         assert_eq!(puts, vec![(0, "put"), (1, "guest"), (2, "put")]);
         // The skipped blocks, the latest first, each once.
@@ -514,7 +450,7 @@ mod tests {
             d.fetch_add(1, Relaxed);
         }));
         assert!(wait_for(|| done.load(Relaxed) == 6));
-        assert!(cache.puts.lock().contains(&(5, "ahead")));
+        assert!(cache.inner.puts().contains(&(5, "ahead")));
         assert!(wait_for(|| wb.free() == Free { queue: 4, wait: 8 }));
     }
 
@@ -526,9 +462,9 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let cache = Arc::new(GatedCache::default());
+        let cache = Arc::new(GatedCache::new(MemCache::new(BS)));
         cache.open_gate();
-        cache.refuse.store(true, Relaxed);
+        cache.inner.refuse_puts.store(true, Relaxed);
         let stats = Arc::new(Stats::default());
         let wb = WriteBack::new(
             8 * BS,
@@ -589,10 +525,10 @@ mod tests {
         assert_eq!(wb.take_refused().map(|(_, i)| i), Some(0));
         // Taken this time: nothing left, and the backoff is back to its first
         // wait for the next refusal.
-        cache.refuse.store(false, Relaxed);
+        cache.inner.refuse_puts.store(false, Relaxed);
         assert!(submit(0, false, true));
         assert!(wait_for(|| done.load(Relaxed) == 5));
-        assert_eq!(cache.puts.lock().clone(), vec![(0, "put")]);
+        assert_eq!(cache.inner.puts(), vec![(0, "put")]);
         assert!(wb.take_refused().is_none());
         assert_eq!(wb.refused.lock().backoff, REFUSED_FIRST_RETRY);
         assert_eq!(stats.cache_writes_skipped.load(Relaxed), 0);

@@ -929,56 +929,25 @@ mod tests {
         use super::*;
         use crate::cache::disk::DiskCache;
         use crate::read::reader::ReaderConfig;
-        use crate::source::{DirSource, Source, SourceAttr, SourceError, SourceVersion};
-        use std::ffi::OsString;
-        use std::io;
+        use crate::testing::{Call, Gate, Hook, Hooked};
         use std::sync::atomic::AtomicUsize;
 
-        struct GatedSource {
-            inner: DirSource,
+        /// Holds the `nth` stat of `path` (1-based) at a closed gate.
+        struct NthStat {
             path: PathBuf,
             nth: usize,
             seen: AtomicUsize,
-            waiting: AtomicU64,
-            open: Mutex<bool>,
-            opened: parking_lot::Condvar,
+            gate: Gate,
         }
 
-        impl GatedSource {
-            fn open_gate(&self) {
-                *self.open.lock() = true;
-                self.opened.notify_all();
-            }
-        }
-
-        impl Source for GatedSource {
-            fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
-                if rel == self.path && self.seen.fetch_add(1, Relaxed) + 1 == self.nth {
-                    self.waiting.store(1, Relaxed);
-                    let mut open = self.open.lock();
-                    while !*open {
-                        self.opened.wait(&mut open);
+        impl Hook for NthStat {
+            fn around<T>(&self, call: Call<'_>, real: impl FnOnce() -> T) -> T {
+                if let Call::Stat(rel) = call {
+                    if rel == self.path && self.seen.fetch_add(1, Relaxed) + 1 == self.nth {
+                        self.gate.pass();
                     }
                 }
-                self.inner.stat(rel)
-            }
-            fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-                self.inner.list(rel)
-            }
-            fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
-                self.inner.read_link(rel)
-            }
-            fn read_at(
-                &self,
-                rel: &Path,
-                version: &SourceVersion,
-                offset: u64,
-                len: usize,
-            ) -> Result<bytes::Bytes, SourceError> {
-                self.inner.read_at(rel, version, offset, len)
-            }
-            fn statvfs(&self) -> io::Result<libc::statvfs> {
-                self.inner.statvfs()
+                real()
             }
         }
 
@@ -1012,15 +981,13 @@ mod tests {
                 .enable_all()
                 .build()
                 .unwrap();
-            let source = Arc::new(GatedSource {
-                inner: DirSource::new(src),
+            let hook = NthStat {
                 path: PathBuf::from(gate.0),
                 nth: gate.1,
                 seen: AtomicUsize::new(0),
-                waiting: AtomicU64::new(0),
-                open: Mutex::new(false),
-                opened: parking_lot::Condvar::new(),
-            });
+                gate: Gate::new(true),
+            };
+            let source = Arc::new(Hooked::wrap(&src, hook));
             let stats = Arc::new(crate::obs::stats::Stats::default());
             let (cache, _) = DiskCache::open(
                 &tmp.path().join("cache"),
@@ -1064,14 +1031,14 @@ mod tests {
             );
             let task = rt.spawn(act(ra));
             assert!(
-                wait_for(|| source.waiting.load(Relaxed) == 1),
+                wait_for(|| source.gate.waiting() == 1),
                 "the gated stat never came"
             );
             let ran = Arc::new(AtomicU64::new(0));
             let r2 = Arc::clone(&ran);
             rt.spawn(async move { r2.store(1, Relaxed) });
             let free = wait_for(|| ran.load(Relaxed) == 1);
-            source.open_gate();
+            source.gate.open();
             rt.block_on(task).unwrap();
             rt.shutdown_background();
             free

@@ -657,66 +657,18 @@ impl Reader {
 
 #[cfg(test)]
 mod tests {
-    //! The write-back queue as the reader uses it, with a cache whose writes block until the test
-    //! opens a gate: a loader's read never waits for a write, a loader's
+    //! The write-back queue as the reader uses it, with a cache whose writes
+    //! block until the test opens a gate (the kit's fakes): a loader's read never waits for a write, a loader's
     //! block that finds the queue full waits for room in memory (up to
     //! `write_wait_bytes`), and only past that is it left for background
     //! prefetch.
 
     use super::*;
-    use crate::source::{SourceAttr, SourceVersion};
-    use std::ffi::OsString;
-    use std::io;
-    use std::path::{Path, PathBuf};
-    use std::sync::atomic::AtomicU64;
+    use crate::testing::{GatedCache, MemCache, MemSource};
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
     const BS: u64 = 4096;
-
-    /// A cache in memory whose `put`s wait until `open` is set.
-    #[derive(Default)]
-    struct GatedCache {
-        open: Mutex<bool>,
-        opened: parking_lot::Condvar,
-        blocks: Mutex<HashMap<u64, ChecksummedBytes>>,
-    }
-
-    impl GatedCache {
-        fn open_gate(&self) {
-            *self.open.lock() = true;
-            self.opened.notify_all();
-        }
-        fn stored(&self) -> Vec<u64> {
-            let mut v: Vec<u64> = self.blocks.lock().keys().copied().collect();
-            v.sort();
-            v
-        }
-    }
-
-    impl BlockStore for GatedCache {
-        fn get(&self, _: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
-            self.blocks.lock().get(&index).cloned()
-        }
-        fn put(&self, _: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-            let mut open = self.open.lock();
-            while !*open {
-                self.opened.wait(&mut open);
-            }
-            self.blocks.lock().insert(index, block.clone());
-            true
-        }
-        fn is_block_cached(&self, _: &FileVersion, index: u64) -> bool {
-            self.blocks.lock().contains_key(&index)
-        }
-        fn is_complete(&self, _: &FileVersion) -> bool {
-            false
-        }
-        fn usage(&self) -> crate::cache::CacheUsage {
-            empty_gib()
-        }
-        fn has_room_for(&self, _: &FileVersion) -> bool {
-            true
-        }
-    }
 
     fn runtime(threads: usize) -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
@@ -726,23 +678,26 @@ mod tests {
             .unwrap()
     }
 
-    /// The file `f` of `size` bytes (version 1).
-    fn one_file(size: u64) -> Arc<FileVersion> {
-        Arc::new(FileVersion::new(
-            Arc::from(Path::new("f")),
-            SourceVersion {
-                size,
-                mtime_ns: 1,
-                ino: 1,
-            },
-        ))
+    /// The bytes of a file of `size` bytes whose block `i` is filled with
+    /// byte `i`.
+    fn file_data(size: u64) -> Vec<u8> {
+        (0..size).map(|o| (o / BS) as u8).collect()
+    }
+
+    /// A source holding the file `f` of [`file_data`]`(size)`, and that
+    /// file's version.
+    fn one_file(size: u64) -> (Arc<MemSource>, Arc<FileVersion>) {
+        let source = Arc::new(MemSource::new());
+        let version = source.put_file("f", file_data(size));
+        let file = FileVersion::new(Arc::from(Path::new("f")), version);
+        (source, Arc::new(file))
     }
 
     /// A reader with room to spare (64 blocks of memory, 4 in the write
-    /// queue) over `cache` and a [`MemSource`] of `len` bytes.
+    /// queue) over `cache` and `source`.
     fn roomy_reader(
         cache: Arc<dyn BlockStore>,
-        len: u64,
+        source: Arc<MemSource>,
         source_timeout: Duration,
         rt: &tokio::runtime::Runtime,
     ) -> Arc<Reader> {
@@ -755,68 +710,19 @@ mod tests {
                 source_timeout,
             },
             cache,
-            Arc::new(MemSource {
-                len,
-                reads: AtomicU64::new(0),
-            }),
+            source,
             None,
             rt.handle().clone(),
             Arc::new(Stats::default()),
         )
     }
 
-    /// The usage of the fakes below: an empty, writable GiB.
-    fn empty_gib() -> crate::cache::CacheUsage {
-        crate::cache::CacheUsage {
-            used_bytes: 0,
-            capacity_bytes: 1 << 30,
-            files_cached: 0,
-            evictions: 0,
-            writable: true,
-        }
-    }
-
-    /// One file of `len` bytes, block `i` filled with byte `i`; counts reads.
-    struct MemSource {
-        len: u64,
-        reads: AtomicU64,
-    }
-
-    impl Source for MemSource {
-        fn stat(&self, _: &Path) -> io::Result<SourceAttr> {
-            Err(io::ErrorKind::Unsupported.into())
-        }
-        fn list(&self, _: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-            Err(io::ErrorKind::Unsupported.into())
-        }
-        fn read_link(&self, _: &Path) -> io::Result<PathBuf> {
-            Err(io::ErrorKind::Unsupported.into())
-        }
-        fn read_at(
-            &self,
-            _: &Path,
-            _: &SourceVersion,
-            offset: u64,
-            len: usize,
-        ) -> Result<Bytes, SourceError> {
-            self.reads.fetch_add(1, Relaxed);
-            assert!(offset + len as u64 <= self.len);
-            Ok(Bytes::from(vec![(offset / BS) as u8; len]))
-        }
-        fn statvfs(&self) -> io::Result<libc::statvfs> {
-            Err(io::ErrorKind::Unsupported.into())
-        }
-    }
-
     #[test]
     fn loader_blocks_wait_in_memory_for_the_write_queue_then_are_left_for_background() {
         let rt = runtime(2);
         let blocks = 8u64;
-        let cache = Arc::new(GatedCache::default());
-        let source = Arc::new(MemSource {
-            len: blocks * BS,
-            reads: AtomicU64::new(0),
-        });
+        let cache = Arc::new(GatedCache::new(MemCache::new(BS)));
+        let (source, file) = one_file(blocks * BS);
         let stats = Arc::new(Stats::default());
         let reader = Reader::new(
             ReaderConfig {
@@ -833,7 +739,6 @@ mod tests {
             rt.handle().clone(),
             Arc::clone(&stats),
         );
-        let file = one_file(blocks * BS);
         // Every read is answered while no write can finish: a write never
         // delays the reply.
         for i in 0..blocks {
@@ -843,16 +748,16 @@ mod tests {
             assert_eq!(got.len() as u64, BS);
             assert!(got.iter().all(|b| *b == i as u8), "block {i}");
         }
-        assert_eq!(source.reads.load(Relaxed), blocks);
+        assert_eq!(source.reads.load(SeqCst), blocks);
         // Block 0 holds the queue, 1-3 wait for it, 4-7 found no room.
         assert_eq!(stats.cache_writes_skipped.load(Relaxed), blocks - 4);
-        assert!(cache.stored().is_empty());
+        assert!(cache.inner.stored(&file).is_empty());
         cache.open_gate();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while cache.stored().len() < 4 && std::time::Instant::now() < deadline {
+        while cache.inner.stored(&file).len() < 4 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(cache.stored(), vec![0, 1, 2, 3]);
+        assert_eq!(cache.inner.stored(&file), vec![0, 1, 2, 3]);
         // The turned-away blocks are there for background prefetch, the
         // latest first.
         let left: Vec<u64> = std::iter::from_fn(|| reader.writeback().take_unwritten())
@@ -860,53 +765,7 @@ mod tests {
             .collect();
         assert_eq!(left, vec![7, 6, 5, 4]);
         // Nothing was read from the source twice.
-        assert_eq!(source.reads.load(Relaxed), blocks);
-    }
-
-    /// A cache holding every block of the file, whose `get` (a disk read
-    /// and a checksum) waits until the test opens a gate.
-    #[derive(Default)]
-    struct SlowGetCache {
-        open: Mutex<bool>,
-        opened: parking_lot::Condvar,
-        /// `get`s waiting at the gate.
-        waiting: AtomicU64,
-    }
-
-    impl SlowGetCache {
-        fn open_gate(&self) {
-            *self.open.lock() = true;
-            self.opened.notify_all();
-        }
-    }
-
-    impl BlockStore for SlowGetCache {
-        fn get(&self, _: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
-            self.waiting.fetch_add(1, Relaxed);
-            let mut open = self.open.lock();
-            while !*open {
-                self.opened.wait(&mut open);
-            }
-            Some(ChecksummedBytes::from_source(Bytes::from(vec![
-                index as u8;
-                BS as usize
-            ])))
-        }
-        fn put(&self, _: &FileVersion, _: u64, _: &ChecksummedBytes) -> bool {
-            true
-        }
-        fn is_block_cached(&self, _: &FileVersion, _: u64) -> bool {
-            true
-        }
-        fn is_complete(&self, _: &FileVersion) -> bool {
-            true
-        }
-        fn usage(&self) -> crate::cache::CacheUsage {
-            empty_gib()
-        }
-        fn has_room_for(&self, _: &FileVersion) -> bool {
-            true
-        }
+        assert_eq!(source.reads.load(SeqCst), blocks);
     }
 
     /// Waits (up to a minute) for `cond`.
@@ -926,10 +785,13 @@ mod tests {
         // One runtime thread: a disk read done on it would stop every other
         // task (peer requests, timers, the reads of other files).
         let rt = runtime(1);
-        let file = one_file(2 * BS);
         for peer in [false, true] {
-            let cache = Arc::new(SlowGetCache::default());
-            let reader = roomy_reader(cache.clone(), 2 * BS, Duration::from_secs(120), &rt);
+            // Every block is cached; a `get` (a disk read and a checksum)
+            // waits at the gate.
+            let (source, file) = one_file(2 * BS);
+            let cache = Arc::new(GatedCache::on_gets(MemCache::new(BS)));
+            cache.inner.fill(&file, &file_data(2 * BS));
+            let reader = roomy_reader(cache.clone(), source, Duration::from_secs(120), &rt);
             let (r, f) = (Arc::clone(&reader), Arc::clone(&file));
             let read = rt.spawn(async move {
                 if peer {
@@ -938,7 +800,7 @@ mod tests {
                     r.read(f, BS, BS as u32).await
                 }
             });
-            assert!(wait_for(|| cache.waiting.load(Relaxed) > 0));
+            assert!(wait_for(|| cache.waiting() > 0));
             // While the disk read waits, another task runs.
             let ran = Arc::new(AtomicU64::new(0));
             let r2 = Arc::clone(&ran);
@@ -954,43 +816,6 @@ mod tests {
         }
     }
 
-    /// A cache where another writer holds block 0 until `finish` (a write
-    /// on a saturated disk): `put` of it gives up (as `DiskCache::store`
-    /// does after 5 s) and returns false. With `full`, nothing is stored.
-    #[derive(Default)]
-    struct RacedCache {
-        writing: std::sync::atomic::AtomicBool,
-        stored: std::sync::atomic::AtomicBool,
-        full: bool,
-    }
-
-    impl BlockStore for RacedCache {
-        fn get(&self, _: &FileVersion, _: u64) -> Option<ChecksummedBytes> {
-            None
-        }
-        fn put(&self, _: &FileVersion, _: u64, _: &ChecksummedBytes) -> bool {
-            !self.full && !self.writing.load(Relaxed) && {
-                self.stored.store(true, Relaxed);
-                true
-            }
-        }
-        fn is_block_cached(&self, _: &FileVersion, _: u64) -> bool {
-            self.stored.load(Relaxed)
-        }
-        fn is_block_being_written(&self, _: &FileVersion, _: u64) -> bool {
-            self.writing.load(Relaxed)
-        }
-        fn is_complete(&self, _: &FileVersion) -> bool {
-            false
-        }
-        fn usage(&self) -> crate::cache::CacheUsage {
-            empty_gib()
-        }
-        fn has_room_for(&self, _: &FileVersion) -> bool {
-            !self.full
-        }
-    }
-
     #[test]
     fn a_warm_up_racing_another_write_of_its_block_reports_that_write() {
         // `locafs warm` over a tree read-ahead is also fetching: the block's
@@ -998,27 +823,30 @@ mod tests {
         // for it (and says the block is cached) instead of reporting a cache
         // full of data still in use; a cache that is full says so.
         let rt = runtime(2);
-        let file = one_file(BS);
         for full in [false, true] {
-            let cache = Arc::new(RacedCache {
-                writing: (!full).into(),
-                full,
-                ..Default::default()
-            });
-            let reader = roomy_reader(cache.clone(), BS, Duration::from_secs(60), &rt);
-            let other = Arc::clone(&cache);
+            let (source, file) = one_file(BS);
+            // Another writer holds block 0 (a write on a saturated disk):
+            // `put` of it gives up, as `DiskCache::store` does after 5 s.
+            // With `full`, nothing is stored.
+            let cache = Arc::new(MemCache::new(BS));
+            if full {
+                cache.full.store(true, SeqCst);
+            } else {
+                cache.begin_other_write(&file, 0);
+            }
+            let reader = roomy_reader(cache.clone(), source, Duration::from_secs(60), &rt);
+            let (other, f) = (Arc::clone(&cache), Arc::clone(&file));
             let finisher = std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(300));
-                if other.writing.swap(false, Relaxed) {
-                    other.stored.store(true, Relaxed);
-                }
+                let block = ChecksummedBytes::from_source(Bytes::from(file_data(BS)));
+                other.end_other_write(&f, 0, Some(&block));
             });
             let got = rt
                 .block_on(Arc::clone(&reader).warm_block(Arc::clone(&file), 0))
                 .unwrap();
             // Not before the other write ended (it alone stores the block).
             assert_eq!(got, !full, "full: {full}");
-            assert_eq!(cache.stored.load(Relaxed), !full);
+            assert_eq!(cache.is_block_cached(&file, 0), !full);
             finisher.join().unwrap();
         }
     }

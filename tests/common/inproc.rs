@@ -1,5 +1,5 @@
 //! Mounting locafs inside the test process, over any `Source`: the real
-//! FUSE mount, cache and read path, with a test source (see `fakes`)
+//! FUSE mount, cache and read path, with a test source (see `locafs::testing`)
 //! behind them. The mount is `locafs::mount::Mount`: dropping it unmounts.
 //! Also the engine alone, without FUSE ([`read_ahead`]): cache, namespace,
 //! reader and read-ahead over a source, on a runtime of the caller's.

@@ -2,7 +2,8 @@
 //! benches under benches/ share. Tests say `mod common;` and benches
 //! `#[path = "../tests/common/mod.rs"] mod common;`: one copy of each
 //! helper, compiled into each test or bench, and nothing of it in the
-//! library (the fakes never ship).
+//! library. The fakes to put behind the seams are the library's own test
+//! kit, `locafs::testing` (src/testing; the unit tests use it too).
 //!
 //! - [`skip`]: the one way to skip. A test that needs what the machine
 //!   lacks (root, /dev/fuse, a program) prints `SKIPPED: binary::test:
@@ -19,9 +20,6 @@
 //!   packaging/Dockerfile on a local base (no registry), containers and a
 //!   shared mount point removed on drop (the container tests).
 //! - [`inproc`]: mounting inside the test process over any `Source`.
-//! - [`fakes`]: sources and caches to put behind the seams: a directory
-//!   behind a hook (slow, stalling, round trips), sources in memory or that
-//!   refuse every call, a cache in memory and one whose writes wait at a gate.
 //! - [`pki`]: an admin's CA and node certificates.
 //! - [`prom`]: a minimal HTTP GET and a Prometheus text parser.
 //! - [`cluster`]: several `locafs mount` processes talking QUIC (the peer
@@ -55,7 +53,6 @@ pub mod cluster;
 pub mod daemon;
 pub mod data;
 pub mod docker;
-pub mod fakes;
 pub mod gcs;
 pub mod hostile;
 pub mod inproc;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::daemon::Mount;
-use super::fakes::{Call, Hook, Hooked};
+use locafs::testing::{Call, Hook, Hooked};
 
 /// The pid of the process serving the mount at `mnt` now (it answers the
 /// watchdog's attribute from its runtime; this waits as a reader would

@@ -2,7 +2,7 @@
 //! real namespace, reader, read-ahead and open table, wired as a mount
 //! wires them (`mount::assemble::core`), over an in-memory source, the kit's in-memory block cache with a complete-file side that
 //! counts pins, and a fake kernel that registers passthrough backings
-//! (fakes.rs). Requests go in as the FUSE adapter sends them; answers come
+//! (the kit's, `locafs::testing`). Requests go in as the FUSE adapter sends them; answers come
 //! back through the replies. Covers the open protocol (modes, keep_cache,
 //! errors, stats), passthrough bookkeeping (one pin per inode in
 //! passthrough, every other pin given back, kept backings, racing opens),
@@ -11,7 +11,6 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-mod fakes;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -23,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fakes::{Backing, Kernel, MemCache, MemComplete, MemSource};
 use locafs::cache::{FileVersion, VersionKey};
 use locafs::fs::handles::OpenMode;
 use locafs::fs::{
@@ -36,6 +34,7 @@ use locafs::obs::stats::Stats;
 use locafs::read::prefetch::ReadAheadConfig;
 use locafs::read::reader::ReaderConfig;
 use locafs::source::{EntryKind, SourceAttr, SourceVersion};
+use locafs::testing::{Backing, Kernel, MemCache, MemComplete, MemSource};
 
 const BS: u64 = 4096;
 const WAIT: Duration = Duration::from_secs(60);
@@ -335,7 +334,7 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn an_uncached_file_opens_in_cached_mode_reads_its_bytes_and_counts_its_opens() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(3 * BS as usize + 100, 1);
     src.write("dir/a", &a);
     let h = Harness::new(src, None);
@@ -379,7 +378,7 @@ fn an_uncached_file_opens_in_cached_mode_reads_its_bytes_and_counts_its_opens() 
 
 #[test]
 fn write_access_and_every_change_of_the_tree_get_erofs() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", b"data");
     let h = Harness::new(src, None);
     h.fs.enable_passthrough();
@@ -395,7 +394,7 @@ fn write_access_and_every_change_of_the_tree_get_erofs() {
 
 #[test]
 fn opens_of_what_is_not_a_file_fail_with_its_errno() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("d/f", b"x");
     src.symlink("link", "d/f");
     let h = Harness::new(src, None);
@@ -409,7 +408,7 @@ fn opens_of_what_is_not_a_file_fail_with_its_errno() {
 
 #[test]
 fn a_cached_file_opens_in_passthrough_with_one_pin_and_its_backing_is_kept_after_close() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(2 * BS as usize + 7, 2);
     src.write("a", &a);
     let h = Harness::new(src, None);
@@ -468,7 +467,7 @@ fn a_cached_file_opens_in_passthrough_with_one_pin_and_its_backing_is_kept_after
 #[test]
 fn an_open_sent_again_after_a_restart_gets_the_handle_made_for_it() {
     const RESEND: u64 = 1 << 63;
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(3 * BS as usize, 4);
     src.write("a", &a);
     let h = Harness::new(src.clone(), None);
@@ -511,7 +510,7 @@ fn an_open_sent_again_after_a_restart_gets_the_handle_made_for_it() {
 #[test]
 fn restored_open_ids_go_with_their_resent_open_or_their_release() {
     const RESEND: u64 = 1 << 63;
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", &data(BS as usize, 5));
     let h = Harness::new(src.clone(), None);
     let ino = h.ino("a");
@@ -554,7 +553,7 @@ fn restored_open_ids_go_with_their_resent_open_or_their_release() {
 
 #[test]
 fn a_kept_backing_whose_file_is_no_longer_whole_is_not_used() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(3 * BS as usize, 3);
     src.write("a", &a);
     let h = Harness::new(src, None);
@@ -590,7 +589,7 @@ fn a_kept_backing_whose_file_is_no_longer_whole_is_not_used() {
 
 #[test]
 fn without_passthrough_from_the_kernel_a_cached_file_opens_cached_and_pins_nothing() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", b"abc");
     let h = Harness::new(src, None);
     let ino = h.ino("a");
@@ -605,7 +604,7 @@ fn without_passthrough_from_the_kernel_a_cached_file_opens_cached_and_pins_nothi
 
 #[test]
 fn a_refused_registration_gives_the_pin_back_and_turns_passthrough_off() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", b"first");
     src.write("b", b"second");
     let h = Harness::new(src, None);
@@ -633,7 +632,7 @@ fn racing_opens_of_one_cached_file_leave_no_pin_behind() {
     // DataLoader workers open the same shard at the same moment: opens
     // that all find the inode idle all prepare (and pin) a backing; one
     // inode keeps one, every other pin goes back.
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(2 * BS as usize, 4);
     src.write("a", &a);
     let h = Arc::new(Harness::new(src, None));
@@ -676,7 +675,7 @@ fn racing_opens_of_one_cached_file_leave_no_pin_behind() {
 
 #[test]
 fn a_file_changed_while_open_in_passthrough_is_ebusy_until_closed() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let (v1, v2) = (data(BS as usize + 1, 5), data(BS as usize + 2, 6));
     src.write("a", &v1);
     // Attributes revalidated at every request.
@@ -710,7 +709,7 @@ fn a_file_changed_while_open_in_passthrough_is_ebusy_until_closed() {
 
 #[test]
 fn revalidation_shows_a_changed_file_and_a_deleted_one() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", b"version one");
     let h = Harness::new(src.clone(), Some(Duration::ZERO));
     let ino = h.ino("a");
@@ -743,7 +742,7 @@ fn revalidation_shows_a_changed_file_and_a_deleted_one() {
 
 #[test]
 fn without_revalidation_the_source_is_not_asked_again() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", b"kept");
     let h = Harness::new(src.clone(), None);
     let ino = h.ino("a");
@@ -763,7 +762,7 @@ fn without_revalidation_the_source_is_not_asked_again() {
 
 #[test]
 fn requests_that_need_the_source_return_before_it_answers() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(BS as usize, 7);
     src.write("a", &a);
     src.write("d/b", b"b");
@@ -823,7 +822,7 @@ fn requests_that_need_the_source_return_before_it_answers() {
         eventually(|| caller.is_finished()),
         "a request held the caller's thread on the source"
     );
-    assert!(eventually(|| src.waiting.load(SeqCst) > 0));
+    assert!(eventually(|| src.waiting() > 0));
     assert!(open_rx.try_recv().is_err(), "answered without the source");
     src.resume();
     let o = wait(open_rx).unwrap();
@@ -844,7 +843,7 @@ fn requests_that_need_the_source_return_before_it_answers() {
 
 #[test]
 fn kernel_open_mode_refuses_open_and_serves_reads_without_a_handle() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     let a = data(2 * BS as usize, 8);
     src.write("a", &a);
     let h = Harness::new(src.clone(), Some(Duration::ZERO));
@@ -877,7 +876,7 @@ fn kernel_open_mode_refuses_open_and_serves_reads_without_a_handle() {
 
 #[test]
 fn listings_give_dot_dotdot_then_the_entries_and_resume_at_an_offset() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     for name in ["d/z", "d/x", "d/y"] {
         src.write(name, name.as_bytes());
     }
@@ -922,7 +921,7 @@ fn listings_give_dot_dotdot_then_the_entries_and_resume_at_an_offset() {
 /// READDIRPLUS from further on fills its reply.
 #[test]
 fn the_first_readdirplus_is_short_even_over_known_entries() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     for i in 0..100 {
         src.write(&format!("d/f{i:03}"), b"x");
     }
@@ -943,7 +942,7 @@ fn the_first_readdirplus_is_short_even_over_known_entries() {
 
 #[test]
 fn the_root_has_the_stats_and_control_attributes_and_lists_none() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", b"a");
     let h = Harness::new(src, None);
     let stats = h.getxattr(ROOT, STATS_XATTR).unwrap();
@@ -971,7 +970,7 @@ fn the_root_has_the_stats_and_control_attributes_and_lists_none() {
 /// of the version last opened.
 #[test]
 fn an_inode_the_kernel_forgot_keeps_no_open_state() {
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("a", &data(100, 1));
     src.write("b", &data(100, 2));
     let h = Harness::new(src, None);
@@ -1015,7 +1014,7 @@ fn acl_value(uid: u32, perm: u16) -> Box<[u8]> {
 #[test]
 fn posix_acls_are_the_sources_held_with_the_attributes_and_read_again_with_them() {
     use locafs::source::{Acls, ACL_ACCESS_XATTR as ACCESS, ACL_DEFAULT_XATTR as DEFAULT};
-    let src = MemSource::new();
+    let src = Arc::new(MemSource::new());
     src.write("secret", b"s");
     src.write("open", b"o");
     src.write("d/x", b"x");

@@ -1,18 +1,8 @@
-//! Fakes to put behind the seams, for injecting faults and slowness only
-//! (everything else in a test is real):
-//!
-//! - [`Hooked`]: a real directory (`DirSource`), or any source, behind a [`Hook`] that sees
-//!   every call: [`SlowSource`] (latency per read and one bandwidth cap,
-//!   recording what reached the source) and [`StallSource`] (every call
-//!   hangs while stalled, as a hard NFS mount whose server stopped). A test
-//!   writes its own hook in a few lines.
-//! - [`MemSource`]: a data set in memory; [`NoSource`]: refuses and counts
-//!   every call.
-//! - [`MemCache`]: a `BlockStore` in memory; [`GatedCache`]: any block
-//!   store whose `put`s wait at a gate the test opens.
-//!
-//! `tests/kit_fakes.rs` checks that each fake answers as the real thing
-//! does where it does not inject anything. None of this is a user feature.
+//! Sources to put behind the `Source` seam: a directory (or any source)
+//! behind a hook that sees every call (slow, stalling, or a test's own in a
+//! few lines), a data set in memory, and a source that must not be asked.
+//! Each answers as the real source does wherever it injects nothing
+//! (`tests/kit_fakes.rs`); none of it may ship.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -20,12 +10,15 @@ use std::io;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use locafs::cache::{BlockStore, CacheUsage, ChecksummedBytes, FileVersion, VersionKey};
-use locafs::source::{DirSource, EntryKind, Source, SourceAttr, SourceError, SourceVersion};
+
+use super::Gate;
+use crate::source::{
+    Acls, DirName, DirSource, EntryKind, Source, SourceAttr, SourceError, SourceVersion,
+};
 
 // ------------------------------------------------------------ hooked sources
 
@@ -124,11 +117,7 @@ impl<H: Hook, S: Source> Source for Hooked<H, S> {
             }
         })
     }
-    fn list_names(
-        &self,
-        rel: &Path,
-        progress: &dyn Fn(),
-    ) -> io::Result<Vec<locafs::source::DirName>> {
+    fn list_names(&self, rel: &Path, progress: &dyn Fn()) -> io::Result<Vec<DirName>> {
         let entry = || {
             self.hook.around(Call::ListEntry(rel), || ());
             progress()
@@ -266,13 +255,10 @@ impl Hook for Slow {
 /// and cannot be cancelled.
 pub type StallSource = Hooked<Stall>;
 
+/// The hook of a [`StallSource`].
 #[derive(Default)]
 pub struct Stall {
-    stalled: Mutex<bool>,
-    resumed: Condvar,
-    /// Calls blocked in the stall right now, and the most there were.
-    pub stuck: AtomicU64,
-    pub max_stuck: AtomicU64,
+    gate: Gate,
 }
 
 impl StallSource {
@@ -284,31 +270,27 @@ impl StallSource {
 impl Stall {
     /// From now on every call hangs until [`Stall::resume`].
     pub fn stall(&self) {
-        *self.stalled.lock().unwrap() = true;
+        self.gate.close();
     }
 
     pub fn resume(&self) {
-        *self.stalled.lock().unwrap() = false;
-        self.resumed.notify_all();
+        self.gate.open();
     }
 
-    fn gate(&self) {
-        let mut s = self.stalled.lock().unwrap();
-        if !*s {
-            return;
-        }
-        let n = self.stuck.fetch_add(1, SeqCst) + 1;
-        self.max_stuck.fetch_max(n, SeqCst);
-        while *s {
-            s = self.resumed.wait(s).unwrap();
-        }
-        self.stuck.fetch_sub(1, SeqCst);
+    /// Calls blocked in the stall right now.
+    pub fn waiting(&self) -> u64 {
+        self.gate.waiting()
+    }
+
+    /// The most calls that were blocked in the stall at once.
+    pub fn max_waiting(&self) -> u64 {
+        self.gate.max_waiting()
     }
 }
 
 impl Hook for Stall {
     fn around<T>(&self, _: Call<'_>, real: impl FnOnce() -> T) -> T {
-        self.gate();
+        self.gate.pass();
         real()
     }
 }
@@ -368,15 +350,28 @@ enum MemEntry {
 }
 
 /// A data set in memory: directories, files and symlinks by relative path
-/// ("" is the root). Each `put_file` makes a new version (new inode and
-/// mtime), as replacing a file at a real source does. Answers as
-/// `DirSource` does, errors included; counts calls and reads.
+/// ("" is the root). Answers as `DirSource` does, errors included.
+///
+/// [`MemSource::put_file`] replaces a file (a new inode and mtime, as a
+/// rename over it does at a real source), [`MemSource::write`] changes it
+/// in place (same inode, new mtime); either makes a new version. It can
+/// stall ([`MemSource::hold`]: every call waits until
+/// [`MemSource::resume`]), serves POSIX ACLs set by the test, and counts
+/// its calls by kind.
 pub struct MemSource {
     tree: Mutex<BTreeMap<PathBuf, (SourceAttr, MemEntry)>>,
     clock: AtomicU64,
-    /// Calls of every kind, and reads, so far.
+    /// POSIX ACLs by path (entries not here have none).
+    acls: Mutex<HashMap<PathBuf, Acls>>,
+    held: Gate,
+    /// Calls of every kind so far.
     pub calls: AtomicU64,
+    /// `read_at` calls.
     pub reads: AtomicU64,
+    /// `stat` and `list` calls.
+    pub metadata_calls: AtomicU64,
+    /// `acls` calls.
+    pub acl_calls: AtomicU64,
 }
 
 impl Default for MemSource {
@@ -385,40 +380,61 @@ impl Default for MemSource {
     }
 }
 
+fn mode_of(kind: EntryKind) -> u32 {
+    match kind {
+        EntryKind::Dir => libc::S_IFDIR | 0o755,
+        EntryKind::File => libc::S_IFREG | 0o644,
+        EntryKind::Symlink => libc::S_IFLNK | 0o777,
+        EntryKind::Other => libc::S_IFIFO | 0o644,
+    }
+}
+
+fn enoent() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOENT)
+}
+
 impl MemSource {
     /// An empty data set (the root directory only).
     pub fn new() -> Self {
         let s = MemSource {
-            tree: Mutex::new(BTreeMap::new()),
+            tree: Mutex::default(),
             clock: AtomicU64::new(1),
+            acls: Mutex::default(),
+            held: Gate::default(),
             calls: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            metadata_calls: AtomicU64::new(0),
+            acl_calls: AtomicU64::new(0),
         };
-        s.insert(PathBuf::new(), EntryKind::Dir, MemEntry::Dir, 0);
+        s.insert(PathBuf::new(), EntryKind::Dir, MemEntry::Dir, 0, false);
         s
     }
 
-    fn insert(&self, rel: PathBuf, kind: EntryKind, e: MemEntry, size: u64) -> SourceVersion {
+    /// Puts `e` at `rel` (and its missing parent directories); with
+    /// `in_place` an entry already there keeps its inode. Its new version.
+    fn insert(
+        &self,
+        rel: PathBuf,
+        kind: EntryKind,
+        e: MemEntry,
+        size: u64,
+        in_place: bool,
+    ) -> SourceVersion {
         let tick = self.clock.fetch_add(1, SeqCst);
-        let mode = match kind {
-            EntryKind::Dir => libc::S_IFDIR | 0o755,
-            EntryKind::File => libc::S_IFREG | 0o644,
-            EntryKind::Symlink => libc::S_IFLNK | 0o777,
-            EntryKind::Other => libc::S_IFIFO | 0o644,
-        };
+        let time = tick as i64 * 1_000_000_007;
         let attr = SourceAttr {
             kind,
             size,
             blocks: size.div_ceil(512),
-            mode,
+            mode: mode_of(kind),
             nlink: if kind == EntryKind::Dir { 2 } else { 1 },
             uid: 0,
             gid: 0,
             rdev: 0,
             ino: tick + 1,
-            atime_ns: tick as i64 * 1_000_000_007,
-            mtime_ns: tick as i64 * 1_000_000_007,
-            ctime_ns: tick as i64 * 1_000_000_007,
+            atime_ns: time,
+            mtime_ns: time,
+            ctime_ns: time,
         };
         let mut tree = self.tree.lock().unwrap();
         let mut dir = rel.parent();
@@ -426,30 +442,42 @@ impl MemSource {
             if !tree.contains_key(d) {
                 let mut a = attr;
                 a.kind = EntryKind::Dir;
-                a.mode = libc::S_IFDIR | 0o755;
-                a.size = 0;
-                a.blocks = 0;
-                a.nlink = 2;
+                a.mode = mode_of(EntryKind::Dir);
+                (a.size, a.blocks, a.nlink) = (0, 0, 2);
                 tree.insert(d.to_owned(), (a, MemEntry::Dir));
             }
             dir = d.parent();
+        }
+        let mut attr = attr;
+        if let Some((old, _)) = tree.get(&rel).filter(|_| in_place) {
+            attr.ino = old.ino;
         }
         tree.insert(rel, (attr, e));
         attr.version()
     }
 
-    /// Creates or replaces the file `rel` (and its directories); its new
-    /// version.
+    /// Creates or replaces the file `rel` (and its directories): a new
+    /// inode, as a rename over it does. Its new version.
     pub fn put_file(&self, rel: impl AsRef<Path>, data: impl Into<Bytes>) -> SourceVersion {
         let data = data.into();
         let size = data.len() as u64;
         let rel = rel.as_ref().to_owned();
-        self.insert(rel, EntryKind::File, MemEntry::File(data), size)
+        self.insert(rel, EntryKind::File, MemEntry::File(data), size, false)
+    }
+
+    /// Creates or changes the file `rel` in place (and its directories):
+    /// an existing file keeps its inode, with a new mtime. Its new version.
+    pub fn write(&self, rel: &str, data: &[u8]) -> SourceVersion {
+        let data = Bytes::copy_from_slice(data);
+        let size = data.len() as u64;
+        let rel = PathBuf::from(rel);
+        self.insert(rel, EntryKind::File, MemEntry::File(data), size, true)
     }
 
     /// Creates the directory `rel` (and its parents).
     pub fn mkdir(&self, rel: impl AsRef<Path>) {
-        self.insert(rel.as_ref().to_owned(), EntryKind::Dir, MemEntry::Dir, 0);
+        let rel = rel.as_ref().to_owned();
+        self.insert(rel, EntryKind::Dir, MemEntry::Dir, 0, false);
     }
 
     /// Creates the symlink `rel` pointing at `target`.
@@ -457,7 +485,8 @@ impl MemSource {
         let target = target.as_ref().to_owned();
         let size = target.as_os_str().len() as u64;
         let rel = rel.as_ref().to_owned();
-        self.insert(rel, EntryKind::Symlink, MemEntry::Symlink(target), size);
+        let e = MemEntry::Symlink(target);
+        self.insert(rel, EntryKind::Symlink, e, size, false);
     }
 
     /// Removes `rel` and everything under it.
@@ -469,22 +498,54 @@ impl MemSource {
             .retain(|p, _| !p.starts_with(rel) || rel.as_os_str().is_empty() && p == rel);
     }
 
-    fn enoent() -> io::Error {
-        io::Error::from_raw_os_error(libc::ENOENT)
+    /// Sets (or, with none, removes) the POSIX ACLs of `rel`.
+    pub fn set_acls(&self, rel: impl AsRef<Path>, acls: Acls) {
+        self.acls.lock().unwrap().insert(rel.as_ref().into(), acls);
+    }
+
+    /// The version of `rel` as the source has it now.
+    ///
+    /// # Panics
+    /// If there is no `rel` (a test's mistake).
+    pub fn version(&self, rel: impl AsRef<Path>) -> SourceVersion {
+        self.tree.lock().unwrap()[rel.as_ref()].0.version()
+    }
+
+    /// Every call waits from now on until [`MemSource::resume`] (a stalled
+    /// source).
+    pub fn hold(&self) {
+        self.held.close();
+    }
+
+    pub fn resume(&self) {
+        self.held.open();
+    }
+
+    /// Calls waiting at the hold now.
+    pub fn waiting(&self) -> u64 {
+        self.held.waiting()
+    }
+
+    /// Waits while held, then counts the call.
+    fn call(&self) {
+        self.held.pass();
+        self.calls.fetch_add(1, SeqCst);
     }
 }
 
 impl Source for MemSource {
     fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
-        self.calls.fetch_add(1, SeqCst);
+        self.call();
+        self.metadata_calls.fetch_add(1, SeqCst);
         let tree = self.tree.lock().unwrap();
-        tree.get(rel).map(|(a, _)| *a).ok_or_else(Self::enoent)
+        tree.get(rel).map(|(a, _)| *a).ok_or_else(enoent)
     }
     fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        self.calls.fetch_add(1, SeqCst);
+        self.call();
+        self.metadata_calls.fetch_add(1, SeqCst);
         let tree = self.tree.lock().unwrap();
         match tree.get(rel) {
-            None => return Err(Self::enoent()),
+            None => return Err(enoent()),
             Some((_, MemEntry::Dir)) => {}
             Some(_) => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
         }
@@ -495,9 +556,9 @@ impl Source for MemSource {
             .collect())
     }
     fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
-        self.calls.fetch_add(1, SeqCst);
+        self.call();
         match self.tree.lock().unwrap().get(rel) {
-            None => Err(Self::enoent()),
+            None => Err(enoent()),
             Some((_, MemEntry::Symlink(t))) => Ok(t.clone()),
             Some(_) => Err(io::Error::from_raw_os_error(libc::EINVAL)),
         }
@@ -509,7 +570,7 @@ impl Source for MemSource {
         offset: u64,
         len: usize,
     ) -> Result<Bytes, SourceError> {
-        self.calls.fetch_add(1, SeqCst);
+        self.call();
         self.reads.fetch_add(1, SeqCst);
         let tree = self.tree.lock().unwrap();
         let path = rel.to_owned();
@@ -528,179 +589,25 @@ impl Source for MemSource {
         }
         Ok(data.slice(offset as usize..offset as usize + len))
     }
+    fn has_acls(&self) -> bool {
+        true
+    }
+    fn acls(&self, rel: &Path) -> io::Result<Acls> {
+        self.call();
+        self.acl_calls.fetch_add(1, SeqCst);
+        if !self.tree.lock().unwrap().contains_key(rel) {
+            return Err(enoent());
+        }
+        let acls = self.acls.lock().unwrap();
+        Ok(acls.get(rel).cloned().unwrap_or_default())
+    }
     fn statvfs(&self) -> io::Result<libc::statvfs> {
-        self.calls.fetch_add(1, SeqCst);
+        self.call();
         let mut st = libc::statvfs::default();
         st.f_bsize = 4096;
         st.f_frsize = 4096;
+        st.f_blocks = 1000;
         st.f_namemax = 255;
         Ok(st)
-    }
-}
-
-// ------------------------------------------------------------------ caches
-
-/// A [`BlockStore`] in memory: keeps every block it is given (no bound, no
-/// eviction, no policy). It keeps no whole files for passthrough: a mount
-/// over it has no [`locafs::cache::CompleteFiles`] (tests/fs adds one).
-pub struct MemCache {
-    block_size: u64,
-    blocks: Mutex<HashMap<(VersionKey, u64), ChecksummedBytes>>,
-    /// Versions marked current (`note_current`), in order.
-    pub current: Mutex<Vec<VersionKey>>,
-}
-
-impl MemCache {
-    pub fn new(block_size: u64) -> Self {
-        MemCache {
-            block_size,
-            blocks: Mutex::default(),
-            current: Mutex::default(),
-        }
-    }
-
-    /// Caches every block of `file` (whose bytes are `data`).
-    pub fn fill(&self, file: &FileVersion, data: &[u8]) {
-        for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
-            let block = ChecksummedBytes::from_source(Bytes::copy_from_slice(chunk));
-            self.put(file, i as u64, &block);
-        }
-    }
-
-    /// Drops block `index` of `key` (every block if None), as an eviction.
-    pub fn drop_blocks(&self, key: &VersionKey, index: Option<u64>) {
-        let mut blocks = self.blocks.lock().unwrap();
-        blocks.retain(|(k, i), _| k != key || index.is_some_and(|x| x != *i));
-    }
-
-    /// The indices of the blocks held for `file`, sorted.
-    pub fn stored(&self, file: &FileVersion) -> Vec<u64> {
-        let blocks = self.blocks.lock().unwrap();
-        let mut v: Vec<u64> = blocks
-            .keys()
-            .filter(|(k, _)| *k == file.key)
-            .map(|(_, i)| *i)
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl BlockStore for MemCache {
-    fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
-        self.blocks.lock().unwrap().get(&(file.key, index)).cloned()
-    }
-    fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        let mut blocks = self.blocks.lock().unwrap();
-        blocks.insert((file.key, index), block.clone());
-        true
-    }
-    fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
-        self.blocks.lock().unwrap().contains_key(&(file.key, index))
-    }
-    fn is_complete(&self, file: &FileVersion) -> bool {
-        let blocks = self.blocks.lock().unwrap();
-        (0..file.block_count(self.block_size)).all(|i| blocks.contains_key(&(file.key, i)))
-    }
-    fn note_current(&self, file: &FileVersion) {
-        self.current.lock().unwrap().push(file.key);
-    }
-    fn usage(&self) -> CacheUsage {
-        let blocks = self.blocks.lock().unwrap();
-        let mut files: Vec<VersionKey> = blocks.keys().map(|(k, _)| *k).collect();
-        files.sort();
-        files.dedup();
-        CacheUsage {
-            used_bytes: blocks.values().map(|b| b.data().len() as u64).sum(),
-            capacity_bytes: u64::MAX,
-            files_cached: files.len() as u64,
-            evictions: 0,
-            writable: true,
-        }
-    }
-    fn has_room_for(&self, _: &FileVersion) -> bool {
-        true
-    }
-}
-
-/// A cache whose `put`s (all kinds) wait until the test opens the gate;
-/// everything else goes straight to the cache inside.
-pub struct GatedCache<C = MemCache> {
-    pub inner: C,
-    open: Mutex<bool>,
-    opened: Condvar,
-    /// `put`s waiting at the gate right now.
-    pub waiting: AtomicU64,
-}
-
-impl<C> GatedCache<C> {
-    /// A closed gate in front of `inner`.
-    pub fn new(inner: C) -> Self {
-        GatedCache {
-            inner,
-            open: Mutex::new(false),
-            opened: Condvar::new(),
-            waiting: AtomicU64::new(0),
-        }
-    }
-
-    pub fn open_gate(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-
-    pub fn close_gate(&self) {
-        *self.open.lock().unwrap() = false;
-    }
-
-    fn pass(&self) {
-        let mut open = self.open.lock().unwrap();
-        self.waiting.fetch_add(1, SeqCst);
-        while !*open {
-            open = self.opened.wait(open).unwrap();
-        }
-        self.waiting.fetch_sub(1, SeqCst);
-    }
-}
-
-impl<C: BlockStore> BlockStore for GatedCache<C> {
-    fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
-        self.inner.get(file, index)
-    }
-    fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.pass();
-        self.inner.put(file, index, block)
-    }
-    fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.pass();
-        self.inner.put_guest(file, index, block)
-    }
-    fn put_ahead(
-        &self,
-        file: &FileVersion,
-        index: u64,
-        block: &ChecksummedBytes,
-        guest: bool,
-    ) -> bool {
-        self.pass();
-        self.inner.put_ahead(file, index, block, guest)
-    }
-    fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
-        self.inner.is_block_cached(file, index)
-    }
-    fn is_complete(&self, file: &FileVersion) -> bool {
-        self.inner.is_complete(file)
-    }
-    fn note_current(&self, file: &FileVersion) {
-        self.inner.note_current(file)
-    }
-    fn record_access(&self, file: &FileVersion, bytes: u64) {
-        self.inner.record_access(file, bytes)
-    }
-    fn usage(&self) -> CacheUsage {
-        self.inner.usage()
-    }
-    fn has_room_for(&self, file: &FileVersion) -> bool {
-        self.inner.has_room_for(file)
     }
 }
