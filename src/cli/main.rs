@@ -1,5 +1,6 @@
 //! The `locafs` command: hands over to the command line (`locafs::cli`).
-//! No logic lives here.
+//! No logic lives here. It is the binary's root (Cargo.toml's `[[bin]]`),
+//! not a module of `cli`.
 
 use std::process::ExitCode;
 
