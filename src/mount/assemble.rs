@@ -27,7 +27,7 @@ use crate::fs::{FsCore, FsOptions};
 use crate::meta::namespace::Namespace;
 use crate::mount::config::{MountConfig, OpenMode};
 use crate::mount::control;
-use crate::mount::manifest::{load_namespace, restore_namespace, Loaded};
+use crate::mount::tree::{load_namespace, restore_namespace, Loaded};
 use crate::obs::logging::short_io;
 use crate::obs::stats::Stats;
 use crate::peer::PeerNode;

@@ -28,9 +28,9 @@ pub mod config;
 pub mod connection;
 pub mod control;
 pub mod dead_mount;
-pub mod manifest;
 pub mod server;
 pub mod supervisor;
+pub mod tree;
 
 pub use server::Server;
 
@@ -92,7 +92,7 @@ pub fn probe_source(cfg: &MountConfig) -> Result<(), (u8, String)> {
         match ObjectSource::open(spec, cfg.source_timeout, cfg.metadata_timeout) {
             Ok(_) => {}
             Err(crate::source::object::ProbeError::Unreachable(why))
-                if cfg.dataset_dir.join(manifest::MANIFEST).is_file() =>
+                if cfg.dataset_dir.join(tree::MANIFEST).is_file() =>
             {
                 warn!(
                     "{why}: mounting the tree and cache the last mount left; what is not \

@@ -25,7 +25,7 @@ use crate::meta::namespace::Namespace;
 use crate::mount::assemble::{assemble, Assembly};
 use crate::mount::config::MountConfig;
 use crate::mount::connection::Settled;
-use crate::mount::manifest::ManifestSaver;
+use crate::mount::tree::ManifestSaver;
 use crate::obs::stats::Stats;
 use crate::peer::PeerNode;
 use crate::read::prefetch::ReadAhead;
