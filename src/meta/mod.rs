@@ -1,5 +1,6 @@
 //! Metadata: the source tree as the kernel sees it. `namespace` (inodes,
-//! attributes, listings and ACLs, revalidated against the source in time),
+//! attributes, listings and ACLs, revalidated against the source in time;
+//! its records are `table`'s, pure bookkeeping with no source call),
 //! `manifest` (the tree saved in the cache directory, so that a remount
 //! does not walk the source again) and `epoch` (which files the loader has
 //! read this pass, pure bookkeeping that read-ahead feeds).
@@ -10,3 +11,4 @@
 pub mod epoch;
 pub mod manifest;
 pub mod namespace;
+pub mod table;
