@@ -4,8 +4,21 @@
 //! For a block this node does not own, it asks the owner (over the pooled
 //! QUIC connection that membership keeps to each live member), then the next
 //! member in the block's ranking (the owner-to-be if the owner is gone),
-//! never more than [`MAX_ATTEMPTS`] members, each within `--peer-timeout`;
-//! after that the reader goes to the source. An owner that is listed but
+//! never more than [`MAX_ATTEMPTS`] members, all within one budget of
+//! [`MAX_ATTEMPTS`] x `--peer-timeout` per block; after that the reader goes
+//! to the source. A member is asked within `--peer-timeout`; past it, the
+//! request goes on waiting only while the member is still heard from (its
+//! connection carries packets: `Member::silent_for`), up to the end of the
+//! budget. A member that is heard from but slow (a loaded machine) is not
+//! passed over and not marked down: when the budget runs out the block is
+//! read from the source, since the next member, not its owner, would only
+//! read the source too, and the owner keeps its blocks (marking it down
+//! would hand all of them to the next members, who would read them from
+//! the source again). A member silent past `--peer-timeout` (stopped, dead,
+//! cut off) is marked down and the next member is asked at once, as is one
+//! whose connection failed; one heard from that has answered nothing at all
+//! for [`UNANSWERED_LIMIT`] x `--peer-timeout` is marked down too (alive,
+//! but not serving). An owner that is listed but
 //! not reached yet (the mesh still forming: `Member::is_expected`) is waited
 //! for, at most `--peer-timeout`, and asked the moment it connects (the wait
 //! and the ask are that member's one attempt); if it does not come in time the block is
@@ -13,12 +26,12 @@
 //! (`peer_unreached_source_blocks`): asking the next member instead would
 //! only make that member read the source. A member that answers `Busy`
 //! (short of reply memory: flow control from a live owner) is asked again
-//! after a short pause, within the same deadline, rather than passed over:
+//! after a short pause, within the same budget, rather than passed over:
 //! the next member would read the block from its source, and the owner would
 //! read it again for the next node that asks. Every block received is checked
 //! against its checksum and its expected length before anyone sees it; a
 //! peer that sends a wrong block is counted as lying and marked down, like a
-//! peer that times out or fails.
+//! silent peer or a failed connection.
 //!
 //! It must never make a read fail or wait without a deadline: any fault is
 //! `None`, and the caller reads the source.
@@ -33,14 +46,24 @@ use futures::future::{BoxFuture, FutureExt};
 use tracing::{debug, warn};
 
 use super::codec::{self, Frame, WireVersion};
-use super::membership::{Member, Membership, MAX_BACKOFF};
+use super::membership::{Member, Membership, MAX_BACKOFF, SILENT_AFTER};
 use super::placement::{block_key, path_id};
 use crate::cache::{ChecksummedBytes, FileVersion};
 use crate::reader::PeerTier;
 use crate::stats::Stats;
 
-/// Members asked for one block before giving up on peers.
+/// Members asked for one block before giving up on peers; the block's
+/// whole peer budget (every wait and request) is this many `--peer-timeout`s.
 pub const MAX_ATTEMPTS: usize = 2;
+
+/// How often a request waiting past `--peer-timeout` looks whether its
+/// member is still heard from.
+pub const LISTEN_EVERY: Duration = Duration::from_millis(100);
+
+/// A member heard from that has answered none of our requests for this
+/// many `--peer-timeout`s (twice a block's budget), when one more of them
+/// runs out of time, is marked down: it is alive but not serving.
+pub const UNANSWERED_LIMIT: u32 = 2 * MAX_ATTEMPTS as u32;
 
 /// The first pause before a member that answered `Busy` is asked again;
 /// it doubles up to [`BUSY_PAUSE_MAX`], all within the member's deadline.
@@ -52,7 +75,14 @@ pub const BUSY_PAUSE_MAX: Duration = Duration::from_millis(160);
 enum Miss {
     /// The member is up but short of reply memory: ask it again shortly.
     Busy,
-    /// Timeout, transport error, `Error`, `NotFound`: try elsewhere.
+    /// No answer by the end of the wait from a member still heard from, or
+    /// an answer it gave up sending (we took too long to take it): slow,
+    /// not gone.
+    Slow(&'static str),
+    /// No answer within `--peer-timeout`, and nothing heard from the member
+    /// for [`SILENT_AFTER`] either: gone, or stopped.
+    Silent,
+    /// Transport error, `Error`, `NotFound`: try elsewhere.
     Failed(String),
     /// A block that does not match its checksum or length.
     Lied(String),
@@ -89,14 +119,17 @@ impl PeerClient {
         block_key(&self.dataset, &path_id(&file.rel), index, self.block_size)
     }
 
-    /// One request to one member, within `timeout`.
+    /// One request to one member. Its answer is waited for until `soft`;
+    /// past it only while the member is still heard from, and never past
+    /// `hard`.
     async fn ask(
         &self,
         m: &Member,
         file: &FileVersion,
         index: u64,
         len: usize,
-        timeout: Duration,
+        soft: Instant,
+        hard: Instant,
     ) -> Result<ChecksummedBytes, Miss> {
         let conn = m
             .connection()
@@ -137,7 +170,12 @@ impl PeerClient {
             while let Some(chunk) = recv
                 .read_chunk(usize::MAX, true)
                 .await
-                .map_err(|e| Miss::Failed(e.to_string()))?
+                .map_err(|e| match e {
+                    // The member gave up sending its answer: it is alive
+                    // (it answered), we took too long to take it.
+                    quinn::ReadError::Reset(_) => Miss::Slow("it gave up sending its answer"),
+                    e => Miss::Failed(e.to_string()),
+                })?
             {
                 if raw.len() + chunk.bytes.len() > limit {
                     return Err(Miss::Lied("reply longer than the block".into()));
@@ -148,10 +186,27 @@ impl PeerClient {
                 .map(Some)
                 .map_err(|e| Miss::Lied(format!("bad reply: {e}")))
         };
-        let reply = match tokio::time::timeout(timeout, exchange).await {
-            Err(_) => return Err(Miss::Failed(format!("no answer within {:?}", self.timeout))),
+        tokio::pin!(exchange);
+        // What has been heard so far: silence is counted from here on.
+        m.silent_for(&conn);
+        let at = tokio::time::Instant::from_std;
+        let reply = match tokio::time::timeout_at(at(soft), &mut exchange).await {
             Ok(r) => r?,
+            Err(_) => loop {
+                let now = Instant::now();
+                if m.silent_for(&conn) >= SILENT_AFTER {
+                    return Err(Miss::Silent);
+                }
+                if now >= hard {
+                    return Err(Miss::Slow("no answer"));
+                }
+                let until = (now + LISTEN_EVERY).min(hard);
+                if let Ok(r) = tokio::time::timeout_at(at(until), &mut exchange).await {
+                    break r?;
+                }
+            },
         };
+        m.note_answer();
         match reply {
             Some(Frame::Block { checksum, data }) => {
                 if data.len() != len {
@@ -175,20 +230,20 @@ impl PeerClient {
     }
 
     /// [`ask`](Self::ask), again after a pause while the member answers
-    /// `Busy`, all within one `--peer-timeout`.
+    /// `Busy` (it is heard from: up to `hard`).
     async fn ask_until_served(
         &self,
         m: &Member,
         file: &FileVersion,
         index: u64,
         len: usize,
+        soft: Instant,
+        hard: Instant,
     ) -> Result<ChecksummedBytes, Miss> {
-        let deadline = Instant::now() + self.timeout;
         let mut pause = BUSY_PAUSE;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.ask(m, file, index, len, left).await {
-                Err(Miss::Busy) if Instant::now() + pause < deadline => {
+            match self.ask(m, file, index, len, soft, hard).await {
+                Err(Miss::Busy) if Instant::now() + pause < hard => {
                     self.stats.peer_busy.fetch_add(1, Relaxed);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(BUSY_PAUSE_MAX);
@@ -207,9 +262,11 @@ impl PeerClient {
         let placement = self.membership.placement();
         let me = self.membership.me();
         let key = self.key(&file, index);
+        // Every wait and request for this block ends by then.
+        let budget = Instant::now() + self.timeout * MAX_ATTEMPTS as u32;
         let mut attempts = 0;
         for id in placement.owners(&key) {
-            if attempts >= MAX_ATTEMPTS || Some(id) == me.as_ref() {
+            if attempts >= MAX_ATTEMPTS || Some(id) == me.as_ref() || Instant::now() >= budget {
                 // This node is next in line: it reads the source itself.
                 break;
             }
@@ -223,7 +280,20 @@ impl PeerClient {
                 // The owner is listed but not reached yet: wait for it
                 // (the wait and the ask below are one attempt).
                 self.stats.peer_owner_waits.fetch_add(1, Relaxed);
-                if !m.wait_up(self.timeout).await {
+                let limit = self
+                    .timeout
+                    .min(budget.saturating_duration_since(Instant::now()));
+                let mut up = m.wait_up(limit).await;
+                if !up && m.came_in_within(self.timeout * MAX_ATTEMPTS as u32) {
+                    // It has connected to us: it runs, and our connection
+                    // to it is forming (a handshake on a loaded machine).
+                    // Wait on, leaving half a timeout of the budget to ask.
+                    let end = budget - self.timeout / 2;
+                    up = m
+                        .wait_up(end.saturating_duration_since(Instant::now()))
+                        .await;
+                }
+                if !up {
                     self.stats
                         .peer_unreached_source_blocks
                         .fetch_add(1, Relaxed);
@@ -234,16 +304,49 @@ impl PeerClient {
             }
             attempts += 1;
             m.requests.fetch_add(1, Relaxed);
-            match self.ask_until_served(&m, &file, index, len).await {
+            let started = Instant::now();
+            let soft = (started + self.timeout).min(budget);
+            match self
+                .ask_until_served(&m, &file, index, len, soft, budget)
+                .await
+            {
                 Ok(block) => {
                     m.bytes_received.fetch_add(len as u64, Relaxed);
                     return Some(block);
                 }
                 Err(Miss::Busy) => {
-                    // Busy until its deadline: up, but not serving us now.
+                    // Busy until the budget ran out: up, but not serving us
+                    // now. The next member would only read the source.
                     m.failures.fetch_add(1, Relaxed);
                     self.stats.peer_failures.fetch_add(1, Relaxed);
-                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer stayed busy for {:?}", self.timeout);
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer stayed busy for {:?}", started.elapsed());
+                    return None;
+                }
+                Err(Miss::Slow(what)) => {
+                    // Heard from all along: slow (a loaded machine), not
+                    // gone. It stays up and keeps its blocks; the next
+                    // member would only read the source.
+                    m.failures.fetch_add(1, Relaxed);
+                    self.stats.peer_failures.fetch_add(1, Relaxed);
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer request failed: {what} after {:?} (the peer is connected and heard from: slow, kept up)", started.elapsed());
+                    let quiet = m.unanswered_for();
+                    if quiet >= self.timeout * UNANSWERED_LIMIT {
+                        self.membership.mark_down(
+                            &m,
+                            &format!("connected but answered nothing for {quiet:.1?}"),
+                        );
+                    }
+                    return None;
+                }
+                Err(Miss::Silent) => {
+                    m.failures.fetch_add(1, Relaxed);
+                    self.stats.peer_failures.fetch_add(1, Relaxed);
+                    let why = format!(
+                        "no answer within {:?}, and nothing heard from it for {SILENT_AFTER:?}",
+                        started.elapsed()
+                    );
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer request failed: {why}");
+                    self.membership.mark_down(&m, &why);
                 }
                 Err(Miss::Failed(why)) => {
                     m.failures.fetch_add(1, Relaxed);
