@@ -433,6 +433,92 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreached_owner_that_connected_to_us_is_waited_for_past_the_timeout() {
+        // Nodes started together on a loaded machine: the owner has
+        // connected to us (it runs), but our handshake to it is still
+        // forming when --peer-timeout has passed. The read waits on (within
+        // the block's budget) instead of reading the source, which the
+        // owner reads too.
+        let ca = test_ca("test CA");
+        let mine = admin_identity(&ca, "locafs.example.com");
+        let mut ep =
+            quinn::Endpoint::server(mine.server_config(), "127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(mine.client_config());
+        let me = ep.local_addr().unwrap();
+        // The owner's port is held, unanswered, until it serves.
+        let held = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let owner = held.local_addr().unwrap();
+        let file = Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size: 1 << 30,
+                mtime_ns: 1,
+                ino: 2,
+            },
+        ));
+        let (dataset, block_size, len) = ([4u8; 16], 4096u32, 4096usize);
+        let ranking = Placement::new(vec![
+            MemberId::new(me.to_string()),
+            MemberId::new(owner.to_string()),
+        ]);
+        let key = |i| block_key(&dataset, &path_id(&file.rel), i, block_size);
+        let index = (0..)
+            .find(|&i| ranking.owner(&key(i)).unwrap().as_str() == owner.to_string())
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let membership = Membership::new(
+            vec![me.to_string(), owner.to_string()],
+            me,
+            mine.leaf_certificate().to_vec(),
+            mine.leaf_is_fresh(),
+            ep,
+            Duration::from_millis(500),
+            Arc::clone(&stats),
+        );
+        tokio::spawn(Arc::clone(&membership).run());
+        let timeout = Duration::from_secs(4);
+        let client = PeerClient::new(
+            Arc::clone(&membership),
+            dataset,
+            block_size,
+            timeout,
+            Arc::clone(&stats),
+        );
+        let fetch = tokio::spawn(client.fetch_inner(Arc::clone(&file), index, len));
+        until("a wait for the owner", || {
+            stats.peer_owner_waits.load(Relaxed) == 1
+        })
+        .await;
+        let waiting = Instant::now();
+        // Its connection to us has been accepted (what the server reports).
+        membership.note_incoming(owner);
+        // Past --peer-timeout (the first wait has ended), within the
+        // budget less half a timeout, our connection to it forms.
+        tokio::time::sleep(timeout + Duration::from_millis(500)).await;
+        assert!(!fetch.is_finished(), "the read did not wait past the timeout");
+        drop(held);
+        let data = Bytes::from(vec![9u8; len]);
+        answer_all(
+            &admin_identity(&ca, "locafs.example.com"),
+            owner,
+            Frame::Block {
+                checksum: block_checksum(&data),
+                data: data.clone(),
+            },
+        );
+        membership.note_incoming(owner);
+        let got = tokio::time::timeout(Duration::from_secs(60), fetch)
+            .await
+            .expect("the fetch ended")
+            .unwrap();
+        eprintln!("the read ended {:?} after its wait began", waiting.elapsed());
+        assert_eq!(stats.peer_owner_waits_met.load(Relaxed), 1);
+        assert_eq!(stats.peer_unreached_source_blocks.load(Relaxed), 0);
+        let got = got.expect("the owner that had connected to us was not waited for");
+        assert_eq!(got.data(), &data);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_owner_waited_for_that_fails_is_followed_by_the_next_member() {
         let ca = test_ca("test CA");
         let mine = admin_identity(&ca, "locafs.example.com");
