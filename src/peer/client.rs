@@ -20,7 +20,9 @@
 //! for [`UNANSWERED_LIMIT`] x `--peer-timeout` is marked down too (alive,
 //! but not serving). An owner that is listed but
 //! not reached yet (the mesh still forming: `Member::is_expected`) is waited
-//! for, at most `--peer-timeout`, and asked the moment it connects (the wait
+//! for, at most `--peer-timeout` (up to the budget less a quarter of a
+//! timeout if it has tried to connect to us: it runs, our connection to it
+//! is forming), and asked the moment it connects (the wait
 //! and the ask are that member's one attempt); if it does not come in time the block is
 //! read from the source at once and counted
 //! (`peer_unreached_source_blocks`): asking the next member instead would
@@ -280,15 +282,18 @@ impl PeerClient {
                 // The owner is listed but not reached yet: wait for it
                 // (the wait and the ask below are one attempt).
                 self.stats.peer_owner_waits.fetch_add(1, Relaxed);
+                let waited = Instant::now();
                 let limit = self
                     .timeout
                     .min(budget.saturating_duration_since(Instant::now()));
                 let mut up = m.wait_up(limit).await;
-                if !up && m.came_in_within(self.timeout * MAX_ATTEMPTS as u32) {
-                    // It has connected to us: it runs, and our connection
-                    // to it is forming (a handshake on a loaded machine).
-                    // Wait on, leaving half a timeout of the budget to ask.
-                    let end = budget - self.timeout / 2;
+                let runs = || m.tried_us_within(self.timeout * MAX_ATTEMPTS as u32);
+                if !up && runs() {
+                    // It has tried to connect to us: it runs, and our
+                    // connection to it is forming (handshakes take seconds
+                    // on a loaded machine). Wait on, leaving a quarter of a
+                    // timeout of the budget to ask.
+                    let end = budget - self.timeout / 4;
                     up = m
                         .wait_up(end.saturating_duration_since(Instant::now()))
                         .await;
@@ -297,7 +302,7 @@ impl PeerClient {
                     self.stats
                         .peer_unreached_source_blocks
                         .fetch_add(1, Relaxed);
-                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "owner not reached within {:?}: reading the source", self.timeout);
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, runs = runs(), "owner not reached within {:?}: reading the source", waited.elapsed());
                     return None;
                 }
                 self.stats.peer_owner_waits_met.fetch_add(1, Relaxed);
@@ -493,7 +498,7 @@ mod tests {
         // Its connection to us has been accepted (what the server reports).
         membership.note_incoming(owner);
         // Past --peer-timeout (the first wait has ended), within the
-        // budget less half a timeout, our connection to it forms.
+        // budget less a quarter of a timeout, our connection to it forms.
         tokio::time::sleep(timeout + Duration::from_millis(500)).await;
         assert!(!fetch.is_finished(), "the read did not wait past the timeout");
         drop(held);

@@ -119,9 +119,10 @@ pub struct Member {
     heard: Mutex<Heard>,
     /// When it last answered a request of ours (any answer), or came up.
     answered: Mutex<Instant>,
-    /// When a connection of its own to us was last accepted: proof that it
-    /// runs (while ours to it may still be forming).
-    came_in: Mutex<Option<Instant>>,
+    /// When it last tried to connect to us (an attempt seen, or a
+    /// connection accepted): proof that it runs, while our connection to it
+    /// may still be forming.
+    tried_us: Mutex<Option<Instant>>,
 }
 
 /// The datagrams received on one connection when last looked at, and when
@@ -175,14 +176,14 @@ impl Member {
                 at: Instant::now(),
             }),
             answered: Mutex::new(Instant::now()),
-            came_in: Mutex::new(None),
+            tried_us: Mutex::new(None),
         }
     }
 
-    /// Whether a connection of its own to us was accepted within `d`: it
-    /// runs, even if our connection to it has not formed yet.
-    pub fn came_in_within(&self, d: Duration) -> bool {
-        self.came_in.lock().is_some_and(|at| at.elapsed() < d)
+    /// Whether it tried to connect to us within `d`: it runs, even if our
+    /// connection to it has not formed yet.
+    pub fn tried_us_within(&self, d: Duration) -> bool {
+        self.tried_us.lock().is_some_and(|at| at.elapsed() < d)
     }
 
     /// How long `conn` (this member's connection) has carried no packet
@@ -515,7 +516,7 @@ impl Membership {
     /// on one machine: the mesh formed in 7.2 s without this (docs/cluster.md).
     pub fn note_incoming(&self, addr: SocketAddr) {
         if let Some(m) = self.member_at(&addr) {
-            *m.came_in.lock() = Some(Instant::now());
+            *m.tried_us.lock() = Some(Instant::now());
             let mut st = m.state.lock();
             if st.conn.is_none() {
                 st.next_try = Instant::now();
@@ -523,6 +524,16 @@ impl Membership {
                 drop(st);
                 self.wake.notify_one();
             }
+        }
+    }
+
+    /// A connection attempt came in from `addr` (before any handshake):
+    /// if that is a member, it runs. Readers waiting for it while it is not
+    /// reached yet may wait a little longer (`client`). The address is not
+    /// proven yet, so this decides nothing else.
+    pub fn note_attempt(&self, addr: SocketAddr) {
+        if let Some(m) = self.member_at(&addr) {
+            *m.tried_us.lock() = Some(Instant::now());
         }
     }
 
