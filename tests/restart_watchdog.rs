@@ -230,6 +230,9 @@ fn an_idle_holder_sleeps_between_its_looks() {
     eprintln!("the idle holder made {n} read calls in 3 s");
     // About 40 a second when it sleeps between looks (some looks read a
     // file or two); the loop that did not sleep made thousands.
-    assert!(n < 1_000, "{n} read calls in 3 s: the holder does not sleep");
+    assert!(
+        n < 1_000,
+        "{n} read calls in 3 s: the holder does not sleep"
+    );
     assert_eq!(m.unmount().code(), Some(0));
 }
