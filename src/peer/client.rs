@@ -87,9 +87,13 @@ enum Miss {
     /// The member is up but short of reply memory: ask it again shortly.
     Busy,
     /// No answer by the end of the wait from a member still heard from, or
-    /// an answer it gave up sending (we took too long to take it): slow,
-    /// not gone.
+    /// an answer it gave up sending (we took too long to take it) with no
+    /// time left to ask again: slow, not gone.
     Slow(&'static str),
+    /// It gave up sending its answer (the stream reset: we took longer
+    /// than its `--peer-timeout` to take it). It has the block now: ask
+    /// again within the budget.
+    Abandoned,
     /// No answer within `--peer-timeout`, and nothing heard from the member
     /// for [`SILENT_AFTER`] either: gone, or stopped.
     Silent,
@@ -184,7 +188,7 @@ impl PeerClient {
                     .map_err(|e| match e {
                         // The member gave up sending its answer: it is alive
                         // (it answered), we took too long to take it.
-                        quinn::ReadError::Reset(_) => Miss::Slow("it gave up sending its answer"),
+                        quinn::ReadError::Reset(_) => Miss::Abandoned,
                         e => Miss::Failed(e.to_string()),
                     })?
             {
@@ -241,7 +245,8 @@ impl PeerClient {
     }
 
     /// [`ask`](Self::ask), again after a pause while the member answers
-    /// `Busy` (it is heard from: up to `hard`).
+    /// `Busy` or gives up sending its answer (it is heard from: up to
+    /// `hard`).
     async fn ask_until_served(
         &self,
         m: &Member,
@@ -258,6 +263,9 @@ impl PeerClient {
                     self.stats.peer_busy.fetch_add(1, Relaxed);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(BUSY_PAUSE_MAX);
+                }
+                Err(Miss::Abandoned) if Instant::now() < hard => {
+                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer gave up sending its answer (we were slow to take it): asking again");
                 }
                 r => return r,
             }
@@ -336,7 +344,11 @@ impl PeerClient {
                     debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer stayed busy for {:?}", started.elapsed());
                     return None;
                 }
-                Err(Miss::Slow(what)) => {
+                Err(miss @ (Miss::Slow(_) | Miss::Abandoned)) => {
+                    let what = match miss {
+                        Miss::Slow(what) => what,
+                        _ => "it gave up sending its answer",
+                    };
                     // Heard from all along: slow (a loaded machine), not
                     // gone. It stays up and keeps its blocks; the next
                     // member would only read the source.
@@ -490,6 +502,12 @@ mod tests {
             Arc::clone(&stats),
         );
         tokio::spawn(Arc::clone(&membership).run());
+        until("the owner listed", || {
+            membership
+                .member_at(&owner)
+                .is_some_and(|m| m.is_expected())
+        })
+        .await;
         let timeout = Duration::from_secs(4);
         let client = PeerClient::new(
             Arc::clone(&membership),
@@ -536,6 +554,99 @@ mod tests {
         assert_eq!(stats.peer_unreached_source_blocks.load(Relaxed), 0);
         let got = got.expect("the owner that had tried to connect to us was not waited for");
         assert_eq!(got.data(), &data);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_the_owner_gave_up_sending_is_asked_for_again() {
+        // On a loaded machine the asker can take longer than the owner's
+        // --peer-timeout to take a reply, and the owner resets the stream.
+        // The owner has the block by then: it is asked again within the
+        // budget, rather than read from the source (which the owner did).
+        let ca = test_ca("test CA");
+        let mine = admin_identity(&ca, "locafs.example.com");
+        let mut ep =
+            quinn::Endpoint::server(mine.server_config(), "127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(mine.client_config());
+        let me = ep.local_addr().unwrap();
+        let theirs = admin_identity(&ca, "locafs.example.com");
+        let owner_ep =
+            quinn::Endpoint::server(theirs.server_config(), "127.0.0.1:0".parse().unwrap())
+                .unwrap();
+        let owner = owner_ep.local_addr().unwrap();
+        let data = Bytes::from(vec![5u8; 4096]);
+        let block = Frame::Block {
+            checksum: block_checksum(&data),
+            data: data.clone(),
+        };
+        // The owner resets its first reply stream, then answers.
+        let streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen = Arc::clone(&streams);
+        tokio::spawn(async move {
+            while let Some(incoming) = owner_ep.accept().await {
+                let (block, seen) = (block.clone(), Arc::clone(&seen));
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        let _ = recv.read_to_end(1 << 20).await;
+                        if seen.fetch_add(1, Relaxed) == 0 {
+                            let _ = send.reset(1u32.into());
+                            continue;
+                        }
+                        let mut out = BytesMut::new();
+                        codec::encode(&block, &mut out).unwrap();
+                        let _ = send.write_all(&out).await;
+                        let _ = send.finish();
+                    }
+                });
+            }
+        });
+        let file = Arc::new(FileVersion::new(
+            Arc::from(Path::new("f")),
+            SourceVersion {
+                size: 1 << 30,
+                mtime_ns: 1,
+                ino: 2,
+            },
+        ));
+        let (dataset, block_size) = ([6u8; 16], 4096u32);
+        let ranking = Placement::new(vec![
+            MemberId::new(me.to_string()),
+            MemberId::new(owner.to_string()),
+        ]);
+        let index = (0..)
+            .find(|&i| {
+                let key = block_key(&dataset, &path_id(&file.rel), i, block_size);
+                ranking.owner(&key).unwrap().as_str() == owner.to_string()
+            })
+            .unwrap();
+        let stats = Arc::new(Stats::default());
+        let membership = Membership::new(
+            vec![me.to_string(), owner.to_string()],
+            me,
+            mine.leaf_certificate().to_vec(),
+            mine.leaf_is_fresh(),
+            ep,
+            Duration::from_secs(5),
+            Arc::clone(&stats),
+        );
+        tokio::spawn(Arc::clone(&membership).run());
+        until("the owner up", || {
+            membership.member_at(&owner).is_some_and(|m| m.is_up())
+        })
+        .await;
+        let client = PeerClient::new(
+            Arc::clone(&membership),
+            dataset,
+            block_size,
+            Duration::from_secs(5),
+            Arc::clone(&stats),
+        );
+        let got = client.fetch_inner(Arc::clone(&file), index, 4096).await;
+        assert_eq!(streams.load(Relaxed), 2, "asked once more after the reset");
+        let got = got.expect("the block was not asked for again");
+        assert_eq!(got.data(), &data);
+        assert!(membership.member_at(&owner).unwrap().is_up());
+        assert_eq!(stats.peer_failures.load(Relaxed), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
