@@ -81,11 +81,13 @@ pub const SILENT_AFTER: Duration = Duration::from_secs(2);
 /// How long a listed member that has not been reached yet still owns its
 /// blocks (counted from when it entered the list: the mount's start, or a
 /// later resolution that found it). Within it, read-ahead leaves its blocks
-/// to it and a read of one waits for it (at most `--peer-timeout`); past it
-/// the member is treated as down, like one that was lost. Measured: 64
-/// nodes started together on one 2-core machine, 4,032 TLS handshakes on
-/// those 2 cores, all reached each other 7.2-7.7 s after the first start
-/// (docs/cluster.md); real nodes, each with cores of its own, sooner. A
+/// to it and a read of one waits for it (at most `--peer-timeout`, longer
+/// if it runs: `client`); past it the member is treated as down, like one
+/// that was lost. Measured: 64 nodes started together on one 2-core
+/// machine, 4,032 TLS handshakes on those 2 cores, all reached each other
+/// 7.2-11.4 s after the first start (docs/cluster.md; a member still
+/// unreached at 10 s moves its blocks for a moment); real nodes, each with
+/// cores of its own, sooner. A
 /// longer window would cover later starters, at the price of a wait of up
 /// to `--peer-timeout` per read of a block of a member that never comes.
 pub const JOIN_WINDOW: Duration = Duration::from_secs(10);
