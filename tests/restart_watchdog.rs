@@ -200,3 +200,39 @@ fn a_stalled_source_does_not_trigger_the_watchdog() {
     assert_eq!(m.unmount().code(), Some(0));
     drop(inner);
 }
+
+#[test]
+fn an_idle_holder_sleeps_between_its_looks() {
+    require_fuse!();
+    // The holder looks at its server ten times a second (signals, the
+    // server's pipe, the watchdog). It once kept polling the pipe the
+    // server says READY on after the server had closed its end: a closed
+    // pipe is always readable, so it looped at once, again and again
+    // (about 700 times a second, reading each time: a fifth of a core for
+    // a mount nobody used, and 64 of them starved a 2-core machine).
+    let sc = Scratch::new();
+    let files = files(&sc.src, 2);
+    let mut m = sc.mount(&[]);
+    let holder = m.pid().unwrap();
+    assert!(std::fs::read(sc.mnt.join(&files[0].0)).unwrap() == files[0].1);
+    let server = server_pid(&sc.mnt).unwrap();
+    assert_ne!(server, holder, "the mount has a holder and a server");
+    let reads = || {
+        let io = std::fs::read_to_string(format!("/proc/{holder}/io")).unwrap();
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscr:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    let before = reads();
+    std::thread::sleep(Duration::from_secs(3));
+    let n = reads() - before;
+    eprintln!("the idle holder made {n} read calls in 3 s");
+    // About 40 a second when it sleeps between looks (some looks read a
+    // file or two); the loop that did not sleep made thousands.
+    assert!(
+        n < 1_000,
+        "{n} read calls in 3 s: the holder does not sleep"
+    );
+    assert_eq!(m.unmount().code(), Some(0));
+}

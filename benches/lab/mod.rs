@@ -241,20 +241,30 @@ pub fn spawn(i: usize, spec: &NodeSpec) -> Node {
     Node { child, mnt, cache }
 }
 
-/// The daemon's resident memory (bytes) and threads now, from /proc (the
-/// node's process is `locafs` itself: `sh` and `nsenter` exec it).
+/// The node's resident memory (bytes) and threads now, from /proc: its
+/// holder (the process started, `locafs mount`: `sh` and `nsenter` exec it)
+/// and the server serving the mount, together.
 pub fn rss_and_threads(node: &Node) -> (u64, u64) {
-    let pid = node.child.id();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
+    let of = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:") * 1024, field("Threads:"))
     };
-    (field("VmRSS:") * 1024, field("Threads:"))
+    let holder = node.child.id();
+    let (mut rss, mut threads) = of(holder);
+    if let Some(server) = common::restart::server_pid(&node.mnt).filter(|p| *p != holder) {
+        let (r, t) = of(server);
+        rss += r;
+        threads += t;
+    }
+    (rss, threads)
 }
 
 /// Waits until every node sees every peer up.

@@ -1169,18 +1169,18 @@ fn read_private(path: &Path, option: &str) -> Result<Vec<u8>, UsageError> {
     Ok(v)
 }
 
-/// A read asks at most two peers (`peer::client::MAX_ATTEMPTS`), each for up
-/// to `--peer-timeout`, before the source, all within `--source-timeout`:
-/// unless twice the peer timeout is well below it, a slow peer turns a
-/// healthy source into ETIMEDOUT.
+/// A read may spend up to three `--peer-timeout`s on peers
+/// (`peer::client::BUDGET`: asking at most two, waiting for a slow one)
+/// before the source, all within `--source-timeout`: unless that budget is
+/// well below it, a slow peer turns a healthy source into ETIMEDOUT.
 fn check_peer_timeout(peer: Duration, source: Duration) -> Result<(), UsageError> {
-    let n = crate::peer::client::MAX_ATTEMPTS as u32;
+    let n = crate::peer::client::BUDGET;
     if peer * n >= source {
         return Err(usage(format!(
-            "--peer-timeout {peer:?}: a read may wait for {n} peers in turn, so {n} x \
-             --peer-timeout must be below --source-timeout ({source:?}), or a slow peer makes \
-             reads time out before the source is asked; lower --peer-timeout or raise \
-             --source-timeout"
+            "--peer-timeout {peer:?}: a read may wait up to {n} x --peer-timeout for peers \
+             before the source, so {n} x --peer-timeout must be below --source-timeout \
+             ({source:?}), or a slow peer makes reads time out before the source is asked; \
+             lower --peer-timeout or raise --source-timeout"
         )));
     }
     Ok(())

@@ -20,7 +20,10 @@
 //!
 //! Each other member is up (a live QUIC connection) or down since some time;
 //! a down member is retried with a backoff from [`MIN_BACKOFF`] to
-//! [`MAX_BACKOFF`], at once when it connects to us. Placement follows the
+//! [`MAX_BACKOFF`], at once when it connects to us. Up is not the same as
+//! answering fast: the client tells a slow member (its connection still
+//! carries packets, [`Member::silent_for`]) from a silent one, and marks
+//! only the silent one down. Placement follows the
 //! configured list from the first request: it is computed over this node,
 //! the members that are up, and the members not reached yet that are still
 //! *expected* (listed less than [`JOIN_WINDOW`] ago). So a node that has not
@@ -66,14 +69,25 @@ pub const SELF_CHECK_WAIT: Duration = Duration::from_secs(2);
 const SELF_CHECK_LABEL: &[u8] = b"locafs self check v1";
 /// Accepted connections presenting our certificate that are remembered.
 const SELF_CHECK_KEEP: usize = 64;
+/// How often each side of a peer connection sends a keep-alive while it has
+/// nothing else to send: a live member is heard from at least this often.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(1);
+/// A member whose connection has carried no packet at all for this long
+/// (twice [`KEEP_ALIVE`]) is *silent*: stopped, dead or cut off, not merely
+/// slow. A request to a silent member is given up at `--peer-timeout` and
+/// the member marked down; one to a member still heard from may wait
+/// longer (`client`). quinn itself closes a connection silent for 5 s.
+pub const SILENT_AFTER: Duration = Duration::from_secs(2);
 /// How long a listed member that has not been reached yet still owns its
 /// blocks (counted from when it entered the list: the mount's start, or a
 /// later resolution that found it). Within it, read-ahead leaves its blocks
-/// to it and a read of one waits for it (at most `--peer-timeout`); past it
-/// the member is treated as down, like one that was lost. Measured: 64
-/// nodes started together on one 2-core machine, 4,032 TLS handshakes on
-/// those 2 cores, all reached each other 7.2-7.7 s after the first start
-/// (docs/cluster.md); real nodes, each with cores of its own, sooner. A
+/// to it and a read of one waits for it (at most `--peer-timeout`, longer
+/// if it runs: `client`); past it the member is treated as down, like one
+/// that was lost. Measured: 64 nodes started together on one 2-core
+/// machine, 4,032 TLS handshakes on those 2 cores, all reached each other
+/// 7.2-11.4 s after the first start (docs/cluster.md; a member still
+/// unreached at 10 s moves its blocks for a moment); real nodes, each with
+/// cores of its own, sooner. A
 /// longer window would cover later starters, at the price of a wait of up
 /// to `--peer-timeout` per read of a block of a member that never comes.
 pub const JOIN_WINDOW: Duration = Duration::from_secs(10);
@@ -103,6 +117,22 @@ pub struct Member {
     listed_at: Instant,
     /// Woken when it comes up (readers waiting for an expected owner).
     came_up: Notify,
+    /// What was last heard on its connection (see [`Member::silent_for`]).
+    heard: Mutex<Heard>,
+    /// When it last answered a request of ours (any answer), or came up.
+    answered: Mutex<Instant>,
+    /// When it last tried to connect to us (an attempt seen, or a
+    /// connection accepted): proof that it runs, while our connection to it
+    /// may still be forming.
+    tried_us: Mutex<Option<Instant>>,
+}
+
+/// The datagrams received on one connection when last looked at, and when
+/// that count last grew.
+struct Heard {
+    conn: usize,
+    datagrams: u64,
+    at: Instant,
 }
 
 struct LinkState {
@@ -142,7 +172,48 @@ impl Member {
             absent: AtomicBool::new(false),
             listed_at: Instant::now(),
             came_up: Notify::new(),
+            heard: Mutex::new(Heard {
+                conn: usize::MAX,
+                datagrams: 0,
+                at: Instant::now(),
+            }),
+            answered: Mutex::new(Instant::now()),
+            tried_us: Mutex::new(None),
         }
+    }
+
+    /// Whether it tried to connect to us within `d`: it runs, even if our
+    /// connection to it has not formed yet.
+    pub fn tried_us_within(&self, d: Duration) -> bool {
+        self.tried_us.lock().is_some_and(|at| at.elapsed() < d)
+    }
+
+    /// How long `conn` (this member's connection) has carried no packet
+    /// from it, to the precision of how often this is asked (a request
+    /// waiting past `--peer-timeout` asks every [`crate::peer::client::LISTEN_EVERY`]).
+    /// Any packet counts: an answer, an acknowledgement, a keep-alive.
+    pub fn silent_for(&self, conn: &quinn::Connection) -> Duration {
+        let datagrams = conn.stats().udp_rx.datagrams;
+        let now = Instant::now();
+        let mut h = self.heard.lock();
+        if h.conn != conn.stable_id() || h.datagrams != datagrams {
+            *h = Heard {
+                conn: conn.stable_id(),
+                datagrams,
+                at: now,
+            };
+        }
+        now.saturating_duration_since(h.at)
+    }
+
+    /// Notes that it answered a request (a block, or a refusal of any kind).
+    pub fn note_answer(&self) {
+        *self.answered.lock() = Instant::now();
+    }
+
+    /// How long since it last answered one of our requests (or came up).
+    pub fn unanswered_for(&self) -> Duration {
+        self.answered.lock().elapsed()
     }
 
     /// Not reached yet, and still within [`JOIN_WINDOW`] of being listed:
@@ -447,6 +518,7 @@ impl Membership {
     /// on one machine: the mesh formed in 7.2 s without this (docs/cluster.md).
     pub fn note_incoming(&self, addr: SocketAddr) {
         if let Some(m) = self.member_at(&addr) {
+            *m.tried_us.lock() = Some(Instant::now());
             let mut st = m.state.lock();
             if st.conn.is_none() {
                 st.next_try = Instant::now();
@@ -454,6 +526,16 @@ impl Membership {
                 drop(st);
                 self.wake.notify_one();
             }
+        }
+    }
+
+    /// A connection attempt came in from `addr` (before any handshake):
+    /// if that is a member, it runs. Readers waiting for it while it is not
+    /// reached yet may wait a little longer (`client`). The address is not
+    /// proven yet, so this decides nothing else.
+    pub fn note_attempt(&self, addr: SocketAddr) {
+        if let Some(m) = self.member_at(&addr) {
+            *m.tried_us.lock() = Some(Instant::now());
         }
     }
 
@@ -602,6 +684,7 @@ impl Membership {
                     st.since = Instant::now();
                     st.backoff = MIN_BACKOFF;
                 }
+                m.note_answer();
                 m.reached.store(true, Relaxed);
                 m.absent.store(false, Relaxed);
                 m.came_up.notify_waiters();

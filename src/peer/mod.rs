@@ -74,6 +74,32 @@ pub fn wire_dataset_id(name: &str) -> [u8; 16] {
 /// less the IPv6 and UDP headers.
 const JUMBO_UDP_PAYLOAD: u16 = 9000 - 40 - 8;
 
+/// The receive buffer asked for the peer socket: one UDP socket takes the
+/// packets of every other member (handshakes, requests, blocks), and while
+/// the node's threads wait for a core the kernel queues them there; once it
+/// is full it drops them, and QUIC resends each only after a timeout that
+/// starts near a second and doubles. Measured: 64 nodes started together on
+/// one 2-core machine, with the default 208 KiB the kernel dropped about 3%
+/// of the peers' datagrams (`RcvbufErrors` in /proc/net/snmp), and
+/// handshakes that lost two packets ran past their 5 s limit (the mesh took
+/// 12-15 s); see docs/cluster.md.
+pub const RECEIVE_BUFFER: usize = 4 << 20;
+
+/// Asks for [`RECEIVE_BUFFER`] on `socket`: past `net.core.rmem_max` if the
+/// process may (CAP_NET_ADMIN), else up to it. A refusal is logged and
+/// costs only the drops above.
+fn widen_receive_buffer(socket: &std::net::UdpSocket) {
+    use rustix::net::sockopt;
+    if sockopt::set_socket_recv_buffer_size_force(socket, RECEIVE_BUFFER).is_err() {
+        if let Err(e) = sockopt::set_socket_recv_buffer_size(socket, RECEIVE_BUFFER) {
+            tracing::info!("peer socket: cannot widen the receive buffer: {e}");
+        }
+    }
+    if let Ok(got) = sockopt::socket_recv_buffer_size(socket) {
+        tracing::debug!("peer socket: receive buffer {} KiB", got >> 10);
+    }
+}
+
 /// The running peer cache of one mount.
 pub struct PeerNode {
     endpoint: quinn::Endpoint,
@@ -113,7 +139,7 @@ impl PeerNode {
             .stream_receive_window(quinn::VarInt::from_u64(window).unwrap_or(quinn::VarInt::MAX))
             .receive_window(quinn::VarInt::from_u64(window * 8).unwrap_or(quinn::VarInt::MAX))
             .send_window(window * 8)
-            .keep_alive_interval(Some(Duration::from_secs(1)))
+            .keep_alive_interval(Some(membership::KEEP_ALIVE))
             .max_idle_timeout(Some(
                 quinn::IdleTimeout::try_from(Duration::from_secs(5))
                     .map_err(std::io::Error::other)?,
@@ -132,7 +158,16 @@ impl PeerNode {
             .incoming_buffer_size_total(4 << 20);
         let mut client_cfg = cfg.identity.client_config();
         client_cfg.transport_config(transport);
-        let mut endpoint = quinn::Endpoint::server(server_cfg, cfg.listen)?;
+        let socket = std::net::UdpSocket::bind(cfg.listen)?;
+        widen_receive_buffer(&socket);
+        let runtime = quinn::default_runtime()
+            .ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+        let mut endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server_cfg),
+            socket,
+            runtime,
+        )?;
         endpoint.set_default_client_config(client_cfg);
         let dataset = wire_dataset_id(dataset_name);
         let membership = Membership::new(

@@ -210,6 +210,7 @@ impl PeerServer {
     pub async fn run(self: Arc<Self>, endpoint: quinn::Endpoint) {
         while let Some(incoming) = endpoint.accept().await {
             let remote = incoming.remote_address();
+            self.membership.note_attempt(remote);
             let validated = incoming.remote_address_validated();
             let member = validated && self.membership.member_at(&remote).is_some();
             let slot = match self.handshakes.admit(remote.ip(), validated, member) {

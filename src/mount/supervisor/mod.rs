@@ -211,8 +211,11 @@ fn remount(
 struct Running {
     child: Child,
     started: Instant,
-    /// The read end of the pipe it says READY on.
-    ready_rx: OwnedFd,
+    /// The read end of the pipe it says READY on; None once the server
+    /// has closed its end (it does, after READY): a pipe at its end is
+    /// readable for ever, and polled it woke the holder at once, again and
+    /// again (an idle holder took a fifth of a core).
+    ready_rx: Option<OwnedFd>,
     /// CLOCK_MONOTONIC ns when it said READY (0: not yet).
     ready_ns: u64,
     /// The shared count of requests taken, when it said READY.
@@ -490,10 +493,14 @@ impl Holder {
             fds.push(l.fd());
             fds.len() - 1
         });
-        let at_ready = self.running.as_ref().map(|r| {
-            fds.push(r.ready_rx.as_fd());
-            fds.len() - 1
-        });
+        let at_ready = self
+            .running
+            .as_ref()
+            .and_then(|r| r.ready_rx.as_ref())
+            .map(|rx| {
+                fds.push(rx.as_fd());
+                fds.len() - 1
+            });
         let woke = signals::wait_readable(&fds, Duration::from_millis(100));
         let woke_at = |i: Option<usize>| i.and_then(|i| woke.get(i).copied()).unwrap_or(false);
         let (take, ready) = (woke_at(at_listener), woke_at(at_ready));
@@ -619,7 +626,7 @@ impl Holder {
         self.running = Some(Running {
             child,
             started: Instant::now(),
-            ready_rx,
+            ready_rx: Some(ready_rx),
             ready_ns: 0,
             requests_at_ready: 0,
             killed_for: None,
@@ -652,8 +659,20 @@ impl Holder {
         let Some(r) = self.running.as_mut() else {
             return;
         };
+        let Some(rx) = r.ready_rx.as_ref() else {
+            return;
+        };
         let mut buf = [0u8; 4096];
-        let n = rustix::io::read(&r.ready_rx, &mut buf).unwrap_or(0);
+        let n = match rustix::io::read(rx, &mut buf) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => return,
+            Err(_) => 0,
+        };
+        if n == 0 {
+            // Its end is closed: nothing more will come.
+            r.ready_rx = None;
+            return;
+        }
         let line = String::from_utf8_lossy(&buf[..n]);
         let Some(summary) = line.lines().find_map(|l| l.strip_prefix("READY ")) else {
             return;
