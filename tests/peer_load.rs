@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::*;
-use common::fakes::{Call, Hook, Hooked};
 use common::*;
 use locafs::peer::placement::{block_key, path_id, MemberId, Placement};
+use locafs::testing::{Call, Hook, Hooked};
 
 /// Source reads that wait `ms` each; counts what it read.
 #[derive(Default)]
@@ -157,7 +157,7 @@ impl Pair {
 /// The files whose (only) block `owner` owns among `members`.
 fn owned_by(c: &Cluster, members: &[String], owner: &str) -> Vec<usize> {
     let placement = Placement::new(members.iter().map(|m| MemberId::new(m.clone())).collect());
-    let dataset = locafs::peer::wire_dataset_id(&locafs::config::dataset_id(&c.source()));
+    let dataset = locafs::peer::wire_dataset_id(&locafs::mount::config::dataset_id(&c.source()));
     (0..c.files.len())
         .filter(|&i| {
             let key = block_key(
