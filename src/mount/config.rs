@@ -1582,17 +1582,18 @@ mod tests {
                 ..Default::default()
             }
         };
-        // 2 x 61s and 2 x 60s are not below the default 120s.
+        // 3 x 41s and 3 x 40s are not below the default 120s
+        // (peer::client::BUDGET is three timeouts).
         for (peer, source) in [
-            (Some("61s"), None),
-            (Some("60s"), None),
-            (Some("2s"), Some("4s")),
+            (Some("41s"), None),
+            (Some("40s"), None),
+            (Some("2s"), Some("6s")),
         ] {
             let e = resolve(&args(peer, source, true)).unwrap_err().0;
             assert!(e.starts_with("--peer-timeout "), "{e}");
             assert!(e.contains("below --source-timeout"), "{e}");
         }
-        for (peer, source) in [(None, None), (Some("59s"), None), (Some("2s"), Some("5s"))] {
+        for (peer, source) in [(None, None), (Some("39s"), None), (Some("2s"), Some("7s"))] {
             resolve(&args(peer, source, true)).unwrap();
         }
         // Replies to peers take an eighth of --prefetch-memory from
