@@ -98,13 +98,6 @@ pub struct DiskCache {
     core: Arc<Core>,
 }
 
-impl std::ops::Deref for DiskCache {
-    type Target = Core;
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
-
 impl Drop for DiskCache {
     fn drop(&mut self) {
         // A background verification still running stops at its next block.
@@ -132,11 +125,53 @@ impl DiskCache {
     pub fn crash(self) {
         self.core.crashed.store(true, Ordering::Relaxed);
     }
+
+    /// Books `bytes` of files the mount keeps beside the cache (the
+    /// namespace manifest) against the size bound; false if they do not fit.
+    /// The reservation is never evicted.
+    pub fn reserve_aux(&self, bytes: u64) -> bool {
+        self.core.reserve_aux(bytes)
+    }
+
+    /// The counter the namespace keeps the data set's known size in.
+    pub fn dataset_bytes_handle(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.core.dataset_bytes)
+    }
+
+    /// Sets the bound on disk use (the grant of the shared budget,
+    /// `cache::budget`); a lower one evicts down to it at once, in the
+    /// policy's order (stale versions, guests, abandoned entries, then the
+    /// oldest).
+    pub fn set_capacity(&self, bytes: u64) {
+        self.core.set_capacity(bytes)
+    }
+
+    /// Bytes of entries read within the last two passes (the policy's
+    /// horizon), counted with the fixed overhead.
+    pub fn hot_bytes(&self) -> u64 {
+        self.core.hot_bytes()
+    }
+
+    /// Heap bytes of the books (the tables' capacities; a hash table at
+    /// its bucket count, 4 bytes and a control byte each): the probe of
+    /// `tests/disk_cache_scale.rs` prints it per entry.
+    #[doc(hidden)]
+    pub fn books_bytes(&self) -> usize {
+        self.core.state.lock().books.heap_bytes()
+    }
+
+    /// Deletes the files no index entry owns now, on the caller's thread
+    /// (tests; a start-up after a crash does it in the background).
+    #[doc(hidden)]
+    pub fn sweep_orphans(&self) -> u64 {
+        self.core.sweep_orphans()
+    }
 }
 
-/// The state of a [`DiskCache`], shared with its background verifier.
-#[doc(hidden)]
-pub struct Core {
+/// The state of a [`DiskCache`], shared with its background threads (the
+/// verifier and the orphan sweeper hold it weakly: they stop once the
+/// cache is dropped).
+struct Core {
     /// The data set's directory.
     dir: PrivateDir,
     /// Its `blocks/`, and the fan-out directories below it
@@ -171,8 +206,6 @@ pub struct Core {
     verify: Mutex<VerifyQueue>,
     /// The cache is gone: a background verification stops.
     closed: std::sync::atomic::AtomicBool,
-    /// This core, for the background verifier thread.
-    me: std::sync::Weak<Core>,
     /// The thread deleting orphan files after start-up (joined when the
     /// cache is dropped, so that it never sweeps a later cache's files).
     sweeper: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -296,7 +329,7 @@ impl DiskCache {
             ));
         }
         let blocks = dir.subdir("blocks", true)?;
-        let mut cache = Core {
+        let cache = Core {
             dir: dir.clone(),
             blocks,
             fanout: (0..256).map(|_| std::sync::OnceLock::new()).collect(),
@@ -323,7 +356,6 @@ impl DiskCache {
             dropped: std::sync::OnceLock::new(),
             verify: Mutex::new(VerifyQueue::default()),
             closed: std::sync::atomic::AtomicBool::new(false),
-            me: std::sync::Weak::new(),
             sweeper: Mutex::new(None),
             checkpointing: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
@@ -333,10 +365,7 @@ impl DiskCache {
         // mark.
         let clean = recover::take_clean(&cache.dir);
         let rec = cache.recover()?;
-        let core = Arc::new_cyclic(|me| {
-            cache.me = me.clone();
-            cache
-        });
+        let core = Arc::new(cache);
         if rec.from_index && !clean {
             // Files no entry owns (written just before a crash, or whose
             // records a torn journal lost) are deleted in the background.
@@ -384,24 +413,6 @@ impl Core {
         true
     }
 
-    /// Heap bytes of the books (the tables' capacities; a hash table at
-    /// its bucket count, 4 bytes and a control byte each): the probe of
-    /// `tests/disk_cache_scale.rs` prints it per entry.
-    #[doc(hidden)]
-    pub fn books_bytes(&self) -> usize {
-        self.state.lock().books.heap_bytes()
-    }
-
-    /// The counter the namespace keeps the data set's known size in.
-    pub fn dataset_bytes_handle(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.dataset_bytes)
-    }
-
-    /// The bound on disk use, in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.state.lock().books.capacity() + FIXED_OVERHEAD
-    }
-
     /// Sets the bound on disk use (the grant of the shared budget,
     /// `budget.rs`); a lower one evicts down to it at once, in the policy's
     /// order (stale versions, guests, abandoned entries, then the oldest).
@@ -423,10 +434,6 @@ impl Core {
     /// horizon), counted with the fixed overhead.
     pub fn hot_bytes(&self) -> u64 {
         self.state.lock().books.hot_bytes() + FIXED_OVERHEAD
-    }
-
-    pub fn block_size(&self) -> u64 {
-        self.block_size
     }
 
     /// The paths of a version's data and meta files (tests).
@@ -1221,7 +1228,7 @@ impl Core {
     /// Queues a complete file for verification on the background verifier
     /// thread (started if it is not running; it exits when the queue is
     /// empty).
-    fn verify_later(&self, file: &FileVersion) {
+    fn verify_later(self: &Arc<Self>, file: &FileVersion) {
         let mut q = self.verify.lock();
         if q.queued.contains(&file.key) || q.files.len() >= VERIFY_QUEUE_MAX {
             return;
@@ -1231,7 +1238,7 @@ impl Core {
         if q.running {
             return;
         }
-        let me = self.me.clone();
+        let me = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("locafs-verify".into())
             .spawn(move || {
@@ -1295,7 +1302,7 @@ impl Core {
     }
 }
 
-impl DiskCache {
+impl Core {
     /// The state of block `index` of `file`'s cache entry; None if the
     /// cache has no entry of that version.
     fn slot_of(&self, file: &FileVersion, index: u64) -> Option<Slot> {
@@ -1307,30 +1314,30 @@ impl DiskCache {
 impl BlockStore for DiskCache {
     fn get(&self, file: &FileVersion, index: u64) -> Option<ChecksummedBytes> {
         let want = {
-            let st = self.state.lock();
+            let st = self.core.state.lock();
             expect(st.books.get(&file.key)?, index as usize)?
         };
-        let f = match self.reader(&file.key) {
+        let f = match self.core.reader(&file.key) {
             Ok(f) => f,
             Err(e) => {
                 // Out of descriptors (a miss), or the file is gone (someone
                 // cleaned the cache dir): dropped properly.
-                self.data_unreadable(file, &e);
+                self.core.data_unreadable(file, &e);
                 return None;
             }
         };
-        let block = self.read_verified(&f, file, index, want)?;
-        self.mark_verified(&file.key, &[(index, want)]);
-        self.state.lock().touch(file.key);
+        let block = self.core.read_verified(&f, file, index, want)?;
+        self.core.mark_verified(&file.key, &[(index, want)]);
+        self.core.state.lock().touch(file.key);
         Some(block)
     }
 
     fn put(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.store(file, index, block, false, Via::Direct)
+        self.core.store(file, index, block, false, Via::Direct)
     }
 
     fn put_guest(&self, file: &FileVersion, index: u64, block: &ChecksummedBytes) -> bool {
-        self.store(file, index, block, true, Via::Direct)
+        self.core.store(file, index, block, true, Via::Direct)
     }
 
     fn put_ahead(
@@ -1340,19 +1347,20 @@ impl BlockStore for DiskCache {
         block: &ChecksummedBytes,
         guest: bool,
     ) -> bool {
-        self.store(file, index, block, guest, Via::PageCache)
+        self.core.store(file, index, block, guest, Via::PageCache)
     }
 
     fn is_block_cached(&self, file: &FileVersion, index: u64) -> bool {
-        self.slot_of(file, index) == Some(Slot::Present)
+        self.core.slot_of(file, index) == Some(Slot::Present)
     }
 
     fn is_block_being_written(&self, file: &FileVersion, index: u64) -> bool {
-        self.slot_of(file, index) == Some(Slot::Writing)
+        self.core.slot_of(file, index) == Some(Slot::Writing)
     }
 
     fn is_complete(&self, file: &FileVersion) -> bool {
-        self.state
+        self.core
+            .state
             .lock()
             .books
             .get(&file.key)
@@ -1360,7 +1368,7 @@ impl BlockStore for DiskCache {
     }
 
     fn note_current(&self, file: &FileVersion) {
-        let mut st = self.state.lock();
+        let mut st = self.core.state.lock();
         let st = &mut *st;
         // (Every version of the path hashes as its key does; another path
         // that shares the 32 bits of its path part only has its old
@@ -1376,32 +1384,32 @@ impl BlockStore for DiskCache {
     }
 
     fn record_access(&self, file: &FileVersion, bytes: u64) {
-        let mut st = self.state.lock();
+        let mut st = self.core.state.lock();
         st.books.record_read(bytes);
         st.touch(file.key);
     }
 
     fn has_room_for(&self, file: &FileVersion) -> bool {
-        let nblocks = file.block_count(self.block_size);
-        let data = (nblocks.saturating_sub(1)) * round_alloc(self.block_size)
-            + round_alloc(file.block_len(nblocks.saturating_sub(1), self.block_size) as u64);
-        let need = data + round_alloc(self.meta_layout(&file.rel, nblocks).1) + PER_FILE_OVERHEAD;
-        let st = self.state.lock();
-        let have = st
-            .books
-            .get(&file.key)
-            .map_or(0, |e| self.part_bytes(e, false) + self.part_bytes(e, true));
+        let nblocks = file.block_count(self.core.block_size);
+        let data = (nblocks.saturating_sub(1)) * round_alloc(self.core.block_size)
+            + round_alloc(file.block_len(nblocks.saturating_sub(1), self.core.block_size) as u64);
+        let need =
+            data + round_alloc(self.core.meta_layout(&file.rel, nblocks).1) + PER_FILE_OVERHEAD;
+        let st = self.core.state.lock();
+        let have = st.books.get(&file.key).map_or(0, |e| {
+            self.core.part_bytes(e, false) + self.core.part_bytes(e, true)
+        });
         st.books.used() + need.saturating_sub(have) <= st.books.capacity()
     }
 
     fn usage(&self) -> CacheUsage {
-        let st = self.state.lock();
+        let st = self.core.state.lock();
         CacheUsage {
             used_bytes: st.books.used() + FIXED_OVERHEAD,
             capacity_bytes: st.books.capacity() + FIXED_OVERHEAD,
             files_cached: st.files_complete,
             evictions: st.books.evictions(),
-            writable: self.writes_off_until.lock().is_none(),
+            writable: self.core.writes_off_until.lock().is_none(),
         }
     }
 }
@@ -1414,17 +1422,17 @@ impl CompleteFiles for DiskCache {
     /// and is queued for the background verifier, so that a later open can
     /// hand it to the kernel.
     fn open_complete(&self, file: &FileVersion) -> Option<File> {
-        let todo = self.unverified(&file.key)?;
+        let todo = self.core.unverified(&file.key)?;
         let unverified: u64 = todo
             .iter()
-            .map(|(i, _)| file.block_len(*i, self.block_size) as u64)
+            .map(|(i, _)| file.block_len(*i, self.core.block_size) as u64)
             .sum();
-        if unverified > self.block_size {
-            self.verify_later(file);
+        if unverified > self.core.block_size {
+            self.core.verify_later(file);
             return None;
         }
         {
-            let mut st = self.state.lock();
+            let mut st = self.core.state.lock();
             let e = st.books.get(&file.key)?;
             // (So many opens of one file at once: the next are served
             // through the daemon.)
@@ -1437,13 +1445,14 @@ impl CompleteFiles for DiskCache {
             st.touch(file.key);
         }
         let f = match self
+            .core
             .files(&file.key)
             .and_then(|(dir, data, _)| dir.open_read(data))
         {
             Ok(f) => f,
             Err(e) => {
-                self.unpin_passthrough(file);
-                self.data_unreadable(file, &e);
+                self.core.unpin_passthrough(file);
+                self.core.data_unreadable(file, &e);
                 return None;
             }
         };
@@ -1451,31 +1460,31 @@ impl CompleteFiles for DiskCache {
         // exactly the source file's size (a cache directory edited by hand,
         // or written by an older version that padded direct writes).
         if f.metadata().map(|m| m.len()).ok() != Some(file.version.size) {
-            self.unpin_passthrough(file);
+            self.core.unpin_passthrough(file);
             return None;
         }
         for (i, want) in &todo {
-            match self.read_checked(&f, file, *i, *want) {
+            match self.core.read_checked(&f, file, *i, *want) {
                 Checked::Good(_) => {}
                 Checked::Transient => {
-                    self.unpin_passthrough(file);
+                    self.core.unpin_passthrough(file);
                     return None;
                 }
                 Checked::Bad => {
                     // Unpinned first: nobody else reads it by passthrough
                     // (it was not verified), so only the block goes.
-                    self.unpin_passthrough(file);
-                    self.drop_block(file, *i, true);
+                    self.core.unpin_passthrough(file);
+                    self.core.drop_block(file, *i, true);
                     return None;
                 }
             }
         }
-        self.mark_verified(&file.key, &todo);
+        self.core.mark_verified(&file.key, &todo);
         Some(f)
     }
 
     fn pin_complete(&self, file: &FileVersion) -> bool {
-        let mut st = self.state.lock();
+        let mut st = self.core.state.lock();
         match st.books.get(&file.key) {
             Some(e)
                 if e.complete()
@@ -1491,7 +1500,7 @@ impl CompleteFiles for DiskCache {
     }
 
     fn pin_in_use(&self, file: &FileVersion) -> bool {
-        let mut st = self.state.lock();
+        let mut st = self.core.state.lock();
         match st.books.get(&file.key) {
             Some(e) if e.complete() => {}
             _ => return false,
@@ -1501,11 +1510,11 @@ impl CompleteFiles for DiskCache {
     }
 
     fn unpin(&self, file: &FileVersion) {
-        self.unpin_passthrough(file);
+        self.core.unpin_passthrough(file);
     }
 
     fn on_file_dropped(&self, hook: super::DroppedHook) {
-        if self.dropped.set(hook).is_err() {
+        if self.core.dropped.set(hook).is_err() {
             warn!("cache: a second dropped-file hook was ignored");
         }
     }
@@ -1652,20 +1661,20 @@ mod tests {
         for m in 0..3 * MAX_VERSIONS as i64 {
             let f = v(m);
             assert!(c.put(&f, 0, &block(&f, 0)), "version {m}");
-            let n = c.state.lock().books.keys_like(&f.key).count();
+            let n = c.core.state.lock().books.keys_like(&f.key).count();
             assert!((1..=MAX_VERSIONS).contains(&n), "{n} versions after {m}");
             assert!(c.get(&f, 0).is_some());
         }
         assert!(c.get(&other, 0).is_some(), "another path is untouched");
         // The first versions' files are gone (evicted whole).
-        assert!(!c.paths(&v(0).key).0.exists());
+        assert!(!c.core.paths(&v(0).key).0.exists());
         assert!(c.get(&v(0), 0).is_none());
         let last = v(3 * MAX_VERSIONS as i64 - 1);
         drop(c);
         let c = open(d.path(), 1 << 30);
         assert!(c.get(&last, 0).is_some());
         assert!(c.get(&v(0), 0).is_none());
-        assert!(c.state.lock().books.keys_like(&last.key).count() <= MAX_VERSIONS);
+        assert!(c.core.state.lock().books.keys_like(&last.key).count() <= MAX_VERSIONS);
     }
 
     fn block(f: &FileVersion, i: u64) -> ChecksummedBytes {
@@ -1681,12 +1690,12 @@ mod tests {
         let c = DiskCache::open(dir, Some(FIXED_OVERHEAD * 2), BS, Arc::default())
             .unwrap()
             .0;
-        let mut st = c.state.lock();
+        let mut st = c.core.state.lock();
         st.books.set_capacity(room);
         let v = st.books.shrink_to_capacity();
-        let work = c.plan_evictions(&mut st, v);
+        let work = c.core.plan_evictions(&mut st, v);
         drop(st);
-        c.evict(work);
+        c.core.evict(work);
         c
     }
 
@@ -1741,7 +1750,7 @@ mod tests {
         }
         assert!(c.put(&m, 3, &block(&m, 3)));
         assert!((0..4).all(|i| c.get(&g, i).is_none()));
-        let (gdata, gmeta) = c.paths(&g.key);
+        let (gdata, gmeta) = c.core.paths(&g.key);
         assert!(
             !gdata.exists() && !gmeta.exists(),
             "evicted file left on disk"
@@ -1749,9 +1758,9 @@ mod tests {
         assert_eq!(c.get(&m, 0).unwrap().data(), block(&m, 0).data());
         assert_eq!(c.get(&m, 3).unwrap().data(), block(&m, 3).data());
         assert!(c.get(&m, 1).is_none() && c.get(&m, 2).is_none());
-        assert!(c.paths(&m.key).0.exists());
+        assert!(c.core.paths(&m.key).0.exists());
         assert!((0..4).all(|i| c.get(&o, i).is_some()));
-        let st = c.state.lock();
+        let st = c.core.state.lock();
         assert!(st.books.used() <= st.books.capacity());
         drop(st);
         // Own blocks are not churned for other own blocks.
@@ -1793,16 +1802,16 @@ mod tests {
             assert!(c.put(&one, 0, &block(&one, 0)));
             assert!(c.put_ahead(&bad, 0, &block(&bad, 0), true));
             assert!(c.put(&two, 0, &block(&two, 0)) && c.put(&two, 1, &block(&two, 1)));
-            let xattrs = c.xattr.load(Ordering::Relaxed);
+            let xattrs = c.core.xattr.load(Ordering::Relaxed);
             if !xattrs {
                 eprintln!("NOTE: the temp dir's file system refuses user xattrs: checking the .meta fallback");
             }
-            assert_eq!(c.paths(&one.key).1.exists(), !xattrs, "one-block file");
+            assert_eq!(c.core.paths(&one.key).1.exists(), !xattrs, "one-block file");
             assert!(
-                c.paths(&two.key).1.exists(),
+                c.core.paths(&two.key).1.exists(),
                 "a file of two blocks has a .meta"
             );
-            (xattrs, c.paths(&bad.key).0)
+            (xattrs, c.core.paths(&bad.key).0)
         };
         // A garbled inline meta: the entry is discarded when a cache
         // without an index (an older locafs's) is read.
@@ -1820,16 +1829,16 @@ mod tests {
         }
         // A corrupt block of a one-block file: dropped, its meta with it, so
         // that the next start-up discards the data file.
-        let data = c.paths(&one.key).0;
+        let data = c.core.paths(&one.key).0;
         drop(c);
         let f = OpenOptions::new().write(true).open(&data).unwrap();
         f.write_all_at(b"rot", 100).unwrap();
         let c = open(d.path(), 1 << 20);
         assert!(c.get(&one, 0).is_none());
-        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        assert_eq!(c.core.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
         drop(c);
         let c = open(d.path(), 1 << 20);
-        assert!(!c.state.lock().books.contains(&one.key));
+        assert!(!c.core.state.lock().books.contains(&one.key));
         c.sweep_orphans();
         assert!(!data.exists(), "a data file without meta is discarded");
         // Written again, it is whole again.
@@ -1856,12 +1865,20 @@ mod tests {
         fs::write(&stray, b"x").unwrap();
         let c = open(d.path(), 1 << 20);
         assert!(!mark.exists(), "start-up takes the mark away");
-        assert!(c.sweeper.lock().is_none(), "a sweep after a clean shutdown");
+        assert!(
+            c.core.sweeper.lock().is_none(),
+            "a sweep after a clean shutdown"
+        );
         assert_eq!(c.get(&a, 0).unwrap().data(), block(&a, 0).data());
         c.crash();
         assert!(!mark.exists(), "a crash leaves no mark");
         let c = open(d.path(), 1 << 20);
-        let sweep = c.sweeper.lock().take().expect("no sweep after a crash");
+        let sweep = c
+            .core
+            .sweeper
+            .lock()
+            .take()
+            .expect("no sweep after a crash");
         sweep.join().unwrap();
         assert!(!stray.exists(), "the sweep after a crash missed an orphan");
         assert_eq!(c.get(&a, 0).unwrap().data(), block(&a, 0).data());
@@ -1871,7 +1888,7 @@ mod tests {
         assert!(mark.exists());
         // A sweep cut short by the shutdown leaves no mark.
         let c = open(d.path(), 1 << 20);
-        c.orphans_possible.store(true, Ordering::Relaxed);
+        c.core.orphans_possible.store(true, Ordering::Relaxed);
         drop(c);
         assert!(!mark.exists(), "marked clean with a sweep unfinished");
     }
@@ -1894,17 +1911,17 @@ mod tests {
         let xattrs = {
             let c = open(d.path(), 1 << 20);
             if meta_files {
-                c.xattr.store(false, Ordering::Relaxed);
+                c.core.xattr.store(false, Ordering::Relaxed);
             }
             for f in [&good, &flipped, &swapped, &bare, &other] {
                 assert!(c.put(f, 0, &block(f, 0)));
-                assert_eq!(c.state.lock().books.get(&f.key).unwrap().sum(0), None);
+                assert_eq!(c.core.state.lock().books.get(&f.key).unwrap().sum(0), None);
             }
-            c.xattr.load(Ordering::Relaxed)
+            c.core.xattr.load(Ordering::Relaxed)
         };
         let c = open(d.path(), 1 << 20);
-        let data = |f: &FileVersion| c.paths(&f.key).0;
-        let meta = |f: &FileVersion| c.paths(&f.key).1;
+        let data = |f: &FileVersion| c.core.paths(&f.key).0;
+        let meta = |f: &FileVersion| c.core.paths(&f.key).1;
         let set = |f: &FileVersion, raw: &[u8]| {
             if xattrs {
                 let h = File::open(data(f)).unwrap();
@@ -1945,7 +1962,7 @@ mod tests {
             assert!(c.get(f, 0).is_none(), "{:?} served", f.rel);
             assert!(!c.is_block_cached(f, 0), "{:?} kept", f.rel);
         }
-        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 3);
+        assert_eq!(c.core.stats.corrupt_blocks.load(Ordering::Relaxed), 3);
         // Passthrough opens check the same way.
         assert!(c.open_complete(&other).is_some());
         // Cached again, each is served.
@@ -1965,7 +1982,7 @@ mod tests {
         for i in 0..3 {
             assert!(c.put(&f, i, &block(&f, i)));
         }
-        let clock = || c.state.lock().books.clock();
+        let clock = || c.core.state.lock().books.clock();
         let before = clock();
         assert!(c.open_complete(&f).is_some());
         assert_eq!(clock(), before + 3 * BS);
@@ -1991,12 +2008,12 @@ mod tests {
         assert!(!c.pin_complete(&f), "a pin beyond the cap");
         assert!(c.open_complete(&f).is_none(), "an open beyond the cap");
         let pins = || {
-            let st = c.state.lock();
+            let st = c.core.state.lock();
             st.books.get(&f.key).map(|_| st.books.held(&f.key))
         };
         assert_eq!(pins(), Some(MAX_PASSTHROUGH_PINS));
         // Pinned: not evicted to make room for a stream of other files.
-        let mut st = c.state.lock();
+        let mut st = c.core.state.lock();
         st.books.set_capacity(0);
         let v = st.books.shrink_to_capacity();
         assert!(v.iter().all(|e| e.key != f.key));
@@ -2008,7 +2025,7 @@ mod tests {
             c.unpin(&f);
         }
         assert_eq!(pins(), Some(0));
-        let mut st = c.state.lock();
+        let mut st = c.core.state.lock();
         st.books.set_capacity(0);
         let v = st.books.shrink_to_capacity();
         assert!(v.iter().any(|e| e.key == f.key), "unpinned, it may go");
@@ -2031,7 +2048,7 @@ mod tests {
                 let tmp = tempfile::tempdir().unwrap();
                 let c = open(tmp.path(), 64 << 20);
                 if !direct {
-                    c.direct.store(false, Ordering::Relaxed);
+                    c.core.direct.store(false, Ordering::Relaxed);
                 }
                 let f = FileVersion::new(
                     Arc::from(Path::new("odd")),
@@ -2156,7 +2173,7 @@ mod tests {
         assert!(c.is_block_cached(&f, 1), "the entry was forgotten");
         assert_eq!(c.usage().used_bytes, used);
         assert!(drops.lock().is_empty());
-        assert!(c.paths(&f.key).1.exists());
+        assert!(c.core.paths(&f.key).1.exists());
         // Caching it again does not recreate (truncate) the file in use.
         assert!(c.put(&f, 1, &block(&f, 1)));
         assert_eq!(c.get(&f, 1).unwrap().data(), block(&f, 1).data());
@@ -2174,7 +2191,7 @@ mod tests {
         for i in 0..3 {
             assert!(c.put(&f, i, &block(&f, i)));
         }
-        let (data, meta) = c.paths(&f.key);
+        let (data, meta) = c.core.paths(&f.key);
         fs::remove_file(&data).unwrap();
         assert!(c.get(&f, 0).is_none());
         assert!(!c.is_block_cached(&f, 2));
@@ -2200,14 +2217,14 @@ mod tests {
             assert!(c.put(&f, i, &block(&f, i)));
         }
         let pt = c.open_complete(&f).expect("complete and verified");
-        let (data, meta) = c.paths(&f.key);
+        let (data, meta) = c.core.paths(&f.key);
         // Rot in block 1 of the file the passthrough reader holds.
         let w = OpenOptions::new().write(true).open(&data).unwrap();
         w.write_all_at(b"rot", BS + 10).unwrap();
         drop(w);
         let seen = read_whole(&pt);
         assert!(c.get(&f, 1).is_none(), "a corrupt block served");
-        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        assert_eq!(c.core.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
         assert!(
             read_whole(&pt) == seen,
             "the file in use was modified in place (a hole punched)"
@@ -2243,7 +2260,7 @@ mod tests {
             }
             let w = OpenOptions::new()
                 .write(true)
-                .open(c.paths(&bad.key).0)
+                .open(c.core.paths(&bad.key).0)
                 .unwrap();
             w.write_all_at(b"rot", 2 * BS + 1).unwrap();
         }
@@ -2281,7 +2298,7 @@ mod tests {
             assert!(Instant::now() < deadline, "the corrupt block was not found");
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        assert_eq!(c.core.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
         assert!(c.get(&bad, 2).is_none());
         assert!(c.get(&bad, 3).is_some());
     }
@@ -2325,7 +2342,7 @@ mod tests {
             assert!(c.put(&f, 0, &block(&f, 0)) && c.put(&f, 1, &block(&f, 1)));
             let w = OpenOptions::new()
                 .write(true)
-                .open(c.paths(&f.key).0)
+                .open(c.core.paths(&f.key).0)
                 .unwrap();
             w.write_all_at(b"rot", 10).unwrap();
             let (write_now, when) = std::sync::mpsc::channel();
@@ -2369,15 +2386,15 @@ mod tests {
         assert!(c.put(&f, 0, &block(&f, 0)) && c.put(&f, 1, &block(&f, 1)));
         let w = OpenOptions::new()
             .write(true)
-            .open(c.paths(&f.key).0)
+            .open(c.core.paths(&f.key).0)
             .unwrap();
         w.write_all_at(b"rot", 10).unwrap();
         assert!(c.get(&f, 0).is_none(), "a rotten block served");
         assert!(c.put(&f, 0, &block(&f, 0)));
-        c.drop_block(&f, 0, true);
+        c.core.drop_block(&f, 0, true);
         assert_eq!(c.get(&f, 0).unwrap().data(), block(&f, 0).data());
         assert!(c.is_complete(&f));
-        assert_eq!(c.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
+        assert_eq!(c.core.stats.corrupt_blocks.load(Ordering::Relaxed), 1);
     }
 
     #[test]
@@ -2395,7 +2412,7 @@ mod tests {
             let cache = open(d.path(), 1 << 20);
             let f = file("ramfs", 1);
             assert!(cache.put(&f, 0, &block(&f, 0)), "not cached");
-            assert!(!cache.direct.load(Ordering::Relaxed));
+            assert!(!cache.core.direct.load(Ordering::Relaxed));
             assert_eq!(cache.get(&f, 0).unwrap().data(), block(&f, 0).data());
         });
         let _ = crate::sys::unmount(d.path());
@@ -2439,7 +2456,7 @@ mod tests {
         );
         assert!(c.put(&f, 0, &data(BS as usize, 3)));
         assert!(c.put_guest(&f, 2, &data(100, 5)));
-        let meta = fs::read(c.paths(&f.key).1).unwrap();
+        let meta = fs::read(c.core.paths(&f.key).1).unwrap();
         // Little-endian throughout: magic, format 3, block size, size,
         // mtime (ns), inode, version key, path length, path, zeros up to the
         // 64-byte aligned slot table; a slot is checksum (xxh3-128), length
@@ -2462,7 +2479,11 @@ mod tests {
             "{}",
             meta.iter().map(|b| format!("{b:02x}")).collect::<String>()
         );
-        let (key, e) = c.parse_meta(&want).unwrap().expect("the pinned bytes load");
+        let (key, e) = c
+            .core
+            .parse_meta(&want)
+            .unwrap()
+            .expect("the pinned bytes load");
         assert_eq!(key, f.key);
         assert_eq!(header_key(&want), Some(f.key));
         assert_eq!(header_key(&want[..HEADER_FIXED - 1]), None);
@@ -2491,7 +2512,7 @@ mod tests {
             },
         );
         assert!(c.put(&g, 0, &data(1000, 7)));
-        let (gdata, gmeta) = c.paths(&g.key);
+        let (gdata, gmeta) = c.core.paths(&g.key);
         if gmeta.exists() {
             skipped(
                 module_path!(),
@@ -2510,6 +2531,7 @@ mod tests {
             raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
         );
         let (key, e) = c
+            .core
             .parse_inline(&gdata, &want)
             .expect("the pinned bytes load");
         assert_eq!(key, g.key);
@@ -2521,10 +2543,10 @@ mod tests {
         // not an entry; nor one whose path hash is not its key's.
         let mut old = want.clone();
         old[..4].copy_from_slice(b"LCI2");
-        assert!(c.parse_inline(&gdata, &old).is_none());
+        assert!(c.core.parse_inline(&gdata, &old).is_none());
         let mut other = want.clone();
         other[12] ^= 1;
-        assert!(c.parse_inline(&gdata, &other).is_none());
+        assert!(c.core.parse_inline(&gdata, &other).is_none());
         assert_eq!(
             e.blocks.iter().map(|b| b.slot).collect::<Vec<_>>(),
             vec![Slot::Present]

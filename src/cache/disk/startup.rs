@@ -232,7 +232,6 @@ impl Core {
     /// names are checked and unlinked under the state lock, and a writer
     /// books its entry before it creates its files, so a file being written
     /// is never taken for an orphan.
-    #[doc(hidden)]
     pub fn sweep_orphans(&self) -> u64 {
         let mut n = 0;
         for i in 0..256 {
