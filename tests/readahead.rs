@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::inproc::{config, mount};
 use common::*;
-use locafs::testing::SlowSource;
+use locafs::testing::{Call, Hook, Hooked, SlowSource};
 use rand::seq::SliceRandom;
 use rand::{Rng as _, SeedableRng};
 
@@ -606,14 +606,15 @@ fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
         // The first 32 source reads wait for each other and end together, so
         // their cache writes arrive at once (reads that end one by one, as fast
         // as they start, may let the queue keep up).
-        let source = Arc::new(SlowSource::new(&d.src, Duration::ZERO, 0));
-        let burst = Arc::new(Burst {
-            inner: Arc::clone(&source),
-            barrier: std::sync::Barrier::new(blocks as usize),
-            arrived: std::sync::atomic::AtomicU64::new(0),
-            size: blocks,
-        });
-        let m = mount(&cfg, burst);
+        let source = Arc::new(Hooked::over(
+            SlowSource::new(&d.src, Duration::ZERO, 0),
+            Burst {
+                barrier: std::sync::Barrier::new(blocks as usize),
+                arrived: std::sync::atomic::AtomicU64::new(0),
+                size: blocks,
+            },
+        ));
+        let m = mount(&cfg, source.clone());
         let want = std::fs::read(d.src.join("big")).unwrap();
         std::thread::scope(|s| {
             for i in 0..blocks {
@@ -650,52 +651,32 @@ fn blocks_the_cache_disk_could_not_take_are_completed_in_the_background() {
     // A turned-away block is written from memory or read once more, never
     // more than that.
     let mut per_block: HashMap<u64, u32> = HashMap::new();
-    for r in source.reads() {
+    for r in source.inner().reads() {
         *per_block.entry(r.offset).or_default() += 1;
     }
     assert!(per_block.values().all(|c| *c <= 2), "{per_block:?}");
     drop(m);
 }
 
-/// A source whose first `size` reads wait until all of them have arrived,
-/// then go on together; later reads pass straight through.
+/// A hook whose first `size` source reads wait until all of them have
+/// arrived, then go on together; later reads pass straight through.
 struct Burst {
-    inner: Arc<SlowSource>,
     barrier: std::sync::Barrier,
     arrived: std::sync::atomic::AtomicU64,
     size: u64,
 }
 
-impl locafs::source::Source for Burst {
-    fn stat(&self, rel: &Path) -> std::io::Result<locafs::source::SourceAttr> {
-        self.inner.stat(rel)
-    }
-    fn list(
-        &self,
-        rel: &Path,
-    ) -> std::io::Result<Vec<(std::ffi::OsString, locafs::source::SourceAttr)>> {
-        self.inner.list(rel)
-    }
-    fn read_link(&self, rel: &Path) -> std::io::Result<PathBuf> {
-        self.inner.read_link(rel)
-    }
-    fn read_at(
-        &self,
-        rel: &Path,
-        version: &locafs::source::SourceVersion,
-        offset: u64,
-        len: usize,
-    ) -> Result<bytes::Bytes, locafs::source::SourceError> {
-        let n = self
-            .arrived
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if n < self.size {
-            self.barrier.wait();
+impl Hook for Burst {
+    fn around<T>(&self, call: Call<'_>, real: impl FnOnce() -> T) -> T {
+        if let Call::Read { .. } = call {
+            let n = self
+                .arrived
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n < self.size {
+                self.barrier.wait();
+            }
         }
-        self.inner.read_at(rel, version, offset, len)
-    }
-    fn statvfs(&self) -> std::io::Result<libc::statvfs> {
-        self.inner.statvfs()
+        real()
     }
 }
 
