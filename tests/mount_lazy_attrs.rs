@@ -14,33 +14,30 @@ use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::inproc::{config, mount};
 use common::Scratch;
-use locafs::source::{DirName, DirSource, Source, SourceAttr, SourceError, SourceVersion};
+use locafs::source::SourceAttr;
+use locafs::testing::{Call, Hook, Hooked};
 
-/// The name whose stat hangs while `Recording::hang` is set.
+/// The name whose stat hangs while `Recorder::hang` is set.
 const HANG: &str = "hang.bin";
 
 /// A real directory that records every entry whose attributes were read
 /// (a `stat`, or each entry of a listing with attributes, which stats
 /// them all), and whose stat of `HANG` hangs while armed (as one file on a
 /// hung NFS server would).
-struct Recording {
-    inner: DirSource,
+type Recording = Hooked<Recorder>;
+
+#[derive(Default)]
+struct Recorder {
     statted: Mutex<Vec<PathBuf>>,
     hang: Mutex<bool>,
     released: Condvar,
 }
 
-impl Recording {
-    fn new(root: &Path) -> Arc<Self> {
-        Arc::new(Recording {
-            inner: DirSource::new(root.to_owned()),
-            statted: Mutex::default(),
-            hang: Mutex::new(false),
-            released: Condvar::new(),
-        })
+impl Recorder {
+    fn new(root: &Path) -> Arc<Recording> {
+        Arc::new(Hooked::wrap(root, Recorder::default()))
     }
 
     fn statted(&self) -> Vec<PathBuf> {
@@ -72,42 +69,17 @@ impl Recording {
     }
 }
 
-impl Source for Recording {
-    fn stat(&self, rel: &Path) -> io::Result<SourceAttr> {
-        self.attrs_of(rel);
-        self.inner.stat(rel)
+impl Hook for Recorder {
+    fn around<T>(&self, call: Call<'_>, real: impl FnOnce() -> T) -> T {
+        if let Call::Stat(rel) = call {
+            self.attrs_of(rel);
+        }
+        real()
     }
-    fn list(&self, rel: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        self.list_with_progress(rel, &|| {})
-    }
-    fn list_with_progress(
-        &self,
-        rel: &Path,
-        progress: &dyn Fn(),
-    ) -> io::Result<Vec<(OsString, SourceAttr)>> {
-        let all = self.inner.list_with_progress(rel, progress)?;
-        for (name, _) in &all {
+    fn listed(&self, rel: &Path, entries: &[(OsString, SourceAttr)]) {
+        for (name, _) in entries {
             self.attrs_of(&rel.join(name));
         }
-        Ok(all)
-    }
-    fn list_names(&self, rel: &Path, progress: &dyn Fn()) -> io::Result<Vec<DirName>> {
-        self.inner.list_names(rel, progress)
-    }
-    fn read_link(&self, rel: &Path) -> io::Result<PathBuf> {
-        self.inner.read_link(rel)
-    }
-    fn read_at(
-        &self,
-        rel: &Path,
-        version: &SourceVersion,
-        offset: u64,
-        len: usize,
-    ) -> Result<Bytes, SourceError> {
-        self.inner.read_at(rel, version, offset, len)
-    }
-    fn statvfs(&self) -> io::Result<libc::statvfs> {
-        self.inner.statvfs()
     }
 }
 
@@ -142,7 +114,7 @@ fn a_listing_stats_no_entry_and_a_lookup_stats_exactly_that_one() {
     let d = Scratch::new();
     let n = 2000;
     let src_dir = files(&d, n);
-    let src = Recording::new(&d.src);
+    let src = Recorder::new(&d.src);
     let m = mount(&config(&d, &["--no-readahead"]), src.clone());
     let dir = m.mountpoint().join("d");
     std::fs::metadata(&dir).unwrap();
@@ -184,7 +156,7 @@ fn ls_l_shows_the_sources_attributes() {
     let src_dir = files(&d, 600);
     std::fs::create_dir(src_dir.join("sub")).unwrap();
     std::os::unix::fs::symlink("f0001", src_dir.join("link")).unwrap();
-    let src = Recording::new(&d.src);
+    let src = Recorder::new(&d.src);
     let m = mount(&config(&d, &["--no-readahead"]), src.clone());
     let ls = |p: &Path| {
         let out = Command::new("ls")
@@ -222,7 +194,7 @@ fn a_stat_that_hangs_times_out_while_the_listing_answers() {
     let d = Scratch::new();
     let src_dir = files(&d, 40);
     std::fs::write(src_dir.join(HANG), b"never seen").unwrap();
-    let src = Recording::new(&d.src);
+    let src = Recorder::new(&d.src);
     let m = mount(
         &config(&d, &["--no-readahead", "--metadata-timeout", "1s"]),
         src.clone(),
@@ -292,7 +264,7 @@ fn a_remount_after_a_walk_keeps_entries_only_listed_flagged() {
     let cfg = config(&d, &["--no-readahead", "--immutable"]);
     let last = Path::new("d").join(format!("f{:04}", n - 1));
     let first_walk = {
-        let src = Recording::new(&d.src);
+        let src = Recorder::new(&d.src);
         let m = mount(&cfg, src.clone());
         let walk = names(&m.mountpoint().join("d"));
         // One entry stat-ed on this mount: known on the next.
@@ -302,7 +274,7 @@ fn a_remount_after_a_walk_keeps_entries_only_listed_flagged() {
         walk
     };
     assert_eq!(first_walk, names(&src_dir));
-    let src = Recording::new(&d.src);
+    let src = Recorder::new(&d.src);
     let m = mount(&cfg, src.clone());
     let dir = m.mountpoint().join("d");
     std::fs::symlink_metadata(&dir).unwrap();
@@ -328,7 +300,7 @@ fn where_answers_from_listings_without_a_stat() {
     let d = Scratch::new();
     let n = 2000;
     files(&d, n);
-    let src = Recording::new(&d.src);
+    let src = Recorder::new(&d.src);
     let m = mount(&config(&d, &["--no-readahead"]), src.clone());
     let mut c = Client::connect(m.mountpoint()).unwrap();
     // (Connecting reads the root's extended attribute: a stat of "".)

@@ -47,6 +47,9 @@ pub trait Hook: Send + Sync + 'static {
     fn refuse(&self, _call: Call<'_>) -> Option<io::Error> {
         None
     }
+    /// Sees the entries of a listing with attributes that the directory
+    /// answered (each entry's attributes were read), before the caller does.
+    fn listed(&self, _rel: &Path, _entries: &[(OsString, SourceAttr)]) {}
     /// What the source says of its listings (see
     /// [`Source::listing_carries_attrs`]).
     fn listing_carries_attrs(&self) -> bool {
@@ -113,7 +116,10 @@ impl<H: Hook, S: Source> Source for Hooked<H, S> {
         self.hook.around(Call::List(rel), || {
             match self.hook.refuse(Call::List(rel)) {
                 Some(e) => Err(e),
-                None => self.inner.list_with_progress(rel, &entry),
+                None => self
+                    .inner
+                    .list_with_progress(rel, &entry)
+                    .inspect(|all| self.hook.listed(rel, all)),
             }
         })
     }
