@@ -1726,3 +1726,505 @@ impl Inner {
 pub(super) fn enoent() -> io::Error {
     io::Error::from_raw_os_error(libc::ENOENT)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(kind: EntryKind, ino: u64) -> SourceAttr {
+        SourceAttr {
+            kind,
+            size: 0,
+            blocks: 0,
+            mode: if kind == EntryKind::Dir {
+                0o40755
+            } else {
+                0o100644
+            },
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            ino,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+        }
+    }
+
+    /// The children of `ino` in readdir order.
+    fn run(inner: &Inner, ino: u64) -> Vec<u32> {
+        let d = inner.dir_of(ino).unwrap();
+        (0..d.len()).map(|i| d.get(i).unwrap()).collect()
+    }
+
+    /// What a new server makes of the tables `inner` leaves (dropped as a
+    /// killed server's is: only the shared state remains).
+    fn attached(inner: Inner) -> Inner {
+        let state = Arc::clone(&inner.state);
+        drop(inner);
+        let mut again = tables(&state, Arc::default()).unwrap();
+        again.rebuild();
+        again
+    }
+
+    /// The names of a directory's entries in readdir order.
+    fn names(inner: &Inner, ino: u64) -> Vec<String> {
+        run(inner, ino)
+            .iter()
+            .map(|c| String::from_utf8_lossy(inner.name_of(*c as u64)).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_name_compaction_killed_half_way_is_finished_by_the_next_server() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let mut inos = Vec::new();
+        for i in 0..200u64 {
+            let name = format!("{i:0>200}");
+            let ino = inner
+                .upsert_child(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i), 0)
+                .unwrap();
+            inos.push((name, ino));
+        }
+        // Half of them gone (not held by the kernel, out of the tree).
+        for (name, _) in inos.iter().step_by(2) {
+            inner.remove_child(ROOT, name.as_bytes());
+        }
+        let (len, dead) = (inner.names.len(), inner.dead_names);
+        assert!(dead > 0 && len > dead);
+        let before = names(&inner, ROOT);
+        // Killed after the other arena was written whole and half of the
+        // offsets were rewritten: what compact_names does, cut short.
+        let to = 1 - inner.names.active();
+        let live: Vec<Vec<u8>> = inner
+            .nodes
+            .iter()
+            .filter(|n| n.flags & GONE == 0)
+            .map(|n| inner.name(n).to_vec())
+            .collect();
+        for name in &live {
+            inner.names.arenas[to].extend_from_slice(name).unwrap();
+        }
+        inner
+            .state
+            .header()
+            .names_switching
+            .store(to as u32 + 1, Ordering::Release);
+        let mut off = 0;
+        for n in inner
+            .nodes
+            .iter_mut()
+            .take(50)
+            .filter(|n| n.flags & GONE == 0)
+        {
+            n.name_off = off;
+            off += n.name_len as u32;
+        }
+        let again = attached(inner);
+        assert_eq!(again.names.active(), to);
+        assert_eq!(again.names.len(), live.iter().map(Vec::len).sum::<usize>());
+        let after = names(&again, ROOT);
+        assert_eq!(after.len(), before.len());
+        for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+            assert_eq!(a, b, "entry {i}");
+        }
+        for (name, ino) in inos.iter().skip(1).step_by(2) {
+            let dir = again.dir_of(ROOT).unwrap();
+            assert_eq!(again.child(dir, name.as_bytes()), Some(*ino));
+        }
+    }
+
+    #[test]
+    fn a_change_killed_half_way_is_undone_to_what_can_be_trusted() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let d = inner
+            .upsert_child(ROOT, b"d", attr(EntryKind::Dir, 2), 5000)
+            .unwrap();
+        let a = inner
+            .upsert_child(d, b"a", attr(EntryKind::File, 3), 5000)
+            .unwrap();
+        let b = inner
+            .upsert_child(ROOT, b"b", attr(EntryKind::File, 4), 5000)
+            .unwrap();
+        let dm = inner.node(d).unwrap().dir();
+        inner.set_dir_meta(dm, None, Some(Some(5000)));
+        // Killed while replacing `a` by another object: the new record is
+        // pushed, not yet in the run; and while `b`'s record was changed.
+        inner.intend_dir(d);
+        let twin = inner
+            .push_flagged(d, b"a", attr(EntryKind::File, 30), 6000, 0)
+            .unwrap();
+        inner.intend_node(b);
+        let again = attached(inner);
+        // One `a`: the one the kernel may know (the older), the other out.
+        assert_eq!(run(&again, d), vec![a as u32]);
+        assert!(again.node(twin).unwrap().flags & DETACHED != 0);
+        // The directory is listed again before it is trusted, its entries'
+        // attributes revalidated, and `b` stat-ed before it is answered.
+        assert_eq!(again.dir_of(d).unwrap().listed_ms, None);
+        assert_eq!(again.node(a).unwrap().checked, 0);
+        assert!(!again.node(b).unwrap().known());
+        assert!(again.node(d).unwrap().known());
+        let h = again.state.header();
+        assert_eq!(h.intent_dir.load(Ordering::Relaxed), 0);
+        assert_eq!(h.intent_node.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn only_entries_with_an_acl_hold_one_and_equal_acls_are_held_once() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let files: Vec<u64> = (0..100u64)
+            .map(|i| {
+                let name = format!("f{i}");
+                inner
+                    .push(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i), 0)
+                    .unwrap()
+            })
+            .collect();
+        let acl = |b: u8| Acls {
+            access: Some(vec![2, 0, 0, 0, b].into_boxed_slice()),
+            default: None,
+        };
+        // Files without an ACL hold nothing but their flag bits.
+        for &f in &files[..50] {
+            assert!(inner.set_acls(f, Acls::default()).is_empty());
+        }
+        assert!(inner.acls.is_empty() && inner.acl_values.is_empty());
+        // Fifty files under one default ACL: fifty map entries, one value.
+        for &f in &files[50..] {
+            inner.set_acls(f, acl(1));
+        }
+        assert_eq!((inner.acls.len(), inner.acl_values.len()), (50, 1));
+        assert!(Arc::ptr_eq(
+            &inner.acls_of(files[50]),
+            &inner.acls_of(files[99])
+        ));
+        assert!(inner.acls_of(files[0]).is_empty());
+        // An ACL removed at the source, an entry gone: their entries go.
+        inner.set_acls(files[50], Acls::default());
+        assert!(inner.acls_of(files[50]).is_empty());
+        inner.mark_gone(files[51]);
+        assert_eq!(inner.acls.len(), 48);
+        // A fresh read of the attributes keeps the last known ACL (for
+        // when the source does not answer) but marks it to be read again.
+        let n = |inner: &Inner, f: u64| inner.node(f).unwrap().flags;
+        assert_ne!(n(&inner, files[52]) & ACL_FRESH, 0);
+        inner
+            .set_attr(files[52], &attr(EntryKind::File, 62), 100)
+            .unwrap();
+        assert_eq!(n(&inner, files[52]) & (ACL_FRESH | ACL_KNOWN), ACL_KNOWN);
+        assert_eq!(
+            inner.acls_of(files[52]).access.as_deref(),
+            Some(&[2, 0, 0, 0, 1][..])
+        );
+        // Values no entry holds are pruned as new ones come.
+        for (i, &f) in files[52..].iter().enumerate() {
+            inner.set_acls(f, acl(2 + i as u8));
+        }
+        assert_eq!(inner.acls.len(), 48);
+        assert!(
+            inner.acl_values.len() <= 2 * 48,
+            "{}",
+            inner.acl_values.len()
+        );
+    }
+
+    #[test]
+    fn a_server_that_attaches_keeps_the_acls_the_dead_one_held() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let files: Vec<u64> = (0..10u64)
+            .map(|i| {
+                let name = format!("f{i}");
+                inner
+                    .push(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i), 0)
+                    .unwrap()
+            })
+            .collect();
+        let acl = |b: u8| Acls {
+            access: Some(vec![2, 0, 0, 0, b].into_boxed_slice()),
+            default: (b % 2 == 0).then(|| vec![b; 3].into_boxed_slice()),
+        };
+        // Four without an ACL (never logged), four with one, two not read.
+        for &f in &files[..4] {
+            inner.set_acls(f, Acls::default());
+        }
+        for (i, &f) in files[4..8].iter().enumerate() {
+            inner.set_acls(f, acl(i as u8 % 2));
+        }
+        assert_eq!(inner.acl_log.len(), 4);
+        let flags = |inner: &Inner, f: u64| inner.node(f).unwrap().flags & (ACL_KNOWN | ACL_FRESH);
+        let mut again = attached(inner);
+        for &f in &files[..8] {
+            assert_eq!(flags(&again, f), ACL_KNOWN | ACL_FRESH, "{f}");
+        }
+        for &f in &files[..4] {
+            assert!(again.acls_of(f).is_empty());
+        }
+        for (i, &f) in files[4..8].iter().enumerate() {
+            assert_eq!(*again.acls_of(f), acl(i as u8 % 2));
+        }
+        assert_eq!(again.acl_values.len(), 2);
+        for &f in &files[8..] {
+            assert_eq!(flags(&again, f), 0);
+        }
+        // Killed after it logged a value and before it set the flag: the
+        // entry is read again, and what it reads is logged (also "none").
+        again
+            .acl_log
+            .push(AclEntry {
+                ino: files[8] as u32,
+                off: 0,
+            })
+            .unwrap();
+        let mut again = attached(again);
+        assert_eq!(flags(&again, files[8]), 0);
+        again.set_acls(files[8], Acls::default());
+        let again = attached(again);
+        assert_eq!(flags(&again, files[8]), ACL_KNOWN | ACL_FRESH);
+        assert!(again.acls_of(files[8]).is_empty());
+        // A value that cannot be read back: read from the source again.
+        let mut again = again;
+        let at = again.acl_values[&again.acls_of(files[4])] as usize;
+        again.acl_bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes()[..]);
+        again.acl_bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes()[..]);
+        let again = attached(again);
+        assert_eq!(flags(&again, files[4]), 0);
+        assert_eq!(flags(&again, files[5]), ACL_KNOWN | ACL_FRESH);
+    }
+
+    #[test]
+    fn acl_tables_stay_bounded_under_churn_and_survive_a_rewrite_cut_short() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let files: Vec<u64> = (0..20u64)
+            .map(|i| {
+                let name = format!("f{i}");
+                inner
+                    .push(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i), 0)
+                    .unwrap()
+            })
+            .collect();
+        let acl = |n: u32| Acls {
+            access: Some(n.to_le_bytes().to_vec().into_boxed_slice()),
+            default: None,
+        };
+        // Every read of every entry a new value: the log and the values
+        // are rewritten as they double, never grow with the reads.
+        for round in 0..2000u32 {
+            for (i, &f) in files.iter().enumerate() {
+                inner.set_acls(f, acl(round * 100 + i as u32));
+            }
+            assert!(
+                inner.acl_log.len() <= 2 * ACL_LOG_MIN,
+                "{}",
+                inner.acl_log.len()
+            );
+            assert!(inner.acl_bytes.len() <= 2 * ACL_VALUES_MIN);
+        }
+        let last = |i: usize| acl(1999 * 100 + i as u32);
+        let again = attached(inner);
+        for (i, &f) in files.iter().enumerate() {
+            assert_eq!(*again.acls_of(f), last(i));
+            assert_ne!(again.node(f).unwrap().flags & ACL_KNOWN, 0);
+        }
+        // A rewrite killed after it dropped the old log (the holders' bits
+        // cleared first): their ACLs are read again, never taken for none.
+        let mut inner = again;
+        for &f in &files {
+            inner.node_mut(f).unwrap().flags &= !(ACL_KNOWN | ACL_FRESH);
+        }
+        inner.acl_log.clear_and_release();
+        let again = attached(inner);
+        for &f in &files {
+            assert_eq!(again.node(f).unwrap().flags & ACL_KNOWN, 0);
+        }
+    }
+
+    #[test]
+    fn attributes_round_trip_through_the_48_byte_record() {
+        let mut inner = Inner::private(Arc::default());
+        let mut root = attr(EntryKind::Dir, 1);
+        (root.size, root.blocks, root.mtime_ns) = (4096, 8, 1_700_000_000_123_456_789);
+        inner.push(ROOT, b"", root, 0).unwrap();
+        // (size, st_blocks): ext4 and xfs files, a small file with inline
+        // data, sparse and compressed files, extent-tree blocks, empty.
+        let cases = [
+            (1, 8),
+            (4096, 8),
+            (4097, 16),
+            (60, 0),
+            (1 << 30, 8),
+            (1 << 20, 100),
+            (128 << 20, 262_152),
+            (0, 0),
+            (100, 1),
+            (u64::MAX / 2, u64::MAX / 1024),
+        ];
+        for (i, &(size, blocks)) in cases.iter().enumerate() {
+            let mut a = attr(EntryKind::File, 100 + i as u64);
+            (a.size, a.blocks, a.mtime_ns) = (size, blocks, -5 - i as i64);
+            let ino = inner.push(ROOT, format!("f{i}").as_bytes(), a, 0).unwrap();
+            let got = inner.attr_of(ino).unwrap();
+            assert_eq!((got.size, got.blocks), (size, blocks), "case {i}");
+            assert_eq!(got.mtime_ns, a.mtime_ns);
+            // atime and ctime are answered as mtime.
+            assert_eq!((got.atime_ns, got.ctime_ns), (a.mtime_ns, a.mtime_ns));
+            assert_eq!(got.ino, a.ino);
+        }
+        // A directory's size lives in its `Dir`, beside its children.
+        let mut d = attr(EntryKind::Dir, 50);
+        (d.size, d.blocks) = (12288, 24);
+        let sub = inner.push(ROOT, b"sub", d, 0).unwrap();
+        inner.push(sub, b"x", attr(EntryKind::File, 51), 0).unwrap();
+        inner.dir_mut(sub).unwrap().children.push(sub as u32 + 1);
+        let got = inner.attr_of(sub).unwrap();
+        assert_eq!((got.size, got.blocks), (12288, 24));
+        (d.size, d.blocks) = (4096, 8);
+        inner.set_attr(sub, &d, 1).unwrap();
+        assert_eq!(inner.attr_of(sub).unwrap().size, 4096);
+        assert_eq!(run(&inner, sub), vec![sub as u32 + 1]);
+        assert_eq!(inner.attr_of(ROOT).unwrap().size, 4096);
+    }
+
+    #[test]
+    fn blocks_codes_give_back_the_blocks_they_were_made_from() {
+        for size in [
+            0u64,
+            1,
+            511,
+            512,
+            513,
+            4095,
+            4096,
+            4097,
+            1 << 20,
+            (1 << 40) + 3,
+        ] {
+            for blocks in [0u64, 1, 7, 8, 9, 16, 2048, 2056, size.div_ceil(512)] {
+                match blocks_of(size, blocks_code(size, blocks)) {
+                    Some(b) => assert_eq!(b, blocks, "size {size}"),
+                    None => assert_eq!(blocks_code(size, blocks), BLOCKS_OTHER),
+                }
+            }
+        }
+        // The usual cases need no side entry.
+        assert_eq!(blocks_code(1, 8), 3);
+        assert_eq!(blocks_code(5000, 16), 3);
+        assert_eq!(blocks_code(100, 1), 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// A large directory's fence finds every name a binary search of
+        /// the whole run finds, and no other: names that share long
+        /// prefixes (an image folder's), keys that tie in their 8 bytes,
+        /// names outside the shared prefix, and removals (which the fence
+        /// outlives up to a window's worth) between lookups.
+        #[test]
+        fn the_fence_of_a_large_directory_finds_what_the_whole_run_finds(
+            n in FENCE_MIN..6000usize,
+            // 0: distinct early; 1: a long shared prefix; 2: ties in the
+            // first 8 bytes after the prefix.
+            style in 0u8..3,
+            seed in proptest::prelude::any::<u64>(),
+            removals in 0usize..200,
+        ) {
+            let name_of = |i: usize| match style {
+                0 => format!("{i:07}.jpg"),
+                1 => format!("ILSVRC2012_val_{i:08}.JPEG"),
+                _ => format!("img_{}_{i:06}", i % 7),
+            };
+            let mut inner = Inner::private(Arc::default());
+            inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+            let mut model = std::collections::BTreeMap::new();
+            let mut kids = Vec::new();
+            for i in 0..n {
+                let name = name_of(i);
+                let ino = inner.push(ROOT, name.as_bytes(), attr(EntryKind::File, 10 + i as u64), 0).unwrap();
+                kids.push(ino as u32);
+                model.insert(name, ino);
+            }
+            let mut sorted = kids;
+            sorted.sort_unstable_by(|a, b| inner.name_of(*a as u64).cmp(inner.name_of(*b as u64)));
+            inner.dir_mut(ROOT).unwrap().set_children(sorted);
+            let mut rng = seed | 1;
+            let mut next = move |m: usize| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng % m as u64) as usize
+            };
+            let check = |inner: &Inner, model: &std::collections::BTreeMap<String, u64>, probes: &[String]| {
+                let dir = inner.dir_of(ROOT).unwrap();
+                for p in probes {
+                    proptest::prop_assert_eq!(inner.child(dir, p.as_bytes()), model.get(p).copied(), "{}", p);
+                }
+                Ok(())
+            };
+            let mut probes: Vec<String> = (0..300).map(|_| name_of(next(n + 50))).collect();
+            probes.extend(["", "0", "zzzz", "ILSVRC", "img_", "img_9_999999"].map(String::from));
+            check(&inner, &model, &probes)?;
+            for r in 0..removals {
+                let gone = name_of(next(n));
+                inner.remove_child(ROOT, gone.as_bytes());
+                model.remove(&gone);
+                if r % 17 == 0 {
+                    check(&inner, &model, &probes)?;
+                }
+            }
+            check(&inner, &model, &probes)?;
+            // Every remaining name is found at its own inode.
+            let dir = inner.dir_of(ROOT).unwrap();
+            for (name, ino) in &model {
+                proptest::prop_assert_eq!(inner.child(dir, name.as_bytes()), Some(*ino));
+            }
+        }
+    }
+
+    #[test]
+    fn lookups_of_new_names_in_a_directory_never_listed_are_not_quadratic() {
+        let mut inner = Inner::private(Arc::default());
+        inner.push(ROOT, b"", attr(EntryKind::Dir, 1), 0).unwrap();
+        let n: u64 = 20_000;
+        // Every name once, in a scrambled order (7919 is prime to n).
+        let mut inos = HashMap::new();
+        for k in 0..n {
+            let i = k * 7919 % n;
+            let name = format!("n{i:06}.JPEG");
+            let ino = inner
+                .upsert_child(ROOT, name.as_bytes(), attr(EntryKind::File, 100 + i), 0)
+                .unwrap();
+            inos.insert(name, ino);
+        }
+        // Moving the tail on each insert would be about n^2/4 = 1e8 moves.
+        let bound = 4 * n * (n as f64).sqrt() as u64;
+        eprintln!("{} moves for {n} lookups", inner.moves);
+        assert!(
+            inner.moves < bound,
+            "{} moves for {n} lookups (bound {bound})",
+            inner.moves
+        );
+        // Every name is found where it was put, and listed once.
+        let dir = inner.dir_of(ROOT).unwrap();
+        for (name, ino) in &inos {
+            assert_eq!(inner.child(dir, name.as_bytes()), Some(*ino), "{name}");
+        }
+        let mut listed = run(&inner, ROOT);
+        assert_eq!(listed.len() as u64, n);
+        listed.sort_unstable();
+        listed.dedup();
+        assert_eq!(listed.len() as u64, n);
+        // A lookup of a known name adds nothing.
+        let again = inner
+            .upsert_child(ROOT, b"n000007.JPEG", attr(EntryKind::File, 107), 0)
+            .unwrap();
+        assert_eq!(Some(&again), inos.get("n000007.JPEG"));
+        assert_eq!(run(&inner, ROOT).len() as u64, n);
+    }
+}
