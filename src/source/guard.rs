@@ -906,26 +906,27 @@ mod tests {
     use super::*;
     use crate::source::EntryKind;
 
-    /// A source whose calls block while `stalled` is set, and count calls
-    /// that reached it.
+    /// A source that answers every path (a directory; reads give 7s)
+    /// after the kit's gate, closed while the test stalls it; counts the
+    /// calls that reached it and makes each read take `read_delay`.
     #[derive(Default)]
     struct Gate {
-        stalled: Mutex<bool>,
-        resumed: Condvar,
+        gate: crate::testing::Gate,
         calls: std::sync::atomic::AtomicU64,
+        read_delay: Duration,
     }
 
     impl Gate {
         fn set(&self, stalled: bool) {
-            *self.stalled.lock() = stalled;
-            self.resumed.notify_all();
+            if stalled {
+                self.gate.close();
+            } else {
+                self.gate.open();
+            }
         }
         fn pass(&self) {
             self.calls.fetch_add(1, Relaxed);
-            let mut s = self.stalled.lock();
-            while *s {
-                self.resumed.wait(&mut s);
-            }
+            self.gate.pass();
         }
     }
 
@@ -967,6 +968,7 @@ mod tests {
             len: usize,
         ) -> Result<Bytes, SourceError> {
             self.pass();
+            std::thread::sleep(self.read_delay);
             Ok(Bytes::from(vec![7u8; len]))
         }
         fn statvfs(&self) -> io::Result<libc::statvfs> {
@@ -1242,31 +1244,6 @@ mod tests {
         // Every read takes 200 ms, under the 300 ms threshold, but 32 of them
         // share 4 threads: callers wait up to 1.6 s in the queue. Waiting
         // for a thread is not a stall; only a source that stops answering is.
-        struct Busy;
-        impl Source for Busy {
-            fn stat(&self, _: &Path) -> io::Result<SourceAttr> {
-                Ok(attr())
-            }
-            fn list(&self, _: &Path) -> io::Result<Vec<(OsString, SourceAttr)>> {
-                Ok(Vec::new())
-            }
-            fn read_link(&self, _: &Path) -> io::Result<PathBuf> {
-                Ok(PathBuf::new())
-            }
-            fn read_at(
-                &self,
-                _: &Path,
-                _: &SourceVersion,
-                _: u64,
-                len: usize,
-            ) -> Result<Bytes, SourceError> {
-                std::thread::sleep(Duration::from_millis(200));
-                Ok(Bytes::from(vec![0; len]))
-            }
-            fn statvfs(&self) -> io::Result<libc::statvfs> {
-                Err(io::ErrorKind::Unsupported.into())
-            }
-        }
         let stats = Arc::new(Stats::default());
         let cfg = GuardConfig {
             metadata_timeout: Duration::from_millis(300),
@@ -1274,7 +1251,14 @@ mod tests {
             metadata_threads: 4,
             data_threads: 4,
         };
-        let g = Arc::new(SourceGuard::new(Arc::new(Busy), cfg, Arc::clone(&stats)));
+        let g = Arc::new(SourceGuard::new(
+            Arc::new(Gate {
+                read_delay: Duration::from_millis(200),
+                ..Gate::default()
+            }),
+            cfg,
+            Arc::clone(&stats),
+        ));
         let v = SourceVersion {
             size: 1,
             mtime_ns: 0,
