@@ -118,8 +118,14 @@ impl Epoch {
 }
 
 fn line(what: &str, v: f64, base_name: &str, base: f64) {
-    let ratio = if base > 0.0 { v / base } else { f64::NAN };
-    println!("{what:<34} {v:>10.1}   {base_name} {base:>10.1}   ratio {ratio:.2}");
+    // No ratio to a baseline of nothing (a warm epoch's GETs against
+    // another warm epoch's): "-" for both zero, "inf" past a zero.
+    let ratio = match (v, base) {
+        (_, b) if b > 0.0 => format!("{:.2}", v / b),
+        (0.0, _) => "-".to_string(),
+        _ => "inf".to_string(),
+    };
+    println!("{what:<34} {v:>10.1}   {base_name} {base:>10.1}   ratio {ratio}");
 }
 
 /// One epoch through a mount: the image files by `workers` threads in a
