@@ -86,10 +86,9 @@ pub const BUSY_PAUSE_MAX: Duration = Duration::from_millis(160);
 enum Miss {
     /// The member is up but short of reply memory: ask it again shortly.
     Busy,
-    /// No answer by the end of the wait from a member still heard from, or
-    /// an answer it gave up sending (we took too long to take it) with no
-    /// time left to ask again: slow, not gone.
-    Slow(&'static str),
+    /// No answer by the end of the wait from a member still heard from:
+    /// slow, not gone.
+    Slow,
     /// It gave up sending its answer (the stream reset: we took longer
     /// than its `--peer-timeout` to take it). It has the block now: ask
     /// again within the budget.
@@ -213,7 +212,7 @@ impl PeerClient {
                     return Err(Miss::Silent);
                 }
                 if now >= hard {
-                    return Err(Miss::Slow("no answer"));
+                    return Err(Miss::Slow);
                 }
                 let until = (now + LISTEN_EVERY).min(hard);
                 if let Ok(r) = tokio::time::timeout_at(at(until), &mut exchange).await {
@@ -259,13 +258,17 @@ impl PeerClient {
         let mut pause = BUSY_PAUSE;
         loop {
             match self.ask(m, file, index, len, soft, hard).await {
-                Err(Miss::Busy) if Instant::now() + pause < hard => {
-                    self.stats.peer_busy.fetch_add(1, Relaxed);
+                // Both after the same growing pause: a member that resets
+                // every reply is not asked again back to back for the
+                // whole budget.
+                Err(miss @ (Miss::Busy | Miss::Abandoned)) if Instant::now() + pause < hard => {
+                    if matches!(miss, Miss::Busy) {
+                        self.stats.peer_busy.fetch_add(1, Relaxed);
+                    } else {
+                        debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer gave up sending its answer (we were slow to take it): asking again");
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(BUSY_PAUSE_MAX);
-                }
-                Err(Miss::Abandoned) if Instant::now() < hard => {
-                    debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer gave up sending its answer (we were slow to take it): asking again");
                 }
                 r => return r,
             }
@@ -344,9 +347,9 @@ impl PeerClient {
                     debug!(peer = %m.id, file = %file.rel.display(), block = index, "peer stayed busy for {:?}", started.elapsed());
                     return None;
                 }
-                Err(miss @ (Miss::Slow(_) | Miss::Abandoned)) => {
+                Err(miss @ (Miss::Slow | Miss::Abandoned)) => {
                     let what = match miss {
-                        Miss::Slow(what) => what,
+                        Miss::Slow => "no answer",
                         _ => "it gave up sending its answer",
                     };
                     // Heard from all along: slow (a loaded machine), not
